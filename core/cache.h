@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cache.h - bounded LRU cache of decompressed chunks, keyed by digest.
+ *
+ * Reads arrive in 128 KiB..1 MiB pieces while chunks are ~1 MiB, so without
+ * this cache every chunk would be decompressed several times.  Entries are
+ * reference counted: a lookup pins the entry, the caller copies out of it
+ * without holding the cache lock, then releases it.  Only unpinned entries
+ * are evicted, so the cache can exceed its capacity by at most the bytes
+ * pinned at one moment (bounded by the number of reader threads times the
+ * largest chunk).
+ *
+ * Thread-safety: every function may be called concurrently.
+ */
+#ifndef CKPT_CACHE_H
+#define CKPT_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hash.h"
+
+typedef struct ckpt_cache ckpt_cache;
+typedef struct ckpt_cache_entry ckpt_cache_entry;
+
+/* capacity: bytes of chunk data kept; 0 disables caching (inserts are
+ * returned pinned and freed on release). */
+int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache);
+/* All entries must have been released. Accepts NULL. */
+void ckpt_cache_free(ckpt_cache *c);
+
+/* Look a digest up.  On a hit returns the pinned entry and its data and
+ * length through ret_data/ret_len; on a miss returns NULL. */
+ckpt_cache_entry *ckpt_cache_lookup(ckpt_cache *c, const ckpt_digest *d,
+				    const uint8_t **ret_data, size_t *ret_len);
+
+/* Insert data (malloc'd; ownership passes to the cache in every case) of
+ * len bytes under digest d and return it pinned.  If the digest is already
+ * present, data is freed and the existing entry is returned pinned.
+ * Returns NULL only on allocation failure (data is freed then too). */
+ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t *data,
+				    size_t len, const uint8_t **ret_data);
+
+/* Unpin an entry returned by lookup or insert. */
+void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
+
+/* Drop a digest if present and unpinned (used when a chunk is found damaged). */
+void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d);
+
+struct ckpt_cache_stats {
+	uint64_t hits, misses, bytes, entries, evictions;
+};
+void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats);
+
+#endif

@@ -1,0 +1,765 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * file.c - writers (see file.h).
+ *
+ * Invariants (under w->lock):
+ *  W1. STREAM: the content is cs.list (extents for [0, cs.start)) followed
+ *      by cs.buf[cs.head .. cs.head + cs.len) (bytes not yet cut).
+ *      Extents whose chunk job is still queued have a zero digest; jobs
+ *      fill them in and decrement w->inflight.  No reader of cs.list looks
+ *      at an extent while w->inflight > 0 (they wait first).
+ *  W2. STAGED: the content is the scratch file w->fd, size w->size.
+ *  W3. w->err != 0 => every write and commit fails with it.
+ */
+#include "file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chunker.h"
+#include "safetensors.h"
+#include "util.h"
+
+/* ------------------------------------------------------------------ pool */
+
+struct job {
+	struct ckpt_writer *w;
+	struct ckpt_extent_list *list; /* list whose slot receives the digest */
+	size_t slot;
+	uint8_t *data;
+	size_t len;
+	unsigned elem_size;
+	struct job *next;
+};
+
+struct ckpt_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	/* Protected by lock: */
+	struct job *head, *tail;
+	bool stop;
+	/* Immutable after new: */
+	pthread_t *threads;
+	unsigned nthreads;
+};
+
+static void job_run(struct job *j);
+
+static void *pool_main(void *arg)
+{
+	struct ckpt_pool *p = arg;
+
+	for (;;) {
+		struct job *j;
+
+		pthread_mutex_lock(&p->lock);
+		while (!p->head && !p->stop)
+			pthread_cond_wait(&p->cond, &p->lock);
+		j = p->head;
+		if (j) {
+			p->head = j->next;
+			if (!p->head)
+				p->tail = NULL;
+		}
+		pthread_mutex_unlock(&p->lock);
+		if (!j)
+			return NULL;
+		job_run(j);
+	}
+}
+
+int ckpt_pool_new(unsigned nthreads, ckpt_pool **ret_pool)
+{
+	struct ckpt_pool *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return -ENOMEM;
+	if (nthreads == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		nthreads = n > 0 ? (unsigned)n : 2;
+	}
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	p->threads = calloc(nthreads, sizeof(*p->threads));
+	if (!p->threads) {
+		free(p);
+		return -ENOMEM;
+	}
+	for (unsigned i = 0; i < nthreads; i++) {
+		if (pthread_create(&p->threads[i], NULL, pool_main, p) != 0)
+			break;
+		p->nthreads++;
+	}
+	if (p->nthreads == 0) {
+		ckpt_pool_free(p);
+		return -EAGAIN;
+	}
+	*ret_pool = p;
+	return 0;
+}
+
+void ckpt_pool_free(ckpt_pool *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->stop = true;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	for (unsigned i = 0; i < p->nthreads; i++)
+		pthread_join(p->threads[i], NULL);
+	free(p->threads);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+	free(p);
+}
+
+static void pool_submit(ckpt_pool *p, struct job *j)
+{
+	j->next = NULL;
+	pthread_mutex_lock(&p->lock);
+	if (p->tail)
+		p->tail->next = j;
+	else
+		p->head = j;
+	p->tail = j;
+	pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+}
+
+/* --------------------------------------------------------------- writer */
+
+enum st_state { ST_UNKNOWN, ST_NO, ST_YES };
+
+/* Cutting state of one pass over a file's bytes. */
+struct cutter {
+	struct ckpt_extent_list *list; /* extents of [0, start) */
+	uint8_t *buf;
+	size_t head, len, cap; /* uncut bytes: buf[head .. head+len) at file offset start */
+	uint64_t start;
+	enum st_state st_state;
+	ckpt_st_header *st;
+	uint64_t data_start; /* 8 + N */
+	size_t tensor;       /* cursor into the sorted tensor list */
+};
+
+enum wmode { W_STREAM, W_STAGED };
+
+struct ckpt_writer {
+	ckpt_store *s;
+	ckpt_pool *pool;
+	uint64_t ino;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	/* Protected by lock (see invariants): */
+	enum wmode mode;
+	struct cutter cs; /* STREAM */
+	int fd;           /* STAGED scratch file */
+	uint64_t size;    /* STAGED */
+	unsigned inflight;
+	size_t inflight_bytes;
+	int err;
+	bool dirty;
+	int64_t mtime_ns;
+	uint32_t flags; /* CKPT_INODE_F_* of the last cut pass */
+};
+
+static const struct ckpt_cdc_params cdc_params = {
+	CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void job_run(struct job *j)
+{
+	struct ckpt_writer *w = j->w;
+	ckpt_digest d;
+	int r = ckpt_store_put_chunk(w->s, j->data, j->len, j->elem_size, &d);
+
+	pthread_mutex_lock(&w->lock);
+	if (r < 0) {
+		if (!w->err)
+			w->err = r;
+	} else {
+		j->list->v[j->slot].digest = d;
+	}
+	w->inflight--;
+	w->inflight_bytes -= j->len;
+	pthread_cond_broadcast(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	free(j->data);
+	free(j);
+}
+
+static void wait_idle(struct ckpt_writer *w)
+{
+	while (w->inflight > 0)
+		pthread_cond_wait(&w->cond, &w->lock);
+}
+
+static void cutter_reset(struct cutter *c)
+{
+	ckpt_extent_list_free(c->list);
+	ckpt_st_header_free(c->st);
+	free(c->buf);
+	memset(c, 0, sizeof(*c));
+}
+
+static int cutter_init(struct cutter *c)
+{
+	memset(c, 0, sizeof(*c));
+	c->list = ckpt_extent_list_new();
+	return c->list ? 0 : -ENOMEM;
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
+}
+
+/* Emit the first n uncut bytes as one extent.  Caller holds w->lock. */
+static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem_size)
+{
+	const uint8_t *p = c->buf + c->head;
+	struct job *j;
+	int r;
+
+	if (all_zero(p, n)) {
+		r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_ZERO, NULL);
+		goto consumed;
+	}
+	while (w->inflight_bytes > 0 && w->inflight_bytes + n > CKPT_WRITER_INFLIGHT)
+		pthread_cond_wait(&w->cond, &w->lock);
+	if (w->err)
+		return w->err;
+	j = calloc(1, sizeof(*j));
+	if (!j)
+		return -ENOMEM;
+	j->data = malloc(n);
+	if (!j->data) {
+		free(j);
+		return -ENOMEM;
+	}
+	memcpy(j->data, p, n);
+	r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_CHUNK, NULL);
+	if (r < 0) {
+		free(j->data);
+		free(j);
+		return r;
+	}
+	j->w = w;
+	j->list = c->list;
+	j->slot = c->list->n - 1;
+	j->len = n;
+	j->elem_size = elem_size;
+	w->inflight++;
+	w->inflight_bytes += n;
+	pool_submit(w->pool, j);
+consumed:
+	if (r < 0)
+		return r;
+	c->head += n;
+	c->len -= n;
+	c->start += n;
+	return 0;
+}
+
+static void detect_safetensors(struct cutter *c, bool eof)
+{
+	const uint8_t *p = c->buf + c->head;
+	uint64_t n;
+
+	if (c->st_state != ST_UNKNOWN)
+		return;
+	if (c->start != 0) {
+		c->st_state = ST_NO;
+		return;
+	}
+	if (c->len < 9) {
+		if (eof)
+			c->st_state = ST_NO;
+		return;
+	}
+	if (ckpt_st_header_len(p, &n) < 0 || p[8] != '{') {
+		c->st_state = ST_NO;
+		return;
+	}
+	if (c->len < 8 + n) {
+		if (eof)
+			c->st_state = ST_NO;
+		return;
+	}
+	if (ckpt_st_parse(p + 8, n, &c->st, NULL, 0) < 0) {
+		c->st_state = ST_NO;
+		return;
+	}
+	c->st_state = ST_YES;
+	c->data_start = 8 + n;
+}
+
+static unsigned elem_hint(enum ckpt_dtype dt)
+{
+	unsigned bits = ckpt_dtype_bits(dt);
+
+	return bits == 16 || bits == 32 ? bits / 8 : 0;
+}
+
+/* Length of the next chunk and its compression hint, or 0 if more bytes are
+ * needed.  Caller holds w->lock. */
+static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
+{
+	uint64_t pos = c->start, bound = 0;
+
+	*ret_elem = 0;
+	detect_safetensors(c, eof);
+	if (c->st_state == ST_UNKNOWN)
+		return 0;
+	if (c->st_state == ST_YES) {
+		uint64_t data_end = c->data_start + ckpt_st_data_len(c->st);
+		size_t nt = ckpt_st_tensor_count(c->st);
+
+		if (pos < c->data_start) {
+			bound = CKPT_MIN(c->data_start, pos + CKPT_HEADER_PIECE);
+		} else if (pos < data_end) {
+			const struct ckpt_st_tensor *t = NULL;
+			while (c->tensor < nt) {
+				t = ckpt_st_tensor_at(c->st, c->tensor);
+				if (c->data_start + t->end > pos)
+					break;
+				c->tensor++;
+			}
+			if (c->tensor < nt && t) {
+				uint64_t ts = c->data_start + t->begin, te = c->data_start + t->end;
+				uint64_t piece = (pos - ts) / CKPT_TENSOR_PIECE + 1;
+				bound = CKPT_MIN(te, ts + piece * CKPT_TENSOR_PIECE);
+				*ret_elem = elem_hint(t->dtype);
+			}
+		}
+	}
+	if (bound > pos) {
+		uint64_t want = bound - pos;
+		if (c->len >= want)
+			return (size_t)want;
+		return eof ? c->len : 0;
+	}
+	if (c->len == 0)
+		return 0;
+	return ckpt_cdc_cut(&cdc_params, c->buf + c->head, c->len, eof);
+}
+
+/* Cut as many chunks as possible.  Caller holds w->lock. */
+static int cut(struct ckpt_writer *w, struct cutter *c, bool eof)
+{
+	for (;;) {
+		unsigned elem;
+		size_t n = next_cut(c, eof, &elem);
+		int r;
+
+		if (n == 0)
+			return 0;
+		r = emit(w, c, n, elem);
+		if (r < 0)
+			return r;
+	}
+}
+
+/* Append bytes to the uncut buffer and cut.  Caller holds w->lock. */
+static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_t n)
+{
+	while (n > 0) {
+		size_t room, take;
+		int r;
+
+		if (c->head > 0 && (c->head + c->len == c->cap || c->head > c->cap / 2)) {
+			memmove(c->buf, c->buf + c->head, c->len);
+			c->head = 0;
+		}
+		room = c->cap - c->head - c->len;
+		if (room == 0) {
+			size_t ncap = c->cap ? c->cap * 2 : 2 * CKPT_CDC_DEFAULT_MAX;
+			uint8_t *nb = realloc(c->buf, ncap);
+			if (!nb)
+				return -ENOMEM;
+			c->buf = nb;
+			c->cap = ncap;
+			room = c->cap - c->head - c->len;
+		}
+		take = CKPT_MIN(room, n);
+		memcpy(c->buf + c->head + c->len, p, take);
+		c->len += take;
+		p += take;
+		n -= take;
+		r = cut(w, c, false);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+static uint32_t cutter_flags(const struct cutter *c)
+{
+	if (c->st_state == ST_YES && ckpt_st_check_file_size(c->st, c->start + c->len) == 0)
+		return CKPT_INODE_F_SAFETENSORS;
+	return 0;
+}
+
+int ckpt_writer_new(ckpt_store *s, ckpt_pool *pool, uint64_t ino, bool truncate,
+		    ckpt_writer **ret_writer)
+{
+	struct ckpt_writer *w = calloc(1, sizeof(*w));
+	struct ckpt_inode in;
+	int r;
+
+	if (!w)
+		return -ENOMEM;
+	w->s = s;
+	w->pool = pool;
+	w->ino = ino;
+	w->fd = -1;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	r = cutter_init(&w->cs);
+	if (r < 0)
+		goto fail;
+	w->mode = W_STREAM;
+	r = ckpt_store_getattr(s, ino, &in);
+	if (r < 0)
+		goto fail;
+	w->mtime_ns = in.mtime_ns;
+	w->flags = in.flags;
+	if (truncate) {
+		w->dirty = in.size != 0;
+		if (w->dirty)
+			w->mtime_ns = now_ns();
+		w->flags = 0;
+	} else if (in.size > 0) {
+		/* Keep the committed extents: appending or rewriting them goes
+		 * through the staged path, reads are served from them. */
+		ckpt_extent_list_free(w->cs.list);
+		w->cs.list = NULL;
+		r = ckpt_store_load_extents(s, ino, &w->cs.list);
+		if (r < 0)
+			goto fail;
+		w->cs.start = w->cs.list->size;
+		w->cs.st_state = ST_NO;
+	}
+	*ret_writer = w;
+	return 0;
+fail:
+	ckpt_writer_free(w);
+	return r;
+}
+
+void ckpt_writer_free(ckpt_writer *w)
+{
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->lock);
+	wait_idle(w);
+	pthread_mutex_unlock(&w->lock);
+	cutter_reset(&w->cs);
+	if (w->fd >= 0)
+		close(w->fd);
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->cond);
+	free(w);
+}
+
+static int open_scratch(struct ckpt_writer *w)
+{
+	char *dir;
+	int fd;
+
+	if (asprintf(&dir, "%s/staging", ckpt_store_path(w->s)) < 0)
+		return -ENOMEM;
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+		char *tmpl;
+		if (asprintf(&tmpl, "%s/scratch-XXXXXX", dir) >= 0) {
+			fd = mkostemp(tmpl, O_CLOEXEC);
+			if (fd >= 0)
+				unlink(tmpl);
+			free(tmpl);
+		}
+	}
+	free(dir);
+	return fd < 0 ? -errno : fd;
+}
+
+/* Switch STREAM -> STAGED: copy the current content into a scratch file.
+ * Caller holds w->lock. */
+static int to_staged(struct ckpt_writer *w)
+{
+	struct cutter *c = &w->cs;
+	uint8_t *buf = NULL;
+	int fd, r = 0;
+
+	wait_idle(w);
+	if (w->err)
+		return w->err;
+	fd = open_scratch(w);
+	if (fd < 0) {
+		ckpt_err("%s: cannot create scratch file for inode %lu: %s",
+			 ckpt_store_path(w->s), (unsigned long)w->ino, strerror(-fd));
+		return fd;
+	}
+	buf = malloc(CKPT_CDC_DEFAULT_MAX);
+	if (!buf) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (size_t i = 0; i < c->list->n; i++) {
+		const struct ckpt_extent *e = &c->list->v[i];
+		for (uint64_t done = 0; e->kind == CKPT_EXT_CHUNK && done < e->len;) {
+			size_t n = (size_t)CKPT_MIN((uint64_t)CKPT_CDC_DEFAULT_MAX, e->len - done);
+			r = ckpt_store_read_chunk(w->s, &e->digest, done, buf, n);
+			if (r == 0)
+				r = ckpt_pwrite_full(fd, buf, n, e->off + done);
+			if (r < 0)
+				goto fail;
+			done += n;
+		}
+	}
+	if (c->len > 0) {
+		r = ckpt_pwrite_full(fd, c->buf + c->head, c->len, c->start);
+		if (r < 0)
+			goto fail;
+	}
+	w->size = c->start + c->len;
+	if (ftruncate(fd, (off_t)w->size) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	free(buf);
+	cutter_reset(c);
+	w->fd = fd;
+	w->mode = W_STAGED;
+	return 0;
+fail:
+	free(buf);
+	close(fd);
+	return r;
+}
+
+int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
+{
+	int r = 0;
+
+	if (len == 0)
+		return 0;
+	if (off + len < off || off + len > (1ull << 50))
+		return -EFBIG;
+	pthread_mutex_lock(&w->lock);
+	if (w->err) {
+		r = w->err;
+		goto out;
+	}
+	if (w->mode == W_STREAM && off == w->cs.start + w->cs.len) {
+		/* the common case: sequential, chunked as it arrives */
+		r = feed(w, &w->cs, buf, len);
+	} else {
+		if (w->mode == W_STREAM)
+			r = to_staged(w);
+		if (r == 0)
+			r = ckpt_pwrite_full(w->fd, buf, len, off);
+		if (r == 0 && off + len > w->size)
+			w->size = off + len;
+	}
+	if (r == 0) {
+		w->dirty = true;
+		w->mtime_ns = now_ns();
+	} else if (!w->err && r != -EFBIG) {
+		w->err = r;
+	}
+out:
+	pthread_mutex_unlock(&w->lock);
+	return r;
+}
+
+ssize_t ckpt_writer_read(ckpt_writer *w, void *buf, size_t len, uint64_t off)
+{
+	ssize_t r;
+
+	pthread_mutex_lock(&w->lock);
+	if (w->mode == W_STAGED) {
+		r = 0;
+		if (off < w->size) {
+			len = (size_t)CKPT_MIN((uint64_t)len, w->size - off);
+			r = ckpt_pread_full(w->fd, buf, len, off);
+			r = r < 0 ? r : (ssize_t)len;
+		}
+	} else {
+		struct cutter *c = &w->cs;
+		size_t done = 0;
+
+		wait_idle(w);
+		if (w->err) {
+			r = w->err;
+			goto out;
+		}
+		if (off < c->start) {
+			r = ckpt_store_read_extents(w->s, c->list, buf,
+						    (size_t)CKPT_MIN((uint64_t)len, c->start - off), off);
+			if (r < 0)
+				goto out;
+			done = (size_t)r;
+		}
+		if (done < len && off + done >= c->start && off + done < c->start + c->len) {
+			size_t in = (size_t)(off + done - c->start);
+			size_t n = CKPT_MIN(len - done, c->len - in);
+			memcpy((uint8_t *)buf + done, c->buf + c->head + in, n);
+			done += n;
+		}
+		r = (ssize_t)done;
+	}
+out:
+	pthread_mutex_unlock(&w->lock);
+	return r;
+}
+
+int ckpt_writer_truncate(ckpt_writer *w, uint64_t size)
+{
+	int r = 0;
+
+	if (size > (1ull << 50))
+		return -EFBIG;
+	pthread_mutex_lock(&w->lock);
+	if (size == 0) {
+		/* Start over: drop everything, including a sticky error. */
+		wait_idle(w);
+		cutter_reset(&w->cs);
+		r = cutter_init(&w->cs);
+		if (w->fd >= 0)
+			close(w->fd);
+		w->fd = -1;
+		w->size = 0;
+		w->mode = W_STREAM;
+		w->err = 0;
+	} else if (w->err) {
+		r = w->err;
+	} else if (w->mode == W_STREAM && size == w->cs.start + w->cs.len) {
+		goto out; /* no change */
+	} else {
+		if (w->mode == W_STREAM)
+			r = to_staged(w);
+		if (r == 0 && ftruncate(w->fd, (off_t)size) < 0)
+			r = -errno;
+		if (r == 0)
+			w->size = size;
+	}
+	if (r == 0) {
+		w->dirty = true;
+		w->mtime_ns = now_ns();
+	}
+out:
+	pthread_mutex_unlock(&w->lock);
+	return r;
+}
+
+uint64_t ckpt_writer_size(ckpt_writer *w)
+{
+	uint64_t sz;
+
+	pthread_mutex_lock(&w->lock);
+	sz = w->mode == W_STAGED ? w->size : w->cs.start + w->cs.len;
+	pthread_mutex_unlock(&w->lock);
+	return sz;
+}
+
+int64_t ckpt_writer_mtime(ckpt_writer *w)
+{
+	int64_t t;
+
+	pthread_mutex_lock(&w->lock);
+	t = w->mtime_ns;
+	pthread_mutex_unlock(&w->lock);
+	return t;
+}
+
+bool ckpt_writer_dirty(ckpt_writer *w)
+{
+	bool d;
+
+	pthread_mutex_lock(&w->lock);
+	d = w->dirty;
+	pthread_mutex_unlock(&w->lock);
+	return d;
+}
+
+/* Chunk the scratch file into a fresh extent list.  Caller holds w->lock. */
+static int cut_staged(struct ckpt_writer *w, struct cutter *c)
+{
+	const size_t blk = 8u << 20;
+	uint8_t *buf = malloc(blk);
+	uint64_t off = 0;
+	int r = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	while (off < w->size) {
+		size_t n = (size_t)CKPT_MIN((uint64_t)blk, w->size - off);
+		r = ckpt_pread_full(w->fd, buf, n, off);
+		if (r == 0)
+			r = feed(w, c, buf, n);
+		if (r < 0)
+			break;
+		off += n;
+	}
+	if (r == 0)
+		r = cut(w, c, true);
+	free(buf);
+	return r;
+}
+
+int ckpt_writer_commit(ckpt_writer *w, bool durable)
+{
+	struct cutter tmp;
+	struct cutter *c = &w->cs;
+	int r = 0;
+
+	pthread_mutex_lock(&w->lock);
+	if (w->err) {
+		r = w->err;
+		goto out;
+	}
+	if (!w->dirty) {
+		goto out;
+	}
+	if (w->mode == W_STAGED) {
+		r = cutter_init(&tmp);
+		if (r < 0)
+			goto out;
+		c = &tmp;
+		r = cut_staged(w, c);
+	} else {
+		r = cut(w, c, true);
+	}
+	wait_idle(w);
+	if (r == 0 && w->err)
+		r = w->err;
+	if (r == 0) {
+		w->flags = cutter_flags(c);
+		r = ckpt_store_commit_file(w->s, w->ino, c->list, w->flags, w->mtime_ns, durable);
+	}
+	if (r == 0)
+		w->dirty = false;
+	else if (!w->err)
+		w->err = r;
+	if (c == &tmp)
+		cutter_reset(&tmp);
+out:
+	pthread_mutex_unlock(&w->lock);
+	return r;
+}

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * index.h - the RocksDB metadata index: a thin, errno-returning wrapper over
+ * the RocksDB C API plus the encoders/decoders of every record kept in it.
+ *
+ * Key space (one RocksDB column family; the first byte is the record type,
+ * integers in keys are big-endian so that they sort numerically):
+ *   'M' name              -> meta value (format, uuid, secret, counters)
+ *   'C' digest[16]        -> chunk entry   (struct ckpt_chunk_loc + refcount)
+ *   'I' ino(be64)         -> inode record  (struct ckpt_inode)
+ *   'D' parent(be64) name -> dentry        (child ino + type bits)
+ *   'F' ino(be64)         -> chunk list of a regular file
+ *   'L' ino(be64)         -> symlink target (raw bytes)
+ *   'O' ino(be64)         -> empty: inode is an orphan (nlink == 0), reaped
+ *                            when the last user lets go or at the next mount
+ * Every value starts with a one-byte record version (CKPT_REC_VERSION).
+ * docs/format.md describes each layout byte by byte.
+ *
+ * Thread-safety: all functions may be called concurrently on one index
+ * (RocksDB is thread-safe).  A batch is not thread-safe.
+ */
+#ifndef CKPT_INDEX_H
+#define CKPT_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hash.h"
+
+#define CKPT_REC_VERSION 1
+
+#define CKPT_KEY_META 'M'
+#define CKPT_KEY_CHUNK 'C'
+#define CKPT_KEY_INODE 'I'
+#define CKPT_KEY_DENTRY 'D'
+#define CKPT_KEY_FILE 'F'
+#define CKPT_KEY_LINK 'L'
+#define CKPT_KEY_ORPHAN 'O'
+
+#define CKPT_NAME_MAX 255
+#define CKPT_KEY_MAX (1 + 8 + CKPT_NAME_MAX)
+
+typedef struct ckpt_index ckpt_index;
+typedef struct ckpt_batch ckpt_batch;
+typedef struct ckpt_iter ckpt_iter;
+
+/* Open the RocksDB at dir.  create: create it if missing.  read_only: open
+ * without taking RocksDB's lock (a running daemon may hold the store).
+ * cache_bytes: block cache size.  On failure writes a reason to err. */
+int ckpt_index_open(const char *dir, bool create, bool read_only, uint64_t cache_bytes,
+		    ckpt_index **ret_index, char *err, size_t errlen);
+void ckpt_index_free(ckpt_index *ix);
+
+/* Get a value.  0 and a malloc'd copy in *ret_val (caller frees) / length;
+ * -ENOENT when absent; -EIO/-ENOSPC on RocksDB errors. */
+int ckpt_index_get(ckpt_index *ix, const void *key, size_t klen, uint8_t **ret_val,
+		   size_t *ret_len);
+/* Like get, but copies into buf of exactly len bytes; -EIO if the stored
+ * value has another length. */
+int ckpt_index_get_fixed(ckpt_index *ix, const void *key, size_t klen, void *buf, size_t len);
+
+ckpt_batch *ckpt_batch_new(void);
+void ckpt_batch_free(ckpt_batch *b);
+void ckpt_batch_put(ckpt_batch *b, const void *key, size_t klen, const void *val, size_t vlen);
+void ckpt_batch_delete(ckpt_batch *b, const void *key, size_t klen);
+int ckpt_batch_count(ckpt_batch *b);
+/* Apply atomically.  sync: fsync the WAL before returning. */
+int ckpt_index_write(ckpt_index *ix, ckpt_batch *b, bool sync);
+/* Flush memtables and sync the WAL (used before unmount). */
+int ckpt_index_flush(ckpt_index *ix);
+
+/* Iterate all keys starting with prefix, in key order.  next() returns 1
+ * with key/value pointers valid until the next call, 0 at the end, or
+ * -errno.  The iterator sees a consistent snapshot. */
+int ckpt_iter_new(ckpt_index *ix, const void *prefix, size_t plen, ckpt_iter **ret_iter);
+int ckpt_iter_next(ckpt_iter *it, const uint8_t **ret_key, size_t *ret_klen,
+		   const uint8_t **ret_val, size_t *ret_vlen);
+void ckpt_iter_free(ckpt_iter *it);
+
+/* ---- record layouts ---- */
+
+/* Key builders; return the key length. */
+size_t ckpt_key_ino(uint8_t *key, char type, uint64_t ino);
+size_t ckpt_key_dentry(uint8_t *key, uint64_t parent, const char *name, size_t namelen);
+size_t ckpt_key_chunk(uint8_t *key, const ckpt_digest *d);
+size_t ckpt_key_meta(uint8_t *key, const char *name);
+
+#define CKPT_INODE_REC_LEN 80
+#define CKPT_INODE_F_SAFETENSORS 0x1u /* content parsed as a valid safetensors file */
+struct ckpt_inode {
+	uint64_t ino;
+	uint32_t mode, uid, gid, nlink;
+	uint64_t size;
+	int64_t atime_ns, mtime_ns, ctime_ns;
+	uint64_t parent; /* directories: parent directory; others: 0 */
+	uint32_t flags;  /* CKPT_INODE_F_* */
+	uint64_t generation;
+};
+void ckpt_inode_encode(const struct ckpt_inode *in, uint8_t out[CKPT_INODE_REC_LEN]);
+int ckpt_inode_decode(uint64_t ino, const uint8_t *buf, size_t len, struct ckpt_inode *ret);
+
+#define CKPT_DENTRY_REC_LEN 16
+void ckpt_dentry_encode(uint64_t ino, uint32_t mode, uint8_t out[CKPT_DENTRY_REC_LEN]);
+int ckpt_dentry_decode(const uint8_t *buf, size_t len, uint64_t *ret_ino, uint32_t *ret_mode);
+
+#define CKPT_CHUNK_REC_LEN 40
+struct ckpt_chunk_loc {
+	uint64_t pack_id;
+	uint64_t offset; /* of the record header in the pack */
+	uint32_t stored_len, raw_len;
+	uint8_t codec;
+};
+void ckpt_chunk_rec_encode(const struct ckpt_chunk_loc *loc, uint64_t refcount,
+			   uint8_t out[CKPT_CHUNK_REC_LEN]);
+int ckpt_chunk_rec_decode(const uint8_t *buf, size_t len, struct ckpt_chunk_loc *ret_loc,
+			  uint64_t *ret_refcount);
+
+/* A file's content: consecutive extents covering [0, size). */
+#define CKPT_EXT_CHUNK 0 /* bytes of the chunk named by digest */
+#define CKPT_EXT_ZERO 1  /* a run of zeros (sparse region or all-zero chunk) */
+#define CKPT_FILE_HDR_LEN 16
+#define CKPT_FILE_ENT_LEN 24
+/* A CKPT_EXT_CHUNK extent covers the first len bytes of its chunk (len may
+ * be shorter than the chunk after a truncate). */
+struct ckpt_extent {
+	uint64_t off; /* derived on decode: sum of previous lengths */
+	uint32_t len;
+	uint8_t kind; /* CKPT_EXT_* */
+	ckpt_digest digest; /* zero for CKPT_EXT_ZERO */
+};
+struct ckpt_extent_list {
+	size_t n, cap;
+	struct ckpt_extent *v;
+	uint64_t size; /* = v[n-1].off + v[n-1].len, or 0 */
+};
+struct ckpt_extent_list *ckpt_extent_list_new(void);
+void ckpt_extent_list_free(struct ckpt_extent_list *l);
+int ckpt_extent_list_append(struct ckpt_extent_list *l, uint32_t len, uint8_t kind,
+			    const ckpt_digest *d);
+/* Drop everything at or after off (an extent crossing off is shortened). */
+void ckpt_extent_list_truncate(struct ckpt_extent_list *l, uint64_t off);
+struct ckpt_extent_list *ckpt_extent_list_dup(const struct ckpt_extent_list *l);
+/* Index of the extent containing off, or l->n if off >= size. */
+size_t ckpt_extent_list_find(const struct ckpt_extent_list *l, uint64_t off);
+int ckpt_extent_list_encode(const struct ckpt_extent_list *l, uint8_t **ret_buf, size_t *ret_len);
+int ckpt_extent_list_decode(const uint8_t *buf, size_t len, struct ckpt_extent_list **ret);
+
+#endif

@@ -1,0 +1,2403 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store.c - chunk store and namespace over packs + RocksDB.
+ *
+ * Invariants:
+ *  I1. Every extent of kind CHUNK in a committed extent list names a digest
+ *      with a 'C' entry in the index whose pack record exists and was
+ *      fdatasync'ed before the batch that created the entry was written.
+ *  I2. refcount('C' d) == number of CHUNK extents naming d over all 'F'
+ *      records.  Commit and reap update both in one batch under ns_lock.
+ *  I3. A digest in the pending table has a complete record in a pack of this
+ *      process (append returned).  Lookups consult pending first, then the
+ *      index, so a chunk moving from pending to the index is never missed:
+ *      it is removed from pending only after its index batch is written.
+ *  I4. Directory nlink = 2 + number of subdirectories; every other inode's
+ *      nlink = number of dentries naming it.  nlink 0 <=> 'O' key present.
+ *  I5. next_ino / next_pack in memory are >= every id in use; they are
+ *      persisted in the batch that first uses a new value.
+ */
+#include "store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "compress.h"
+#include "pack.h"
+#include "util.h"
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+#define MARKER_NAME "ckptfs-store"
+#define MARKER_MAGIC "ckptfs-store"
+
+struct pending {
+	ckpt_digest digest;
+	struct ckpt_chunk_loc loc;
+	struct pending *next;
+};
+
+#define PENDING_BUCKETS 4096
+
+struct ckpt_store {
+	char *path;
+	struct ckpt_store_opts opts;
+	int lock_fd;
+	int packs_fd;
+	ckpt_index *ix;
+	ckpt_hasher *hasher;
+	ckpt_cache *cache;
+	uint8_t uuid[16];
+	pthread_key_t tls_key; /* per-thread compressor/decompressor */
+
+	pthread_mutex_t ns_lock;
+	/* Protected by ns_lock: */
+	uint64_t next_ino;
+
+	pthread_mutex_t pack_lock;
+	/* Protected by pack_lock: */
+	ckpt_pack **packs; /* opened packs, any order */
+	size_t npacks, cap_packs;
+	ckpt_pack *wpack;  /* current append target (also in packs[]) */
+	uint64_t next_pack;
+
+	pthread_mutex_t pending_lock;
+	/* Protected by pending_lock: */
+	struct pending *pending[PENDING_BUCKETS];
+};
+
+struct tls_ctx {
+	ckpt_compressor *cc;
+	ckpt_decompressor *dc;
+};
+
+static void tls_free(void *p)
+{
+	struct tls_ctx *t = p;
+
+	if (!t)
+		return;
+	ckpt_compressor_free(t->cc);
+	ckpt_decompressor_free(t->dc);
+	free(t);
+}
+
+static struct tls_ctx *tls_get(ckpt_store *s)
+{
+	struct tls_ctx *t = pthread_getspecific(s->tls_key);
+
+	if (t)
+		return t;
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return NULL;
+	if (ckpt_compressor_new(s->opts.compress_level, &t->cc) < 0 ||
+	    ckpt_decompressor_new(&t->dc) < 0) {
+		tls_free(t);
+		return NULL;
+	}
+	pthread_setspecific(s->tls_key, t);
+	return t;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void ckpt_store_opts_init(struct ckpt_store_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->mode = CKPT_STORE_RW;
+	o->compress_level = 1;
+	o->cache_size = 256u << 20;
+	o->pack_max = 1ull << 30;
+}
+
+ckpt_index *ckpt_store_index(ckpt_store *s)
+{
+	return s->ix;
+}
+
+const char *ckpt_store_path(const ckpt_store *s)
+{
+	return s->path;
+}
+
+int ckpt_store_compress_level(const ckpt_store *s)
+{
+	return s->opts.compress_level;
+}
+
+/* ---------------------------------------------------------------- meta */
+
+static int meta_get_u64(ckpt_store *s, const char *name, uint64_t *ret)
+{
+	uint8_t key[64], buf[8];
+	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, name), buf, 8);
+
+	if (r < 0)
+		return r;
+	*ret = ckpt_get_le64(buf);
+	return 0;
+}
+
+static void batch_meta_u64(ckpt_batch *b, const char *name, uint64_t v)
+{
+	uint8_t key[64], buf[8];
+
+	ckpt_put_le64(buf, v);
+	ckpt_batch_put(b, key, ckpt_key_meta(key, name), buf, 8);
+}
+
+static void batch_meta_bytes(ckpt_batch *b, const char *name, const void *v, size_t len)
+{
+	uint8_t key[64];
+
+	ckpt_batch_put(b, key, ckpt_key_meta(key, name), v, len);
+}
+
+static void batch_inode(ckpt_batch *b, const struct ckpt_inode *in)
+{
+	uint8_t key[16], val[CKPT_INODE_REC_LEN];
+
+	ckpt_inode_encode(in, val);
+	ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, in->ino), val, sizeof(val));
+}
+
+/* ---------------------------------------------------------------- packs */
+
+/* Caller holds pack_lock. */
+static ckpt_pack *find_pack_locked(ckpt_store *s, uint64_t id)
+{
+	for (size_t i = 0; i < s->npacks; i++)
+		if (ckpt_pack_id(s->packs[i]) == id)
+			return s->packs[i];
+	return NULL;
+}
+
+static int add_pack_locked(ckpt_store *s, ckpt_pack *p)
+{
+	if (s->npacks == s->cap_packs) {
+		size_t cap = s->cap_packs ? s->cap_packs * 2 : 16;
+		ckpt_pack **v = realloc(s->packs, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		s->packs = v;
+		s->cap_packs = cap;
+	}
+	s->packs[s->npacks++] = p;
+	return 0;
+}
+
+static int get_pack(ckpt_store *s, uint64_t id, ckpt_pack **ret)
+{
+	ckpt_pack *p;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pack_lock);
+	p = find_pack_locked(s, id);
+	if (!p) {
+		r = ckpt_pack_open(s->packs_fd, id, s->uuid, false, &p);
+		if (r == 0) {
+			r = add_pack_locked(s, p);
+			if (r < 0)
+				ckpt_pack_free(p);
+		} else {
+			ckpt_err("%s: cannot open pack %" PRIu64 ": %s", s->path, id, strerror(-r));
+		}
+	}
+	pthread_mutex_unlock(&s->pack_lock);
+	if (r == 0)
+		*ret = p;
+	return r;
+}
+
+/* Start a new write pack.  Caller holds pack_lock. */
+static int roll_pack_locked(ckpt_store *s)
+{
+	ckpt_batch *b;
+	ckpt_pack *p = NULL;
+	uint64_t id = s->next_pack;
+	int r;
+
+	/* Persist the counter first so an id is never reused after a crash. */
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	batch_meta_u64(b, "next_pack", id + 1);
+	r = ckpt_index_write(s->ix, b, true);
+	ckpt_batch_free(b);
+	if (r < 0)
+		return r;
+	s->next_pack = id + 1;
+	r = ckpt_pack_create(s->packs_fd, id, s->uuid, &p);
+	if (r < 0) {
+		ckpt_err("%s: cannot create pack %" PRIu64 ": %s", s->path, id, strerror(-r));
+		return r;
+	}
+	r = add_pack_locked(s, p);
+	if (r < 0) {
+		ckpt_pack_free(p);
+		return r;
+	}
+	s->wpack = p;
+	return 0;
+}
+
+/* -------------------------------------------------------------- pending */
+
+static unsigned pending_bucket(const ckpt_digest *d)
+{
+	uint32_t h;
+
+	memcpy(&h, d->bytes + 4, sizeof(h));
+	return h % PENDING_BUCKETS;
+}
+
+static bool pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
+{
+	struct pending *p;
+	bool found = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (p = s->pending[pending_bucket(d)]; p; p = p->next) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+			if (ret)
+				*ret = p->loc;
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return found;
+}
+
+/* Insert unless present; returns true if it was inserted. */
+static bool pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc)
+{
+	struct pending *p, *n = malloc(sizeof(*n));
+	unsigned b = pending_bucket(d);
+	bool added = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (p = s->pending[b]; p; p = p->next)
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0)
+			break;
+	if (!p && n) {
+		n->digest = *d;
+		n->loc = *loc;
+		n->next = s->pending[b];
+		s->pending[b] = n;
+		n = NULL;
+		added = true;
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	free(n);
+	return added;
+}
+
+static void pending_remove(ckpt_store *s, const ckpt_digest *d)
+{
+	struct pending **pp, *p;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (pp = &s->pending[pending_bucket(d)]; (p = *pp); pp = &p->next) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+			*pp = p->next;
+			free(p);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+}
+
+/* --------------------------------------------------------------- chunks */
+
+int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
+			 uint64_t *ret_refcount)
+{
+	uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+	int r;
+
+	if (pending_find(s, d, ret_loc)) {
+		if (ret_refcount)
+			*ret_refcount = 0;
+		return 0;
+	}
+	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_chunk(key, d), val, sizeof(val));
+	if (r < 0)
+		return r;
+	return ckpt_chunk_rec_decode(val, sizeof(val), ret_loc, ret_refcount);
+}
+
+int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
+			    const struct ckpt_chunk_loc *loc, void *dst)
+{
+	struct tls_ctx *t = tls_get(s);
+	struct ckpt_pack_rec rec;
+	ckpt_digest check;
+	ckpt_pack *p;
+	uint8_t *stored = NULL;
+	char hex[2 * CKPT_DIGEST_LEN + 1];
+	const char *why = NULL;
+	int r;
+
+	if (!t)
+		return -ENOMEM;
+	r = get_pack(s, loc->pack_id, &p);
+	if (r < 0)
+		return r == -ENOENT ? -EIO : r;
+	stored = malloc(loc->stored_len ? loc->stored_len : 1);
+	if (!stored)
+		return -ENOMEM;
+	r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, stored);
+	if (r < 0) {
+		why = "record header or stored-bytes checksum mismatch";
+		goto out;
+	}
+	if (memcmp(rec.digest, d->bytes, CKPT_DIGEST_LEN) != 0 || rec.raw_len != loc->raw_len ||
+	    rec.codec != loc->codec) {
+		why = "record does not match its index entry";
+		r = -EIO;
+		goto out;
+	}
+	r = ckpt_decompress(t->dc, rec.codec, stored, rec.stored_len, dst, rec.raw_len);
+	if (r < 0) {
+		why = "decompression failed";
+		r = -EIO;
+		goto out;
+	}
+	ckpt_hash_chunk(s->hasher, dst, rec.raw_len, &check);
+	if (memcmp(check.bytes, d->bytes, CKPT_DIGEST_LEN) != 0) {
+		why = "content does not match its digest";
+		r = -EIO;
+	}
+out:
+	if (why) {
+		ckpt_digest_to_hex(d, hex);
+		ckpt_err("%s: chunk %s in pack %" PRIu64 " at offset %" PRIu64 " is damaged: %s",
+			 s->path, hex, loc->pack_id, loc->offset, why);
+	}
+	free(stored);
+	return r;
+}
+
+int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
+			  size_t len)
+{
+	struct ckpt_chunk_loc loc;
+	ckpt_cache_entry *e;
+	const uint8_t *data;
+	size_t dlen;
+	uint8_t *buf;
+	int r;
+
+	e = ckpt_cache_lookup(s->cache, d, &data, &dlen);
+	if (!e) {
+		r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+		if (r < 0)
+			return r == -ENOENT ? -EIO : r;
+		buf = malloc(loc.raw_len ? loc.raw_len : 1);
+		if (!buf)
+			return -ENOMEM;
+		r = ckpt_store_verify_chunk(s, d, &loc, buf);
+		if (r < 0) {
+			free(buf);
+			return r;
+		}
+		e = ckpt_cache_insert(s->cache, d, buf, loc.raw_len, &data);
+		if (!e)
+			return -ENOMEM;
+		dlen = loc.raw_len;
+	}
+	if (off > dlen || len > dlen - off) {
+		r = -EIO;
+	} else {
+		memcpy(dst, data + off, len);
+		r = 0;
+	}
+	ckpt_cache_release(s->cache, e);
+	return r;
+}
+
+static int verify_same(ckpt_store *s, const ckpt_digest *d, const void *data, size_t len)
+{
+	struct ckpt_chunk_loc loc;
+	uint8_t *buf;
+	int r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+
+	if (r < 0)
+		return r;
+	if (loc.raw_len != len)
+		return -EIO;
+	buf = malloc(len ? len : 1);
+	if (!buf)
+		return -ENOMEM;
+	r = ckpt_store_verify_chunk(s, d, &loc, buf);
+	if (r == 0 && memcmp(buf, data, len) != 0)
+		r = -EIO;
+	free(buf);
+	if (r == -EIO) {
+		char hex[33];
+		ckpt_digest_to_hex(d, hex);
+		ckpt_err("%s: verify_dedup: different bytes under digest %s; write refused", s->path,
+			 hex);
+	}
+	return r;
+}
+
+int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
+			 ckpt_digest *ret_digest)
+{
+	struct tls_ctx *t;
+	struct ckpt_chunk_loc loc;
+	struct ckpt_pack_rec rec;
+	const void *out;
+	size_t out_len;
+	uint8_t codec;
+	ckpt_digest d;
+	uint8_t key[32];
+	uint8_t *val;
+	size_t vlen;
+	int r;
+
+	if (len == 0 || len > CKPT_CHUNK_MAX)
+		return -EINVAL;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	ckpt_hash_chunk(s->hasher, data, len, &d);
+	*ret_digest = d;
+	/* Dedup: pending first, then the index (see I3). */
+	if (pending_find(s, &d, NULL))
+		goto dedup_hit;
+	r = ckpt_index_get(s->ix, key, ckpt_key_chunk(key, &d), &val, &vlen);
+	if (r == 0) {
+		free(val);
+		goto dedup_hit;
+	}
+	if (r != -ENOENT)
+		return r;
+
+	t = tls_get(s);
+	if (!t)
+		return -ENOMEM;
+	r = ckpt_compress(t->cc, data, len, elem_size, &codec, &out, &out_len);
+	if (r < 0)
+		return r;
+	memset(&rec, 0, sizeof(rec));
+	rec.codec = codec;
+	rec.stored_len = (uint32_t)out_len;
+	rec.raw_len = (uint32_t)len;
+	memcpy(rec.digest, d.bytes, CKPT_DIGEST_LEN);
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max) {
+		r = roll_pack_locked(s);
+		if (r < 0) {
+			pthread_mutex_unlock(&s->pack_lock);
+			return r;
+		}
+	}
+	{
+		ckpt_pack *p = s->wpack;
+		pthread_mutex_unlock(&s->pack_lock);
+		/* append is thread-safe; packs are never freed before the store */
+		r = ckpt_pack_append(p, &rec, out, &loc.offset);
+		if (r < 0)
+			return r;
+		loc.pack_id = ckpt_pack_id(p);
+	}
+	loc.stored_len = rec.stored_len;
+	loc.raw_len = rec.raw_len;
+	loc.codec = codec;
+	pending_add(s, &d, &loc); /* a racing twin may have won: harmless duplicate */
+	return 0;
+
+dedup_hit:
+	if (s->opts.verify_dedup)
+		return verify_same(s, &d, data, len);
+	return 0;
+}
+
+/* ---------------------------------------------------------------- files */
+
+ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,
+				size_t len, uint64_t off)
+{
+	uint8_t *p = dst;
+	size_t done = 0;
+	size_t i;
+
+	if (off >= l->size)
+		return 0;
+	if (len > l->size - off)
+		len = (size_t)(l->size - off);
+	i = ckpt_extent_list_find(l, off);
+	while (done < len && i < l->n) {
+		const struct ckpt_extent *e = &l->v[i];
+		uint64_t in = off + done - e->off;
+		size_t n = CKPT_MIN((size_t)(e->len - in), len - done);
+		if (e->kind == CKPT_EXT_ZERO) {
+			memset(p + done, 0, n);
+		} else {
+			int r = ckpt_store_read_chunk(s, &e->digest, in, p + done, n);
+			if (r < 0)
+				return r;
+		}
+		done += n;
+		i++;
+	}
+	return (ssize_t)done;
+}
+
+int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)
+{
+	uint8_t key[16];
+	uint8_t *val;
+	size_t vlen;
+	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+
+	if (r == -ENOENT) {
+		*ret_list = ckpt_extent_list_new();
+		return *ret_list ? 0 : -ENOMEM;
+	}
+	if (r < 0)
+		return r;
+	r = ckpt_extent_list_decode(val, vlen, ret_list);
+	free(val);
+	if (r < 0)
+		ckpt_err("%s: extent list of inode %" PRIu64 " is damaged", s->path, ino);
+	return r;
+}
+
+struct delta {
+	ckpt_digest d;
+	int64_t n;
+};
+
+static int delta_cmp(const void *a, const void *b)
+{
+	return memcmp(((const struct delta *)a)->d.bytes, ((const struct delta *)b)->d.bytes,
+		      CKPT_DIGEST_LEN);
+}
+
+/* Collect +1 for every chunk extent of add and -1 for every one of sub,
+ * merged per digest.  Returns the count of entries in *ret (nonzero n). */
+static int build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
+		       struct delta **ret, size_t *ret_n)
+{
+	size_t n = (add ? add->n : 0) + (sub ? sub->n : 0), k = 0, out = 0;
+	struct delta *v = malloc((n ? n : 1) * sizeof(*v));
+
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; add && i < add->n; i++)
+		if (add->v[i].kind == CKPT_EXT_CHUNK)
+			v[k++] = (struct delta){ add->v[i].digest, 1 };
+	for (size_t i = 0; sub && i < sub->n; i++)
+		if (sub->v[i].kind == CKPT_EXT_CHUNK)
+			v[k++] = (struct delta){ sub->v[i].digest, -1 };
+	qsort(v, k, sizeof(*v), delta_cmp);
+	for (size_t i = 0; i < k; i++) {
+		if (out > 0 && memcmp(v[out - 1].d.bytes, v[i].d.bytes, CKPT_DIGEST_LEN) == 0) {
+			v[out - 1].n += v[i].n;
+		} else {
+			v[out++] = v[i];
+		}
+	}
+	k = 0;
+	for (size_t i = 0; i < out; i++)
+		if (v[i].n != 0)
+			v[k++] = v[i];
+	*ret = v;
+	*ret_n = k;
+	return 0;
+}
+
+/* Add refcount changes to b.  Caller holds ns_lock.  New entries come from
+ * the pending table (their packs were synced by the caller).  On success
+ * *ret_new lists digests that left the pending table's responsibility. */
+static int apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+		struct ckpt_chunk_loc loc;
+		uint64_t refs = 0;
+		size_t klen = ckpt_key_chunk(key, &v[i].d);
+		int r = ckpt_index_get_fixed(s->ix, key, klen, val, sizeof(val));
+
+		if (r == 0) {
+			r = ckpt_chunk_rec_decode(val, sizeof(val), &loc, &refs);
+			if (r < 0)
+				return r;
+		} else if (r == -ENOENT) {
+			if (v[i].n < 0 || !pending_find(s, &v[i].d, &loc)) {
+				char hex[33];
+				ckpt_digest_to_hex(&v[i].d, hex);
+				ckpt_err("%s: chunk %s referenced but unknown", s->path, hex);
+				return -EIO;
+			}
+		} else {
+			return r;
+		}
+		if (v[i].n < 0 && refs < (uint64_t)-v[i].n) {
+			char hex[33];
+			ckpt_digest_to_hex(&v[i].d, hex);
+			ckpt_warn("%s: refcount underflow on chunk %s (fsck will report)", s->path,
+				  hex);
+			refs = 0;
+		} else {
+			refs = (uint64_t)((int64_t)refs + v[i].n);
+		}
+		ckpt_chunk_rec_encode(&loc, refs, val);
+		ckpt_batch_put(b, key, klen, val, sizeof(val));
+	}
+	return 0;
+}
+
+/* Sync the packs holding pending chunks that l references (I1). */
+static int sync_pending_of(ckpt_store *s, const struct ckpt_extent_list *l)
+{
+	struct {
+		uint64_t id, end;
+	} need[8];
+	size_t nneed = 0;
+	int r;
+
+	for (size_t i = 0; i < l->n; i++) {
+		struct ckpt_chunk_loc loc;
+		uint64_t end;
+		size_t j;
+
+		if (l->v[i].kind != CKPT_EXT_CHUNK || !pending_find(s, &l->v[i].digest, &loc))
+			continue;
+		end = loc.offset + ckpt_pack_rec_span(loc.stored_len);
+		for (j = 0; j < nneed; j++)
+			if (need[j].id == loc.pack_id)
+				break;
+		if (j == nneed) {
+			if (nneed == CKPT_ARRAY_SIZE(need)) {
+				/* Unusual: many packs; flush what we have. */
+				for (size_t k = 0; k < nneed; k++) {
+					ckpt_pack *p;
+					r = get_pack(s, need[k].id, &p);
+					if (r == 0)
+						r = ckpt_pack_sync(p, need[k].end);
+					if (r < 0)
+						return r;
+				}
+				nneed = 0;
+				j = 0;
+			}
+			need[j].id = loc.pack_id;
+			need[j].end = 0;
+			nneed++;
+		}
+		if (end > need[j].end)
+			need[j].end = end;
+	}
+	for (size_t k = 0; k < nneed; k++) {
+		ckpt_pack *p;
+		r = get_pack(s, need[k].id, &p);
+		if (r == 0)
+			r = ckpt_pack_sync(p, need[k].end);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
+			   uint32_t flags, int64_t mtime_ns, bool durable)
+{
+	struct ckpt_extent_list *old = NULL;
+	struct delta *dv = NULL;
+	size_t ndv = 0;
+	ckpt_batch *b = NULL;
+	struct ckpt_inode in;
+	uint8_t key[16];
+	uint8_t *enc = NULL;
+	size_t enclen;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	r = sync_pending_of(s, l);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&s->ns_lock);
+	r = ckpt_store_getattr(s, ino, &in);
+	if (r < 0)
+		goto out;
+	if (!S_ISREG(in.mode)) {
+		r = -EINVAL;
+		goto out;
+	}
+	r = ckpt_store_load_extents(s, ino, &old);
+	if (r < 0)
+		goto out;
+	r = build_delta(l, old, &dv, &ndv);
+	if (r < 0)
+		goto out;
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	r = apply_delta(s, b, dv, ndv);
+	if (r < 0)
+		goto out;
+	ckpt_key_ino(key, CKPT_KEY_FILE, ino);
+	if (l->n > 0) {
+		r = ckpt_extent_list_encode(l, &enc, &enclen);
+		if (r < 0)
+			goto out;
+		ckpt_batch_put(b, key, 9, enc, enclen);
+	} else {
+		ckpt_batch_delete(b, key, 9);
+	}
+	in.size = l->size;
+	in.flags = flags;
+	in.mtime_ns = mtime_ns;
+	in.ctime_ns = mtime_ns;
+	batch_inode(b, &in);
+	r = ckpt_index_write(s->ix, b, durable);
+	if (r < 0)
+		goto out;
+	for (size_t i = 0; i < ndv; i++)
+		if (dv[i].n > 0)
+			pending_remove(s, &dv[i].d);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	free(enc);
+	free(dv);
+	ckpt_batch_free(b);
+	ckpt_extent_list_free(old);
+	return r;
+}
+
+/* ------------------------------------------------------------ namespace */
+
+int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+{
+	uint8_t key[16], val[CKPT_INODE_REC_LEN];
+	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val,
+				     sizeof(val));
+
+	if (r < 0)
+		return r;
+	return ckpt_inode_decode(ino, val, sizeof(val), ret);
+}
+
+static int check_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || strchr(name, '/'))
+		return -EINVAL;
+	if (n > CKPT_NAME_MAX)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static int get_dentry(ckpt_store *s, uint64_t parent, const char *name, uint64_t *ret_ino,
+		      uint32_t *ret_mode)
+{
+	uint8_t key[CKPT_KEY_MAX], val[CKPT_DENTRY_REC_LEN];
+	size_t klen = ckpt_key_dentry(key, parent, name, strlen(name));
+	int r = ckpt_index_get_fixed(s->ix, key, klen, val, sizeof(val));
+
+	if (r < 0)
+		return r;
+	return ckpt_dentry_decode(val, sizeof(val), ret_ino, ret_mode);
+}
+
+int ckpt_store_lookup(ckpt_store *s, uint64_t parent, const char *name, struct ckpt_inode *ret)
+{
+	uint64_t ino;
+	uint32_t mode;
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	r = get_dentry(s, parent, name, &ino, &mode);
+	if (r < 0)
+		return r;
+	return ckpt_store_getattr(s, ino, ret);
+}
+
+static void batch_dentry(ckpt_batch *b, uint64_t parent, const char *name, uint64_t ino,
+			 uint32_t mode)
+{
+	uint8_t key[CKPT_KEY_MAX], val[CKPT_DENTRY_REC_LEN];
+
+	ckpt_dentry_encode(ino, mode & S_IFMT, val);
+	ckpt_batch_put(b, key, ckpt_key_dentry(key, parent, name, strlen(name)), val, sizeof(val));
+}
+
+static void batch_dentry_delete(ckpt_batch *b, uint64_t parent, const char *name)
+{
+	uint8_t key[CKPT_KEY_MAX];
+
+	ckpt_batch_delete(b, key, ckpt_key_dentry(key, parent, name, strlen(name)));
+}
+
+static void batch_orphan(ckpt_batch *b, uint64_t ino, bool set)
+{
+	uint8_t key[16];
+
+	ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino);
+	if (set)
+		ckpt_batch_put(b, key, 9, "", 0);
+	else
+		ckpt_batch_delete(b, key, 9);
+}
+
+static int get_dir(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+{
+	int r = ckpt_store_getattr(s, ino, ret);
+
+	if (r < 0)
+		return r;
+	if (!S_ISDIR(ret->mode))
+		return -ENOTDIR;
+	if (ret->nlink == 0)
+		return -ENOENT;
+	return 0;
+}
+
+int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
+		      uint32_t uid, uint32_t gid, const char *symlink_target,
+		      struct ckpt_inode *ret)
+{
+	struct ckpt_inode dir, in;
+	ckpt_batch *b = NULL;
+	uint64_t ino;
+	uint32_t m;
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	if (!S_ISREG(mode) && !S_ISDIR(mode) && !S_ISLNK(mode))
+		return -EPERM;
+	if (symlink_target && strlen(symlink_target) >= PATH_MAX)
+		return -ENAMETOOLONG;
+	pthread_mutex_lock(&s->ns_lock);
+	r = get_dir(s, parent, &dir);
+	if (r < 0)
+		goto out;
+	r = get_dentry(s, parent, name, &ino, &m);
+	if (r == 0) {
+		r = -EEXIST;
+		goto out;
+	}
+	if (r != -ENOENT)
+		goto out;
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	memset(&in, 0, sizeof(in));
+	in.ino = s->next_ino;
+	in.mode = mode;
+	in.uid = uid;
+	in.gid = gid;
+	in.nlink = S_ISDIR(mode) ? 2 : 1;
+	in.atime_ns = in.mtime_ns = in.ctime_ns = now_ns();
+	in.parent = S_ISDIR(mode) ? parent : 0;
+	in.generation = 1;
+	if (S_ISLNK(mode)) {
+		uint8_t key[16];
+		in.size = strlen(symlink_target);
+		ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, in.ino), symlink_target,
+			       in.size);
+	}
+	batch_inode(b, &in);
+	batch_dentry(b, parent, name, in.ino, mode);
+	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
+	if (S_ISDIR(mode))
+		dir.nlink++;
+	batch_inode(b, &dir);
+	batch_meta_u64(b, "next_ino", in.ino + 1);
+	r = ckpt_index_write(s->ix, b, false);
+	if (r < 0)
+		goto out;
+	s->next_ino++;
+	*ret = in;
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char *newname,
+		    struct ckpt_inode *ret)
+{
+	struct ckpt_inode dir, in;
+	ckpt_batch *b = NULL;
+	uint64_t x;
+	uint32_t m;
+	int r = check_name(newname);
+
+	if (r < 0)
+		return r;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	pthread_mutex_lock(&s->ns_lock);
+	r = get_dir(s, newparent, &dir);
+	if (r < 0)
+		goto out;
+	r = ckpt_store_getattr(s, ino, &in);
+	if (r < 0)
+		goto out;
+	if (S_ISDIR(in.mode)) {
+		r = -EPERM;
+		goto out;
+	}
+	r = get_dentry(s, newparent, newname, &x, &m);
+	if (r == 0) {
+		r = -EEXIST;
+		goto out;
+	}
+	if (r != -ENOENT)
+		goto out;
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (in.nlink == 0)
+		batch_orphan(b, ino, false);
+	in.nlink++;
+	in.ctime_ns = now_ns();
+	batch_inode(b, &in);
+	batch_dentry(b, newparent, newname, ino, in.mode);
+	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
+	batch_inode(b, &dir);
+	r = ckpt_index_write(s->ix, b, false);
+	if (r == 0)
+		*ret = in;
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+int ckpt_store_readlink(ckpt_store *s, uint64_t ino, char **ret_target)
+{
+	uint8_t key[16];
+	uint8_t *val;
+	size_t vlen;
+	char *t;
+	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino), &val, &vlen);
+
+	if (r == -ENOENT)
+		return -EINVAL;
+	if (r < 0)
+		return r;
+	t = malloc(vlen + 1);
+	if (!t) {
+		free(val);
+		return -ENOMEM;
+	}
+	memcpy(t, val, vlen);
+	t[vlen] = '\0';
+	free(val);
+	*ret_target = t;
+	return 0;
+}
+
+static int dir_is_empty(ckpt_store *s, uint64_t ino)
+{
+	uint8_t prefix[9];
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_iter *it;
+	int r;
+
+	prefix[0] = CKPT_KEY_DENTRY;
+	ckpt_put_be64(prefix + 1, ino);
+	r = ckpt_iter_new(s->ix, prefix, sizeof(prefix), &it);
+	if (r < 0)
+		return r;
+	r = ckpt_iter_next(it, &k, &kl, &v, &vl);
+	ckpt_iter_free(it);
+	if (r < 0)
+		return r;
+	return r == 0 ? 1 : 0;
+}
+
+/* Drop one name of victim (already removed from its directory by the
+ * caller's batch).  Caller holds ns_lock. */
+static void drop_link(ckpt_batch *b, struct ckpt_inode *victim, int64_t now)
+{
+	if (S_ISDIR(victim->mode))
+		victim->nlink = 0;
+	else if (victim->nlink > 0)
+		victim->nlink--;
+	victim->ctime_ns = now;
+	if (victim->nlink == 0)
+		batch_orphan(b, victim->ino, true);
+	batch_inode(b, victim);
+}
+
+int ckpt_store_unlink(ckpt_store *s, uint64_t parent, const char *name, bool rmdir)
+{
+	struct ckpt_inode dir, victim;
+	ckpt_batch *b = NULL;
+	uint64_t ino;
+	uint32_t m;
+	int64_t now = now_ns();
+	int r = check_name(name);
+
+	if (r < 0)
+		return r;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	pthread_mutex_lock(&s->ns_lock);
+	r = get_dir(s, parent, &dir);
+	if (r < 0)
+		goto out;
+	r = get_dentry(s, parent, name, &ino, &m);
+	if (r < 0)
+		goto out;
+	r = ckpt_store_getattr(s, ino, &victim);
+	if (r < 0)
+		goto out;
+	if (rmdir && !S_ISDIR(victim.mode)) {
+		r = -ENOTDIR;
+		goto out;
+	}
+	if (!rmdir && S_ISDIR(victim.mode)) {
+		r = -EISDIR;
+		goto out;
+	}
+	if (rmdir) {
+		r = dir_is_empty(s, ino);
+		if (r < 0)
+			goto out;
+		if (r == 0) {
+			r = -ENOTEMPTY;
+			goto out;
+		}
+		dir.nlink--;
+	}
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	batch_dentry_delete(b, parent, name);
+	drop_link(b, &victim, now);
+	dir.mtime_ns = dir.ctime_ns = now;
+	batch_inode(b, &dir);
+	r = ckpt_index_write(s->ix, b, false);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+/* Is `anc` an ancestor of (or equal to) dir `ino`?  Caller holds ns_lock. */
+static int is_ancestor(ckpt_store *s, uint64_t anc, uint64_t ino)
+{
+	for (int depth = 0; depth < 4096; depth++) {
+		struct ckpt_inode in;
+		int r;
+
+		if (ino == anc)
+			return 1;
+		if (ino == CKPT_ROOT_INO)
+			return 0;
+		r = ckpt_store_getattr(s, ino, &in);
+		if (r < 0)
+			return r;
+		ino = in.parent;
+	}
+	return -ELOOP;
+}
+
+int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t newparent,
+		      const char *newname, unsigned flags)
+{
+	struct ckpt_inode pdir, ndir, src, dst;
+	bool have_dst = false, same_dir = parent == newparent;
+	ckpt_batch *b = NULL;
+	uint64_t sino, dino;
+	uint32_t m;
+	int64_t now = now_ns();
+	int r;
+
+	if ((r = check_name(name)) < 0 || (r = check_name(newname)) < 0)
+		return r;
+	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		return -EINVAL;
+	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+		return -EINVAL;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	pthread_mutex_lock(&s->ns_lock);
+	if ((r = get_dir(s, parent, &pdir)) < 0 || (r = get_dir(s, newparent, &ndir)) < 0)
+		goto out;
+	if ((r = get_dentry(s, parent, name, &sino, &m)) < 0)
+		goto out;
+	if ((r = ckpt_store_getattr(s, sino, &src)) < 0)
+		goto out;
+	r = get_dentry(s, newparent, newname, &dino, &m);
+	if (r == 0) {
+		have_dst = true;
+		if ((r = ckpt_store_getattr(s, dino, &dst)) < 0)
+			goto out;
+	} else if (r != -ENOENT) {
+		goto out;
+	}
+	if (have_dst && (flags & RENAME_NOREPLACE)) {
+		r = -EEXIST;
+		goto out;
+	}
+	if (!have_dst && (flags & RENAME_EXCHANGE)) {
+		r = -ENOENT;
+		goto out;
+	}
+	if (have_dst && dino == sino) {
+		r = 0; /* same inode: POSIX says do nothing */
+		goto out;
+	}
+	/* A directory may not move below itself. */
+	if (S_ISDIR(src.mode) && !same_dir) {
+		r = is_ancestor(s, sino, newparent);
+		if (r < 0)
+			goto out;
+		if (r) {
+			r = -EINVAL;
+			goto out;
+		}
+	}
+	if ((flags & RENAME_EXCHANGE) && S_ISDIR(dst.mode) && !same_dir) {
+		r = is_ancestor(s, dino, parent);
+		if (r < 0)
+			goto out;
+		if (r) {
+			r = -EINVAL;
+			goto out;
+		}
+	}
+	if (have_dst && !(flags & RENAME_EXCHANGE)) {
+		if (S_ISDIR(src.mode) && !S_ISDIR(dst.mode)) {
+			r = -ENOTDIR;
+			goto out;
+		}
+		if (!S_ISDIR(src.mode) && S_ISDIR(dst.mode)) {
+			r = -EISDIR;
+			goto out;
+		}
+		if (S_ISDIR(dst.mode)) {
+			r = dir_is_empty(s, dino);
+			if (r < 0)
+				goto out;
+			if (r == 0) {
+				r = -ENOTEMPTY;
+				goto out;
+			}
+		}
+	}
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (flags & RENAME_EXCHANGE) {
+		batch_dentry(b, parent, name, dino, dst.mode);
+		batch_dentry(b, newparent, newname, sino, src.mode);
+		if (!same_dir) {
+			if (S_ISDIR(src.mode)) {
+				src.parent = newparent;
+				pdir.nlink--;
+				ndir.nlink++;
+			}
+			if (S_ISDIR(dst.mode)) {
+				dst.parent = parent;
+				ndir.nlink--;
+				pdir.nlink++;
+			}
+		}
+		dst.ctime_ns = now;
+		batch_inode(b, &dst);
+	} else {
+		batch_dentry_delete(b, parent, name);
+		batch_dentry(b, newparent, newname, sino, src.mode);
+		if (have_dst) {
+			drop_link(b, &dst, now);
+			if (S_ISDIR(dst.mode))
+				ndir.nlink--;
+		}
+		if (S_ISDIR(src.mode)) {
+			src.parent = newparent;
+			pdir.nlink--;
+			ndir.nlink++;
+		}
+	}
+	src.ctime_ns = now;
+	batch_inode(b, &src);
+	pdir.mtime_ns = pdir.ctime_ns = now;
+	ndir.mtime_ns = ndir.ctime_ns = now;
+	if (same_dir) {
+		/* pdir and ndir are two copies of one inode: merge link counts */
+		pdir.nlink = pdir.nlink + ndir.nlink - pdir.nlink;
+		ndir.nlink = pdir.nlink;
+		batch_inode(b, &ndir);
+	} else {
+		batch_inode(b, &pdir);
+		batch_inode(b, &ndir);
+	}
+	r = ckpt_index_write(s->ix, b, false);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+int ckpt_store_reap(ckpt_store *s, uint64_t ino)
+{
+	struct ckpt_extent_list *old = NULL;
+	struct delta *dv = NULL;
+	size_t ndv = 0;
+	struct ckpt_inode in;
+	ckpt_batch *b = NULL;
+	uint8_t key[16], *val;
+	size_t vlen;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	pthread_mutex_lock(&s->ns_lock);
+	r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino), &val, &vlen);
+	if (r == -ENOENT) {
+		r = 0;
+		goto out;
+	}
+	if (r < 0)
+		goto out;
+	free(val);
+	r = ckpt_store_getattr(s, ino, &in);
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	if (r == 0 && in.nlink > 0) {
+		batch_orphan(b, ino, false); /* stale marker */
+		r = ckpt_index_write(s->ix, b, false);
+		goto out;
+	}
+	if (r == 0 && S_ISREG(in.mode)) {
+		r = ckpt_store_load_extents(s, ino, &old);
+		if (r < 0)
+			goto out;
+		r = build_delta(NULL, old, &dv, &ndv);
+		if (r < 0)
+			goto out;
+		r = apply_delta(s, b, dv, ndv);
+		if (r < 0)
+			goto out;
+	}
+	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino));
+	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino));
+	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino));
+	batch_orphan(b, ino, false);
+	r = ckpt_index_write(s->ix, b, false);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	ckpt_extent_list_free(old);
+	free(dv);
+	return r;
+}
+
+int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct ckpt_inode *in,
+		       struct ckpt_inode *ret)
+{
+	struct ckpt_inode cur;
+	ckpt_batch *b = NULL;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	pthread_mutex_lock(&s->ns_lock);
+	r = ckpt_store_getattr(s, ino, &cur);
+	if (r < 0)
+		goto out;
+	if (what & CKPT_SET_MODE)
+		cur.mode = (cur.mode & S_IFMT) | (in->mode & 07777);
+	if (what & CKPT_SET_UID)
+		cur.uid = in->uid;
+	if (what & CKPT_SET_GID)
+		cur.gid = in->gid;
+	if (what & CKPT_SET_ATIME)
+		cur.atime_ns = in->atime_ns;
+	if (what & CKPT_SET_MTIME)
+		cur.mtime_ns = in->mtime_ns;
+	cur.ctime_ns = (what & CKPT_SET_CTIME) ? in->ctime_ns : now_ns();
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	batch_inode(b, &cur);
+	r = ckpt_index_write(s->ix, b, false);
+	if (r == 0 && ret)
+		*ret = cur;
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+void ckpt_dirents_free(struct ckpt_dirent *ents, size_t n)
+{
+	for (size_t i = 0; ents && i < n; i++)
+		free(ents[i].name);
+	free(ents);
+}
+
+int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ents,
+		       size_t *ret_n)
+{
+	struct ckpt_dirent *v = NULL;
+	size_t n = 0, cap = 0;
+	uint8_t prefix[9];
+	const uint8_t *k, *val;
+	size_t kl, vl;
+	ckpt_iter *it = NULL;
+	int r;
+
+	prefix[0] = CKPT_KEY_DENTRY;
+	ckpt_put_be64(prefix + 1, ino);
+	r = ckpt_iter_new(s->ix, prefix, sizeof(prefix), &it);
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &val, &vl)) > 0) {
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 32;
+			struct ckpt_dirent *nv = realloc(v, nc * sizeof(*nv));
+			if (!nv) {
+				r = -ENOMEM;
+				break;
+			}
+			v = nv;
+			cap = nc;
+		}
+		r = ckpt_dentry_decode(val, vl, &v[n].ino, &v[n].mode);
+		if (r < 0)
+			break;
+		v[n].name = strndup((const char *)k + 9, kl - 9);
+		if (!v[n].name) {
+			r = -ENOMEM;
+			break;
+		}
+		n++;
+	}
+	ckpt_iter_free(it);
+	if (r < 0) {
+		ckpt_dirents_free(v, n);
+		return r;
+	}
+	*ret_ents = v;
+	*ret_n = n;
+	return 0;
+}
+
+int ckpt_store_statfs(ckpt_store *s, struct statvfs *ret)
+{
+	if (fstatvfs(s->packs_fd, ret) < 0)
+		return -errno;
+	ret->f_namemax = CKPT_NAME_MAX;
+	return 0;
+}
+
+char *ckpt_store_path_of(ckpt_store *s, uint64_t ino)
+{
+	/* Directories know their parent; for files search the parent's
+	 * entries is too costly, so callers pass a directory + name where they
+	 * can.  Here: walk up for directories, "<inode N>" otherwise. */
+	char *path = strdup("");
+	uint64_t cur = ino;
+
+	for (int depth = 0; path && cur != CKPT_ROOT_INO && depth < 256; depth++) {
+		struct ckpt_inode in, pin;
+		struct ckpt_dirent *ents = NULL;
+		size_t n = 0;
+		const char *nm = NULL;
+		char *np;
+
+		if (ckpt_store_getattr(s, cur, &in) < 0 || !S_ISDIR(in.mode) ||
+		    ckpt_store_getattr(s, in.parent, &pin) < 0 ||
+		    ckpt_store_readdir(s, in.parent, &ents, &n) < 0) {
+			if (asprintf(&np, "<inode %" PRIu64 ">%s", cur, path) < 0)
+				np = NULL;
+			free(path);
+			return np;
+		}
+		for (size_t i = 0; i < n; i++)
+			if (ents[i].ino == cur)
+				nm = ents[i].name;
+		if (asprintf(&np, "/%s%s", nm ? nm : "?", path) < 0)
+			np = NULL;
+		ckpt_dirents_free(ents, n);
+		free(path);
+		path = np;
+		cur = in.parent;
+	}
+	if (path && !*path) {
+		free(path);
+		path = strdup("/");
+	}
+	return path;
+}
+
+/* ------------------------------------------------------------ open/close */
+
+static int read_marker(int dfd, const char *path, char *err, size_t errlen)
+{
+	char buf[64];
+	ssize_t n;
+	unsigned ver;
+	int fd = openat(dfd, MARKER_NAME, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		return -EIO;
+	buf[n] = '\0';
+	if (sscanf(buf, MARKER_MAGIC " %u", &ver) != 1) {
+		snprintf(err, errlen, "%s: not a ckptfs store (bad %s marker)", path, MARKER_NAME);
+		return -EINVAL;
+	}
+	if (ver > CKPT_STORE_FORMAT) {
+		snprintf(err, errlen,
+			 "%s: store format %u is newer than this ckptfs supports (%d); upgrade ckptfs",
+			 path, ver, CKPT_STORE_FORMAT);
+		return -EPROTONOSUPPORT;
+	}
+	if (ver < 1) {
+		snprintf(err, errlen, "%s: invalid store format %u", path, ver);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int dir_is_empty_fs(int dfd)
+{
+	int fd = dup(dfd);
+	DIR *d;
+	struct dirent *de;
+	int empty = 1;
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+		    strcmp(de->d_name, "lost+found"))
+			empty = 0;
+	closedir(d);
+	return empty;
+}
+
+static int write_marker(int dfd)
+{
+	char buf[64];
+	int n = snprintf(buf, sizeof(buf), MARKER_MAGIC " %d\n", CKPT_STORE_FORMAT);
+	int fd = openat(dfd, MARKER_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, buf, (size_t)n) != n || fsync(fd) < 0)
+		r = -errno ? -errno : -EIO;
+	close(fd);
+	if (r == 0 && renameat(dfd, MARKER_NAME ".tmp", dfd, MARKER_NAME) < 0)
+		r = -errno;
+	if (r == 0 && fsync(dfd) < 0)
+		r = -errno;
+	return r;
+}
+
+/* Initialize meta and the root directory of a fresh index. */
+static int init_index(ckpt_store *s)
+{
+	uint8_t secret[CKPT_SECRET_LEN], buf[4];
+	struct ckpt_inode root;
+	ckpt_batch *b;
+	int r;
+
+	r = ckpt_secret_generate(secret, sizeof(secret));
+	if (r < 0)
+		return r;
+	r = ckpt_secret_generate(s->uuid, sizeof(s->uuid));
+	if (r < 0)
+		return r;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	ckpt_put_le32(buf, CKPT_STORE_FORMAT);
+	batch_meta_bytes(b, "format", buf, 4);
+	batch_meta_bytes(b, "secret", secret, sizeof(secret));
+	batch_meta_bytes(b, "uuid", s->uuid, sizeof(s->uuid));
+	batch_meta_u64(b, "next_ino", CKPT_ROOT_INO + 1);
+	batch_meta_u64(b, "next_pack", 1);
+	memset(&root, 0, sizeof(root));
+	root.ino = CKPT_ROOT_INO;
+	root.mode = S_IFDIR | 0755;
+	root.nlink = 2;
+	root.uid = getuid();
+	root.gid = getgid();
+	root.atime_ns = root.mtime_ns = root.ctime_ns = now_ns();
+	root.parent = CKPT_ROOT_INO;
+	root.generation = 1;
+	batch_inode(b, &root);
+	r = ckpt_index_write(s->ix, b, true);
+	ckpt_batch_free(b);
+	return r;
+}
+
+static int load_meta(ckpt_store *s, char *err, size_t errlen)
+{
+	uint8_t key[64], secret[CKPT_SECRET_LEN], buf[4];
+	int r;
+
+	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "format"), buf, 4);
+	if (r == 0 && ckpt_get_le32(buf) > CKPT_STORE_FORMAT) {
+		snprintf(err, errlen, "%s: index format %u is newer than supported (%d)", s->path,
+			 ckpt_get_le32(buf), CKPT_STORE_FORMAT);
+		return -EPROTONOSUPPORT;
+	}
+	if (r == 0)
+		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "secret"), secret,
+					 sizeof(secret));
+	if (r == 0)
+		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "uuid"), s->uuid,
+					 sizeof(s->uuid));
+	if (r == 0)
+		r = meta_get_u64(s, "next_ino", &s->next_ino);
+	if (r == 0)
+		r = meta_get_u64(s, "next_pack", &s->next_pack);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: index metadata missing or damaged (%s)", s->path,
+			 strerror(-r));
+		return r == -ENOENT ? -EIO : r;
+	}
+	return ckpt_hasher_new(secret, sizeof(secret), &s->hasher);
+}
+
+/* Remove leftovers of files being rewritten when the last process died. */
+static void clean_staging(ckpt_store *s, int dfd)
+{
+	int fd = openat(dfd, "staging", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
+	struct dirent *de;
+
+	if (fd < 0)
+		return;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			unlinkat(fd, de->d_name, 0);
+	closedir(d);
+	(void)s;
+}
+
+static int reap_orphans(ckpt_store *s)
+{
+	uint8_t prefix[1] = { CKPT_KEY_ORPHAN };
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	uint64_t *inos = NULL;
+	size_t n = 0, cap = 0;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		if (kl != 9)
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 16;
+			uint64_t *ni = realloc(inos, nc * sizeof(*ni));
+			if (!ni) {
+				r = -ENOMEM;
+				break;
+			}
+			inos = ni;
+			cap = nc;
+		}
+		inos[n++] = ckpt_get_be64(k + 1);
+	}
+	ckpt_iter_free(it);
+	for (size_t i = 0; r >= 0 && i < n; i++)
+		r = ckpt_store_reap(s, inos[i]);
+	free(inos);
+	return r < 0 ? r : 0;
+}
+
+int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
+		    char *err, size_t errlen)
+{
+	ckpt_store *s = NULL;
+	char *ixdir = NULL;
+	bool fresh = false;
+	int dfd = -1, r;
+
+	err[0] = '\0';
+	if (o->compress_level < 0 || o->compress_level > 19) {
+		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
+		return -EINVAL;
+	}
+	if (o->create && mkdir(path, 0755) < 0 && errno != EEXIST) {
+		r = -errno;
+		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
+		return r;
+	}
+	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: %s", path,
+			 errno == ENOENT ? "no such store (directory does not exist)" :
+					   strerror(errno));
+		return r;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	s->lock_fd = -1;
+	s->packs_fd = -1;
+	s->opts = *o;
+	s->path = strdup(path);
+	pthread_mutex_init(&s->ns_lock, NULL);
+	pthread_mutex_init(&s->pack_lock, NULL);
+	pthread_mutex_init(&s->pending_lock, NULL);
+	pthread_key_create(&s->tls_key, tls_free);
+
+	r = read_marker(dfd, path, err, errlen);
+	if (r == -ENOENT) {
+		r = dir_is_empty_fs(dfd);
+		if (r < 0)
+			goto fail;
+		if (!r) {
+			snprintf(err, errlen, "%s: not a ckptfs store (no %s marker, directory not empty)",
+				 path, MARKER_NAME);
+			r = -EINVAL;
+			goto fail;
+		}
+		if (!o->create || o->mode != CKPT_STORE_RW) {
+			snprintf(err, errlen, "%s: not a ckptfs store (empty directory)", path);
+			r = -EINVAL;
+			goto fail;
+		}
+		fresh = true;
+	} else if (r < 0) {
+		if (!err[0])
+			snprintf(err, errlen, "%s: cannot read store marker: %s", path, strerror(-r));
+		goto fail;
+	}
+
+	if (o->mode != CKPT_STORE_RO_SHARED) {
+		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+			snprintf(err, errlen, "%s: %s", path,
+				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
+					       "daemon, or a ckpt command is running)" :
+					       strerror(-r));
+			goto fail;
+		}
+	}
+	if (fresh) {
+		if ((mkdirat(dfd, "packs", 0755) < 0 && errno != EEXIST) ||
+		    (mkdirat(dfd, "staging", 0700) < 0 && errno != EEXIST)) {
+			r = -errno;
+			snprintf(err, errlen, "%s: cannot create store layout: %s", path,
+				 strerror(errno));
+			goto fail;
+		}
+	}
+	s->packs_fd = openat(dfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->packs_fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: missing packs directory: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (asprintf(&ixdir, "%s/index", path) < 0) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = ckpt_index_open(ixdir, fresh, o->mode == CKPT_STORE_RO_SHARED, 64u << 20, &s->ix, err,
+			    errlen);
+	if (r < 0)
+		goto fail;
+	if (fresh) {
+		r = init_index(s);
+		if (r == 0)
+			r = write_marker(dfd); /* last: a half-created store has no marker */
+		if (r < 0) {
+			snprintf(err, errlen, "%s: cannot initialize store: %s", path, strerror(-r));
+			goto fail;
+		}
+	}
+	r = load_meta(s, err, errlen);
+	if (r < 0)
+		goto fail;
+	r = ckpt_cache_new(o->cache_size, &s->cache);
+	if (r < 0)
+		goto fail;
+	if (o->mode == CKPT_STORE_RW) {
+		clean_staging(s, dfd);
+		r = reap_orphans(s);
+		if (r < 0) {
+			snprintf(err, errlen, "%s: cannot reap orphaned files: %s", path,
+				 strerror(-r));
+			goto fail;
+		}
+	}
+	free(ixdir);
+	close(dfd);
+	*ret_store = s;
+	return 0;
+fail:
+	if (!err[0])
+		snprintf(err, errlen, "%s: %s", path, strerror(-r));
+	free(ixdir);
+	close(dfd);
+	ckpt_store_free(s);
+	return r;
+}
+
+void ckpt_store_free(ckpt_store *s)
+{
+	struct tls_ctx *t;
+
+	if (!s)
+		return;
+	if (s->ix && s->opts.mode == CKPT_STORE_RW) {
+		pthread_mutex_lock(&s->pack_lock);
+		for (size_t i = 0; i < s->npacks; i++)
+			ckpt_pack_sync(s->packs[i], UINT64_MAX);
+		pthread_mutex_unlock(&s->pack_lock);
+		ckpt_index_flush(s->ix);
+	}
+	for (size_t i = 0; i < s->npacks; i++)
+		ckpt_pack_free(s->packs[i]);
+	free(s->packs);
+	for (size_t i = 0; i < PENDING_BUCKETS; i++) {
+		struct pending *p = s->pending[i], *n;
+		for (; p; p = n) {
+			n = p->next;
+			free(p);
+		}
+	}
+	t = pthread_getspecific(s->tls_key);
+	tls_free(t);
+	pthread_setspecific(s->tls_key, NULL);
+	pthread_key_delete(s->tls_key);
+	ckpt_index_free(s->ix);
+	ckpt_cache_free(s->cache);
+	ckpt_hasher_free(s->hasher);
+	if (s->packs_fd >= 0)
+		close(s->packs_fd);
+	if (s->lock_fd >= 0)
+		close(s->lock_fd);
+	pthread_mutex_destroy(&s->ns_lock);
+	pthread_mutex_destroy(&s->pack_lock);
+	pthread_mutex_destroy(&s->pending_lock);
+	free(s->path);
+	free(s);
+}
+
+/* ----------------------------------------------------------- maintenance */
+
+struct chunk_info {
+	ckpt_digest d;
+	struct ckpt_chunk_loc loc;
+	uint64_t refs;    /* as stored */
+	uint64_t counted; /* as counted from extent lists (fsck) */
+	bool damaged;
+};
+
+static int chunk_info_cmp(const void *a, const void *b)
+{
+	return memcmp(((const struct chunk_info *)a)->d.bytes, ((const struct chunk_info *)b)->d.bytes,
+		      CKPT_DIGEST_LEN);
+}
+
+static int load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n)
+{
+	uint8_t prefix[1] = { CKPT_KEY_CHUNK };
+	const uint8_t *k, *v;
+	size_t kl, vl, n = 0, cap = 0;
+	struct chunk_info *arr = NULL;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 1024;
+			struct chunk_info *na = realloc(arr, nc * sizeof(*na));
+			if (!na) {
+				r = -ENOMEM;
+				break;
+			}
+			arr = na;
+			cap = nc;
+		}
+		memset(&arr[n], 0, sizeof(arr[n]));
+		if (kl != 1 + CKPT_DIGEST_LEN ||
+		    ckpt_chunk_rec_decode(v, vl, &arr[n].loc, &arr[n].refs) < 0) {
+			r = -EIO;
+			break;
+		}
+		memcpy(arr[n].d.bytes, k + 1, CKPT_DIGEST_LEN);
+		n++;
+	}
+	ckpt_iter_free(it);
+	if (r < 0) {
+		free(arr);
+		return r;
+	}
+	*ret = arr; /* already sorted: keys are 'C' + digest */
+	*ret_n = n;
+	return 0;
+}
+
+static struct chunk_info *find_chunk(struct chunk_info *arr, size_t n, const ckpt_digest *d)
+{
+	struct chunk_info key;
+
+	key.d = *d;
+	return bsearch(&key, arr, n, sizeof(*arr), chunk_info_cmp);
+}
+
+static int list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes)
+{
+	int fd = dup(s->packs_fd);
+	DIR *d;
+	struct dirent *de;
+	uint64_t *ids = NULL, bytes = 0;
+	size_t n = 0, cap = 0;
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	rewinddir(d);
+	while ((de = readdir(d))) {
+		uint64_t id;
+		char tail[8];
+		struct stat st;
+
+		if (sscanf(de->d_name, "pack-%16" SCNx64 ".%7s", &id, tail) != 2 ||
+		    strcmp(tail, "ckpk") != 0)
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 16;
+			uint64_t *ni = realloc(ids, nc * sizeof(*ni));
+			if (!ni) {
+				closedir(d);
+				free(ids);
+				return -ENOMEM;
+			}
+			ids = ni;
+			cap = nc;
+		}
+		ids[n++] = id;
+		if (fstatat(s->packs_fd, de->d_name, &st, 0) == 0)
+			bytes += (uint64_t)st.st_size;
+	}
+	closedir(d);
+	*ret_ids = ids;
+	*ret_n = n;
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return 0;
+}
+
+int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
+{
+	uint8_t prefix[1] = { CKPT_KEY_INODE };
+	const uint8_t *k, *v;
+	size_t kl, vl, n;
+	struct chunk_info *arr = NULL;
+	uint64_t *ids = NULL;
+	ckpt_iter *it;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		struct ckpt_inode in;
+		if (kl != 9 || ckpt_inode_decode(ckpt_get_be64(k + 1), v, vl, &in) < 0) {
+			r = -EIO;
+			break;
+		}
+		if (in.nlink == 0)
+			continue;
+		if (S_ISREG(in.mode)) {
+			ret->files++;
+			ret->logical_bytes += in.size;
+		} else if (S_ISDIR(in.mode)) {
+			ret->dirs++;
+		} else if (S_ISLNK(in.mode)) {
+			ret->symlinks++;
+		}
+	}
+	ckpt_iter_free(it);
+	if (r < 0)
+		return r;
+	r = load_chunks(s, &arr, &n);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n; i++) {
+		if (arr[i].refs > 0) {
+			ret->chunks++;
+			ret->unique_bytes += arr[i].loc.raw_len;
+			ret->stored_bytes += arr[i].loc.stored_len;
+		} else {
+			ret->dead_chunks++;
+			ret->dead_bytes += arr[i].loc.stored_len;
+		}
+	}
+	free(arr);
+	r = list_packs(s, &ids, &n, &ret->pack_bytes);
+	if (r < 0)
+		return r;
+	ret->pack_files = n;
+	free(ids);
+	return 0;
+}
+
+/* ino -> (parent, name) from every dentry, for naming files in reports. */
+struct name_ent {
+	uint64_t ino, parent;
+	char *name;
+};
+
+static int name_ent_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct name_ent *)a)->ino, y = ((const struct name_ent *)b)->ino;
+
+	return x < y ? -1 : x > y;
+}
+
+static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
+{
+	uint8_t prefix[1] = { CKPT_KEY_DENTRY };
+	const uint8_t *k, *v;
+	size_t kl, vl, n = 0, cap = 0;
+	struct name_ent *arr = NULL;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		uint32_t mode;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 1024;
+			struct name_ent *na = realloc(arr, nc * sizeof(*na));
+			if (!na) {
+				r = -ENOMEM;
+				break;
+			}
+			arr = na;
+			cap = nc;
+		}
+		if (kl < 10 || ckpt_dentry_decode(v, vl, &arr[n].ino, &mode) < 0) {
+			r = -EIO;
+			break;
+		}
+		arr[n].parent = ckpt_get_be64(k + 1);
+		arr[n].name = strndup((const char *)k + 9, kl - 9);
+		n++;
+	}
+	ckpt_iter_free(it);
+	if (r < 0) {
+		for (size_t i = 0; i < n; i++)
+			free(arr[i].name);
+		free(arr);
+		return r;
+	}
+	qsort(arr, n, sizeof(*arr), name_ent_cmp);
+	*ret = arr;
+	*ret_n = n;
+	return 0;
+}
+
+static char *name_path(struct name_ent *names, size_t n, uint64_t ino)
+{
+	char *path = strdup(""), *np;
+
+	for (int depth = 0; path && ino != CKPT_ROOT_INO && depth < 4096; depth++) {
+		struct name_ent key = { .ino = ino }, *e;
+
+		e = bsearch(&key, names, n, sizeof(*names), name_ent_cmp);
+		if (!e) {
+			if (asprintf(&np, "<inode %" PRIu64 ">%s", ino, path) < 0)
+				np = NULL;
+			free(path);
+			return np;
+		}
+		if (asprintf(&np, "/%s%s", e->name ? e->name : "?", path) < 0)
+			np = NULL;
+		free(path);
+		path = np;
+		ino = e->parent;
+	}
+	if (path && !*path) {
+		free(path);
+		path = strdup("/");
+	}
+	return path;
+}
+
+int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const char *what),
+		    void *ud)
+{
+	uint8_t prefix[1] = { CKPT_KEY_FILE };
+	const uint8_t *k, *v;
+	size_t kl, vl, nchunks = 0, nnames = 0;
+	struct chunk_info *chunks = NULL;
+	struct name_ent *names = NULL;
+	uint8_t *buf = NULL;
+	ckpt_iter *it = NULL;
+	char msg[512];
+	int problems = 0, r;
+
+	r = load_chunks(s, &chunks, &nchunks);
+	if (r < 0)
+		goto out;
+	r = load_names(s, &names, &nnames);
+	if (r < 0)
+		goto out;
+	buf = malloc(CKPT_CHUNK_MAX);
+	if (!buf) {
+		r = -ENOMEM;
+		goto out;
+	}
+	/* 1. every indexed chunk reads back and matches its digest */
+	for (size_t i = 0; i < nchunks; i++) {
+		if (chunks[i].loc.raw_len > CKPT_CHUNK_MAX ||
+		    ckpt_store_verify_chunk(s, &chunks[i].d, &chunks[i].loc, buf) < 0) {
+			char hex[33];
+			chunks[i].damaged = true;
+			ckpt_digest_to_hex(&chunks[i].d, hex);
+			snprintf(msg, sizeof(msg),
+				 "chunk %s (pack %" PRIu64 ", offset %" PRIu64 ") is damaged", hex,
+				 chunks[i].loc.pack_id, chunks[i].loc.offset);
+			cb(ud, NULL, msg);
+			problems++;
+		}
+	}
+	/* 2. every file's extents name known, intact chunks; count references */
+	r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	if (r < 0)
+		goto out;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		struct ckpt_extent_list *l = NULL;
+		uint64_t ino = kl == 9 ? ckpt_get_be64(k + 1) : 0;
+		char *path = name_path(names, nnames, ino);
+		struct ckpt_inode in;
+
+		if (ckpt_extent_list_decode(v, vl, &l) < 0) {
+			cb(ud, path, "extent list is damaged");
+			problems++;
+			free(path);
+			continue;
+		}
+		if (ckpt_store_getattr(s, ino, &in) < 0) {
+			cb(ud, path, "extent list without inode");
+			problems++;
+		} else if (in.size != l->size) {
+			snprintf(msg, sizeof(msg), "size %" PRIu64 " but extents cover %" PRIu64,
+				 in.size, l->size);
+			cb(ud, path, msg);
+			problems++;
+		}
+		for (size_t i = 0; i < l->n; i++) {
+			struct chunk_info *c;
+			if (l->v[i].kind != CKPT_EXT_CHUNK)
+				continue;
+			c = find_chunk(chunks, nchunks, &l->v[i].digest);
+			if (!c) {
+				snprintf(msg, sizeof(msg), "offset %" PRIu64 ": chunk missing from index",
+					 l->v[i].off);
+				cb(ud, path, msg);
+				problems++;
+				continue;
+			}
+			c->counted++;
+			if (c->damaged) {
+				snprintf(msg, sizeof(msg),
+					 "damaged data at offset %" PRIu64 " (%" PRIu32 " bytes)",
+					 l->v[i].off, l->v[i].len);
+				cb(ud, path, msg);
+				problems++;
+			} else if (l->v[i].len > c->loc.raw_len) {
+				snprintf(msg, sizeof(msg), "offset %" PRIu64 ": extent longer than chunk",
+					 l->v[i].off);
+				cb(ud, path, msg);
+				problems++;
+			}
+		}
+		ckpt_extent_list_free(l);
+		free(path);
+	}
+	ckpt_iter_free(it);
+	it = NULL;
+	if (r < 0)
+		goto out;
+	/* 3. stored reference counts match */
+	for (size_t i = 0; i < nchunks; i++) {
+		if (chunks[i].refs != chunks[i].counted) {
+			char hex[33];
+			ckpt_digest_to_hex(&chunks[i].d, hex);
+			snprintf(msg, sizeof(msg),
+				 "chunk %s: refcount %" PRIu64 " but %" PRIu64 " references", hex,
+				 chunks[i].refs, chunks[i].counted);
+			cb(ud, NULL, msg);
+			problems++;
+		}
+	}
+	/* 4. every name points at a live inode */
+	for (size_t i = 0; i < nnames; i++) {
+		struct ckpt_inode in;
+		if (ckpt_store_getattr(s, names[i].ino, &in) < 0 || in.nlink == 0) {
+			char *path = name_path(names, nnames, names[i].ino);
+			cb(ud, path, "directory entry points at a missing inode");
+			problems++;
+			free(path);
+		}
+	}
+	r = problems;
+out:
+	ckpt_iter_free(it);
+	for (size_t i = 0; i < nnames; i++)
+		free(names[i].name);
+	free(names);
+	free(chunks);
+	free(buf);
+	return r;
+}
+
+struct pack_usage {
+	uint64_t id;
+	uint64_t live_bytes; /* record spans of referenced chunks */
+	uint64_t size;
+};
+
+static int pack_usage_find(struct pack_usage *u, size_t n, uint64_t id)
+{
+	for (size_t i = 0; i < n; i++)
+		if (u[i].id == id)
+			return (int)i;
+	return -1;
+}
+
+int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
+{
+	struct chunk_info *chunks = NULL;
+	struct pack_usage *use = NULL;
+	uint64_t *ids = NULL;
+	size_t nchunks = 0, nids = 0;
+	ckpt_batch *b = NULL;
+	uint8_t *buf = NULL;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	r = load_chunks(s, &chunks, &nchunks);
+	if (r < 0)
+		goto out;
+	r = list_packs(s, &ids, &nids, &ret->bytes_before);
+	if (r < 0)
+		goto out;
+	use = calloc(nids ? nids : 1, sizeof(*use));
+	buf = malloc(CKPT_CHUNK_MAX + 64);
+	if (!use || !buf) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nids; i++) {
+		char name[64];
+		struct stat st;
+		use[i].id = ids[i];
+		ckpt_pack_name(ids[i], name, sizeof(name));
+		if (fstatat(s->packs_fd, name, &st, 0) == 0)
+			use[i].size = (uint64_t)st.st_size;
+	}
+	/* 1. drop index entries of unreferenced chunks */
+	b = ckpt_batch_new();
+	if (!b) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nchunks; i++) {
+		uint8_t key[32];
+		int p;
+		if (chunks[i].refs == 0) {
+			ckpt_batch_delete(b, key, ckpt_key_chunk(key, &chunks[i].d));
+			ret->chunks_dropped++;
+			ret->bytes_dropped += chunks[i].loc.stored_len;
+			continue;
+		}
+		p = pack_usage_find(use, nids, chunks[i].loc.pack_id);
+		if (p >= 0)
+			use[p].live_bytes += ckpt_pack_rec_span(chunks[i].loc.stored_len);
+	}
+	r = ckpt_index_write(s->ix, b, true);
+	if (r < 0)
+		goto out;
+	/* 2. per pack: delete if nothing live, rewrite if mostly dead */
+	for (size_t pi = 0; pi < nids; pi++) {
+		struct pack_usage *u = &use[pi];
+		uint64_t payload = u->size > CKPT_PACK_HDR_SIZE ? u->size - CKPT_PACK_HDR_SIZE : 0;
+		char name[64];
+		ckpt_pack *src = NULL;
+
+		ckpt_pack_name(u->id, name, sizeof(name));
+		if (u->live_bytes > 0 && u->live_bytes * 10 >= payload * 8)
+			continue; /* >= 80% live: not worth copying */
+		if (u->live_bytes > 0) {
+			ckpt_batch_free(b);
+			b = ckpt_batch_new();
+			if (!b) {
+				r = -ENOMEM;
+				goto out;
+			}
+			r = get_pack(s, u->id, &src);
+			if (r < 0)
+				goto out;
+			pthread_mutex_lock(&s->pack_lock);
+			if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max)
+				r = roll_pack_locked(s);
+			pthread_mutex_unlock(&s->pack_lock);
+			if (r < 0)
+				goto out;
+			for (size_t i = 0; i < nchunks; i++) {
+				struct ckpt_pack_rec rec;
+				struct ckpt_chunk_loc nl;
+				uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+				if (chunks[i].refs == 0 || chunks[i].loc.pack_id != u->id)
+					continue;
+				r = ckpt_pack_read(src, chunks[i].loc.offset, chunks[i].loc.stored_len,
+						   &rec, buf);
+				if (r < 0) {
+					char hex[33];
+					ckpt_digest_to_hex(&chunks[i].d, hex);
+					ckpt_err("%s: gc: chunk %s in pack %" PRIu64
+						 " is damaged; pack kept, run ckpt fsck",
+						 s->path, hex, u->id);
+					break;
+				}
+				if (ckpt_pack_size(s->wpack) >= s->opts.pack_max) {
+					pthread_mutex_lock(&s->pack_lock);
+					r = roll_pack_locked(s);
+					pthread_mutex_unlock(&s->pack_lock);
+					if (r < 0)
+						break;
+				}
+				nl = chunks[i].loc;
+				r = ckpt_pack_append(s->wpack, &rec, buf, &nl.offset);
+				if (r < 0)
+					break;
+				nl.pack_id = ckpt_pack_id(s->wpack);
+				r = ckpt_pack_sync(s->wpack, nl.offset + ckpt_pack_rec_span(nl.stored_len));
+				if (r < 0)
+					break;
+				ckpt_chunk_rec_encode(&nl, chunks[i].refs, val);
+				ckpt_batch_put(b, key, ckpt_key_chunk(key, &chunks[i].d), val,
+					       sizeof(val));
+				chunks[i].loc = nl;
+			}
+			if (r < 0)
+				goto out;
+			/* new copies are durable; switch the index, then drop the old pack */
+			r = ckpt_index_write(s->ix, b, true);
+			if (r < 0)
+				goto out;
+			ret->packs_rewritten++;
+		}
+		if (s->wpack && ckpt_pack_id(s->wpack) == u->id)
+			continue;
+		pthread_mutex_lock(&s->pack_lock);
+		for (size_t i = 0; i < s->npacks; i++) {
+			if (ckpt_pack_id(s->packs[i]) == u->id) {
+				ckpt_pack_free(s->packs[i]);
+				s->packs[i] = s->packs[--s->npacks];
+				break;
+			}
+		}
+		pthread_mutex_unlock(&s->pack_lock);
+		if (unlinkat(s->packs_fd, name, 0) < 0) {
+			r = -errno;
+			goto out;
+		}
+		ret->packs_deleted++;
+	}
+	fsync(s->packs_fd);
+	free(ids);
+	ids = NULL;
+	r = list_packs(s, &ids, &nids, &ret->bytes_after);
+out:
+	ckpt_batch_free(b);
+	free(chunks);
+	free(use);
+	free(ids);
+	free(buf);
+	return r;
+}

@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store.h - a ckptfs store: content-addressed chunks in append-only packs,
+ * the namespace (inodes, directory entries, file extent lists) in RocksDB.
+ *
+ * On-disk layout of a store directory STORE (docs/format.md):
+ *   STORE/ckptfs-store   format marker: "ckptfs-store <format-version>\n"
+ *   STORE/lock           flock()ed by the process that owns the store
+ *   STORE/index/         RocksDB (see index.h for the key space)
+ *   STORE/packs/         pack-<id>.ckpk chunk data (see pack.h)
+ *   STORE/staging/       scratch files of files being rewritten at random
+ *                        offsets; emptied at every open
+ *
+ * Ownership and durability contract:
+ *  - A chunk is appended to a pack by ckpt_store_put_chunk() and is then
+ *    "pending": readable by this process, unknown to the index.
+ *  - ckpt_store_commit_file() makes a file's new extent list visible in one
+ *    RocksDB batch (chunk refcounts, extent list, inode) after syncing the
+ *    pack data of every pending chunk it references.  With durable=true the
+ *    batch is also fsynced, so the file survives a crash of the machine;
+ *    without it the batch survives a crash of the daemon (kill -9).
+ *  - Refcount of a chunk = number of extents naming it across all committed
+ *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
+ *
+ * Thread-safety: every function may be called from any thread.  Namespace
+ * mutations and commits are serialized by one store mutex; reads are not.
+ */
+#ifndef CKPT_STORE_H
+#define CKPT_STORE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/statvfs.h>
+#include <sys/types.h>
+
+#include "hash.h"
+#include "index.h"
+
+#define CKPT_STORE_FORMAT 1
+#define CKPT_ROOT_INO 1
+
+typedef struct ckpt_store ckpt_store;
+
+enum ckpt_store_mode {
+	CKPT_STORE_RW,       /* exclusive: flock + RocksDB lock; daemon, gc */
+	CKPT_STORE_RO,       /* exclusive lock, read-only use; fsck */
+	CKPT_STORE_RO_SHARED /* no lock, RocksDB read-only: `ckpt stat` while mounted */
+};
+
+struct ckpt_store_opts {
+	enum ckpt_store_mode mode;
+	bool create;          /* create the store if STORE is missing or empty */
+	int compress_level;   /* 0 (off) .. 19; default 1 */
+	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
+	bool verify_dedup;    /* compare bytes on a dedup hit */
+	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
+};
+void ckpt_store_opts_init(struct ckpt_store_opts *o);
+
+/* Open (and with o->create, create) the store at path.  Errors: -ENOENT
+ * missing, -EINVAL not a ckptfs store, -EPROTONOSUPPORT newer format,
+ * -EBUSY in use by another process; err receives a message naming path and
+ * reason. */
+int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
+		    char *err, size_t errlen);
+/* Flushes the index and closes everything.  Accepts NULL. */
+void ckpt_store_free(ckpt_store *s);
+ckpt_index *ckpt_store_index(ckpt_store *s);
+const char *ckpt_store_path(const ckpt_store *s);
+int ckpt_store_compress_level(const ckpt_store *s);
+
+/* ---- chunks ---- */
+
+/* Store len bytes (1..CKPT_CHUNK_MAX) as a chunk; elem_size is the
+ * compression hint (see compress.h).  Deduplicates against the index and
+ * against pending chunks.  Returns the digest. */
+#define CKPT_CHUNK_MAX (16u << 20)
+int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
+			 ckpt_digest *ret_digest);
+/* Copy len bytes at offset off of chunk d into dst.  Goes through the chunk
+ * cache.  -EIO if the chunk is damaged (logged with pack and offset),
+ * -ENOENT if unknown. */
+int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
+			  size_t len);
+/* Location of a chunk (pending or indexed). */
+int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
+			 uint64_t *ret_refcount);
+/* Read and fully verify a chunk bypassing the cache (record checksum,
+ * decompression, keyed digest).  dst receives loc->raw_len bytes. */
+int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
+			    const struct ckpt_chunk_loc *loc, void *dst);
+
+/* ---- files ---- */
+
+/* Read [off, off+len) of the content described by l into dst.  Returns the
+ * number of bytes read (short at end of content) or -errno. */
+ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,
+				size_t len, uint64_t off);
+/* Load the committed extent list of regular file ino (empty list if none). */
+int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
+/* Atomically replace the content of regular file ino with l (see the
+ * contract above).  flags: CKPT_INODE_F_*.  mtime_ns: new mtime (and ctime). */
+int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
+			   uint32_t flags, int64_t mtime_ns, bool durable);
+
+/* ---- namespace ---- */
+
+int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret);
+int ckpt_store_lookup(ckpt_store *s, uint64_t parent, const char *name, struct ckpt_inode *ret);
+/* Create a regular file, directory or symlink (target != NULL) under
+ * parent.  -EEXIST, -ENOENT (parent gone), -ENOTDIR, -ENAMETOOLONG. */
+int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
+		      uint32_t uid, uint32_t gid, const char *symlink_target,
+		      struct ckpt_inode *ret);
+int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char *newname,
+		    struct ckpt_inode *ret);
+int ckpt_store_readlink(ckpt_store *s, uint64_t ino, char **ret_target);
+/* Remove a name.  rmdir selects directory semantics (-ENOTDIR, -ENOTEMPTY);
+ * otherwise -EISDIR for directories.  An inode whose nlink drops to 0
+ * becomes an orphan; ckpt_store_reap() deletes it once unused. */
+int ckpt_store_unlink(ckpt_store *s, uint64_t parent, const char *name, bool rmdir);
+/* flags: 0, RENAME_NOREPLACE or RENAME_EXCHANGE. */
+int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t newparent,
+		      const char *newname, unsigned flags);
+/* Delete an orphan inode (nlink == 0) and release its chunks.  No-op
+ * returning 0 if the inode is not an orphan. */
+int ckpt_store_reap(ckpt_store *s, uint64_t ino);
+/* Set mode/uid/gid/times; CKPT_SET_* select fields; size is not handled
+ * here (content changes go through commit_file). */
+#define CKPT_SET_MODE 0x1u
+#define CKPT_SET_UID 0x2u
+#define CKPT_SET_GID 0x4u
+#define CKPT_SET_ATIME 0x8u
+#define CKPT_SET_MTIME 0x10u
+#define CKPT_SET_CTIME 0x20u
+int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct ckpt_inode *in,
+		       struct ckpt_inode *ret);
+
+struct ckpt_dirent {
+	char *name;
+	uint64_t ino;
+	uint32_t mode;
+};
+/* All entries of directory ino, in name order (no "." / "..").  Caller
+ * frees with ckpt_dirents_free. */
+int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ents,
+		       size_t *ret_n);
+void ckpt_dirents_free(struct ckpt_dirent *ents, size_t n);
+int ckpt_store_statfs(ckpt_store *s, struct statvfs *ret);
+
+/* Full path of ino (for messages), malloc'd; "?" components if unknown. */
+char *ckpt_store_path_of(ckpt_store *s, uint64_t ino);
+
+/* ---- maintenance (store.c; used by `ckpt`) ---- */
+struct ckpt_store_stats {
+	uint64_t files, dirs, symlinks;
+	uint64_t logical_bytes; /* sum of regular file sizes */
+	uint64_t unique_bytes;  /* raw bytes of referenced chunks */
+	uint64_t stored_bytes;  /* stored bytes of referenced chunks */
+	uint64_t chunks;        /* referenced chunks */
+	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
+	uint64_t pack_files, pack_bytes;
+};
+int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret);
+/* fsck: report each problem through cb (path may be NULL); returns the
+ * number of problems (>= 0) or -errno. */
+int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const char *what),
+		    void *ud);
+struct ckpt_gc_stats {
+	uint64_t chunks_dropped, bytes_dropped, packs_rewritten, packs_deleted;
+	uint64_t bytes_before, bytes_after;
+};
+/* Reclaim space of unreferenced chunks.  Crash-safe at every step. */
+int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret);
+
+#endif

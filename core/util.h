@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * util.h - small helpers shared by every core module: little-endian
+ * encoding for on-disk structures, logging, and allocation helpers.
+ *
+ * Contract: nothing here calls abort() or exit().  Encoding helpers never
+ * depend on host byte order; every on-disk integer is little-endian unless
+ * a format says otherwise (RocksDB keys use big-endian so that they sort).
+ */
+#ifndef CKPT_UTIL_H
+#define CKPT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CKPT_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define CKPT_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define CKPT_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+static inline void ckpt_put_le16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void ckpt_put_le32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void ckpt_put_le64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint16_t ckpt_get_le16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static inline uint32_t ckpt_get_le32(const uint8_t *p)
+{
+	uint32_t v = 0;
+	for (int i = 3; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static inline uint64_t ckpt_get_le64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+static inline void ckpt_put_be64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static inline uint64_t ckpt_get_be64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 0; i < 8; i++)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+/* Log levels, in order of severity. */
+enum ckpt_log_level {
+	CKPT_LOG_ERR = 0,
+	CKPT_LOG_WARN = 1,
+	CKPT_LOG_INFO = 2,
+	CKPT_LOG_DEBUG = 3,
+};
+
+/* Messages at or below this level are written to stderr (or syslog once
+ * ckpt_log_use_syslog() was called).  Default: CKPT_LOG_WARN. */
+void ckpt_log_set_level(enum ckpt_log_level level);
+void ckpt_log_use_syslog(const char *ident);
+void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+#define ckpt_err(...) ckpt_log(CKPT_LOG_ERR, __VA_ARGS__)
+#define ckpt_warn(...) ckpt_log(CKPT_LOG_WARN, __VA_ARGS__)
+#define ckpt_info(...) ckpt_log(CKPT_LOG_INFO, __VA_ARGS__)
+#define ckpt_debug(...) ckpt_log(CKPT_LOG_DEBUG, __VA_ARGS__)
+
+/* pread/pwrite loops that retry on EINTR and short transfers.
+ * Return 0 on success, -errno on failure; pread_full returns -EIO when the
+ * file ends before len bytes were read. */
+int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
+
+#endif

@@ -1,0 +1,1089 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * ckptfs.c - the FUSE daemon: a thin low-level-API layer over core/.
+ *
+ * Usage: ckptfs STORE MOUNTPOINT [-f] [-d] [-o opt[,opt...]]
+ *
+ * Inode lifecycle (modelled on libfuse's passthrough_ll): a struct node
+ * exists while the kernel holds lookups on the inode (nlookup > 0) or files
+ * are open on it (nopen > 0).  When both drop to zero the node is freed and
+ * the store is asked to reap the inode (which deletes it if it was
+ * unlinked).  Store inode numbers are used directly as FUSE inode numbers.
+ *
+ * Open files: a handle opened for writing shares the node's ckpt_writer
+ * (all writers of one inode see one content); flush/fsync commit it, the
+ * last writable release frees it.  A read-only handle reads the committed
+ * content as of its open (a snapshot of the extent list), so readers never
+ * observe a half-written file.
+ *
+ * Every request gets exactly one reply.  Core functions return negative
+ * errno values; reply_err() is the one place they become FUSE replies.
+ */
+#define FUSE_USE_VERSION 312
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <fuse_lowlevel.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "file.h"
+#include "store.h"
+#include "util.h"
+
+#define ATTR_TIMEOUT 1.0
+#define ENTRY_TIMEOUT 1.0
+#define NODE_BUCKETS 4096
+
+struct node {
+	uint64_t ino;
+	struct node *next;
+	/* Protected by fs.nodes_lock: */
+	uint64_t nlookup;
+	unsigned nopen;
+	unsigned nwriters;
+	ckpt_writer *writer; /* non-NULL while nwriters > 0 */
+};
+
+struct handle {
+	struct node *node;
+	bool writable;
+	struct ckpt_extent_list *snap; /* read-only handles */
+};
+
+struct dir_handle {
+	struct ckpt_dirent *ents;
+	size_t n;
+};
+
+static struct {
+	ckpt_store *store;
+	ckpt_pool *pool;
+	pthread_mutex_t nodes_lock;
+	struct node *nodes[NODE_BUCKETS]; /* protected by nodes_lock */
+} fs;
+
+/* ------------------------------------------------------------- replies */
+
+/* The one place where a negative errno from core becomes a FUSE reply. */
+static void reply_err(fuse_req_t req, int r)
+{
+	fuse_reply_err(req, r < 0 ? -r : r);
+}
+
+static void inode_to_stat(const struct ckpt_inode *in, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = in->ino;
+	st->st_mode = in->mode;
+	st->st_nlink = in->nlink;
+	st->st_uid = in->uid;
+	st->st_gid = in->gid;
+	st->st_size = (off_t)in->size;
+	st->st_blksize = 1 << 20;
+	st->st_blocks = (blkcnt_t)((in->size + 511) / 512);
+	st->st_atim.tv_sec = in->atime_ns / 1000000000;
+	st->st_atim.tv_nsec = in->atime_ns % 1000000000;
+	st->st_mtim.tv_sec = in->mtime_ns / 1000000000;
+	st->st_mtim.tv_nsec = in->mtime_ns % 1000000000;
+	st->st_ctim.tv_sec = in->ctime_ns / 1000000000;
+	st->st_ctim.tv_nsec = in->ctime_ns % 1000000000;
+}
+
+/* --------------------------------------------------------------- nodes */
+
+static struct node **node_slot(uint64_t ino)
+{
+	return &fs.nodes[ino % NODE_BUCKETS];
+}
+
+/* Caller holds nodes_lock. */
+static struct node *node_find_locked(uint64_t ino)
+{
+	struct node *n = *node_slot(ino);
+
+	while (n && n->ino != ino)
+		n = n->next;
+	return n;
+}
+
+/* Caller holds nodes_lock. */
+static struct node *node_get_locked(uint64_t ino)
+{
+	struct node *n = node_find_locked(ino);
+
+	if (n)
+		return n;
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		return NULL;
+	n->ino = ino;
+	n->next = *node_slot(ino);
+	*node_slot(ino) = n;
+	return n;
+}
+
+/* Free an unused node; returns true if it was freed.  Caller holds lock. */
+static bool node_put_locked(struct node *n)
+{
+	struct node **pp;
+
+	if (n->nlookup > 0 || n->nopen > 0)
+		return false;
+	for (pp = node_slot(n->ino); *pp != n; pp = &(*pp)->next)
+		;
+	*pp = n->next;
+	free(n);
+	return true;
+}
+
+static void node_release_maybe_reap(uint64_t ino, bool freed)
+{
+	if (freed) {
+		int r = ckpt_store_reap(fs.store, ino);
+		if (r < 0)
+			ckpt_err("cannot delete unlinked inode %" PRIu64 ": %s", ino, strerror(-r));
+	}
+}
+
+/* Attributes with the live size/mtime of an open writer applied. */
+static int get_attr(uint64_t ino, struct ckpt_inode *in)
+{
+	struct node *n;
+	int r = ckpt_store_getattr(fs.store, ino, in);
+
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	if (n && n->writer) {
+		in->size = ckpt_writer_size(n->writer);
+		in->mtime_ns = ckpt_writer_mtime(n->writer);
+		if (in->ctime_ns < in->mtime_ns)
+			in->ctime_ns = in->mtime_ns;
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	return 0;
+}
+
+static int make_entry(const struct ckpt_inode *in, struct fuse_entry_param *e)
+{
+	struct node *n;
+	struct ckpt_inode live = *in;
+
+	memset(e, 0, sizeof(*e));
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_get_locked(in->ino);
+	if (n) {
+		n->nlookup++;
+		if (n->writer) {
+			live.size = ckpt_writer_size(n->writer);
+			live.mtime_ns = ckpt_writer_mtime(n->writer);
+		}
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	if (!n)
+		return -ENOMEM;
+	e->ino = in->ino;
+	e->generation = in->generation;
+	e->attr_timeout = ATTR_TIMEOUT;
+	e->entry_timeout = ENTRY_TIMEOUT;
+	inode_to_stat(&live, &e->attr);
+	return 0;
+}
+
+/* ------------------------------------------------------------ requests */
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	(void)userdata;
+	if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
+		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+	if (conn->capable & FUSE_CAP_ASYNC_READ)
+		conn->want |= FUSE_CAP_ASYNC_READ;
+	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	/* libfuse 3.14 sizes its request buffers for at most 1 MiB. */
+	conn->max_write = 1u << 20;
+	conn->max_readahead = 1u << 20;
+	conn->max_background = 64;
+}
+
+static void op_destroy(void *userdata)
+{
+	(void)userdata;
+	/* Commit anything still open (the kernel normally releases first). */
+	pthread_mutex_lock(&fs.nodes_lock);
+	for (size_t i = 0; i < NODE_BUCKETS; i++) {
+		for (struct node *n = fs.nodes[i]; n; n = n->next) {
+			if (n->writer) {
+				int r = ckpt_writer_commit(n->writer, true);
+				if (r < 0)
+					ckpt_err("inode %" PRIu64 ": commit at unmount failed: %s",
+						 n->ino, strerror(-r));
+				ckpt_writer_free(n->writer);
+				n->writer = NULL;
+			}
+		}
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct fuse_entry_param e;
+	struct ckpt_inode in;
+	int r = ckpt_store_lookup(fs.store, parent, name, &in);
+
+	if (r == 0)
+		r = make_entry(&in, &e);
+	if (r < 0)
+		reply_err(req, r);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void forget_one(fuse_ino_t ino, uint64_t nlookup)
+{
+	struct node *n;
+	bool freed = false;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	if (n) {
+		n->nlookup = n->nlookup > nlookup ? n->nlookup - nlookup : 0;
+		freed = node_put_locked(n);
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	node_release_maybe_reap(ino, freed);
+}
+
+static void op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup)
+{
+	forget_one(ino, nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+	for (size_t i = 0; i < count; i++)
+		forget_one(forgets[i].ino, forgets[i].nlookup);
+	fuse_reply_none(req);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct ckpt_inode in;
+	struct stat st;
+	int r = get_attr(ino, &in);
+
+	(void)fi;
+	if (r < 0) {
+		reply_err(req, r);
+		return;
+	}
+	inode_to_stat(&in, &st);
+	fuse_reply_attr(req, &st, ATTR_TIMEOUT);
+}
+
+static int64_t ts_ns(const struct timespec *ts)
+{
+	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts_ns(&ts);
+}
+
+/* Change the size of ino: through its open writer if any, else by a
+ * short-lived writer committed at once. */
+static int set_size(fuse_ino_t ino, uint64_t size)
+{
+	ckpt_writer *w = NULL;
+	struct node *n;
+	int r;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	if (n && n->writer) {
+		r = ckpt_writer_truncate(n->writer, size);
+		pthread_mutex_unlock(&fs.nodes_lock);
+		return r;
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	r = ckpt_writer_new(fs.store, fs.pool, ino, size == 0, &w);
+	if (r == 0)
+		r = ckpt_writer_truncate(w, size);
+	if (r == 0)
+		r = ckpt_writer_commit(w, false);
+	ckpt_writer_free(w);
+	return r;
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	struct ckpt_inode in, cur;
+	unsigned what = 0;
+	struct stat st;
+	int r = 0;
+
+	(void)fi;
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		r = ckpt_store_getattr(fs.store, ino, &cur);
+		if (r == 0 && S_ISDIR(cur.mode))
+			r = -EISDIR;
+		else if (r == 0 && !S_ISREG(cur.mode))
+			r = -EINVAL;
+		if (r == 0)
+			r = set_size(ino, (uint64_t)attr->st_size);
+		if (r < 0)
+			goto out;
+	}
+	memset(&in, 0, sizeof(in));
+	if (to_set & FUSE_SET_ATTR_MODE) {
+		what |= CKPT_SET_MODE;
+		in.mode = attr->st_mode;
+	}
+	if (to_set & FUSE_SET_ATTR_UID) {
+		what |= CKPT_SET_UID;
+		in.uid = attr->st_uid;
+	}
+	if (to_set & FUSE_SET_ATTR_GID) {
+		what |= CKPT_SET_GID;
+		in.gid = attr->st_gid;
+	}
+	if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW)) {
+		what |= CKPT_SET_ATIME;
+		in.atime_ns = (to_set & FUSE_SET_ATTR_ATIME_NOW) ? now_ns() : ts_ns(&attr->st_atim);
+	}
+	if (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)) {
+		what |= CKPT_SET_MTIME;
+		in.mtime_ns = (to_set & FUSE_SET_ATTR_MTIME_NOW) ? now_ns() : ts_ns(&attr->st_mtim);
+	}
+	if (to_set & FUSE_SET_ATTR_CTIME) {
+		what |= CKPT_SET_CTIME;
+		in.ctime_ns = ts_ns(&attr->st_ctim);
+	}
+	if (what)
+		r = ckpt_store_setattr(fs.store, ino, what, &in, NULL);
+out:
+	if (r == 0)
+		r = get_attr(ino, &cur);
+	if (r < 0) {
+		reply_err(req, r);
+		return;
+	}
+	inode_to_stat(&cur, &st);
+	fuse_reply_attr(req, &st, ATTR_TIMEOUT);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	char *target = NULL;
+	int r = ckpt_store_readlink(fs.store, ino, &target);
+
+	if (r < 0)
+		reply_err(req, r);
+	else
+		fuse_reply_readlink(req, target);
+	free(target);
+}
+
+static void reply_new_node(fuse_req_t req, int r, const struct ckpt_inode *in)
+{
+	struct fuse_entry_param e;
+
+	if (r == 0)
+		r = make_entry(in, &e);
+	if (r < 0)
+		reply_err(req, r);
+	else
+		fuse_reply_entry(req, &e);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		     dev_t rdev)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct ckpt_inode in;
+	int r;
+
+	(void)rdev;
+	if (!S_ISREG(mode)) {
+		reply_err(req, -EPERM); /* devices, fifos and sockets are not stored */
+		return;
+	}
+	r = ckpt_store_mknode(fs.store, parent, name, mode & ~ctx->umask, ctx->uid, ctx->gid,
+			      NULL, &in);
+	reply_new_node(req, r, &in);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct ckpt_inode in;
+	int r = ckpt_store_mknode(fs.store, parent, name, S_IFDIR | (mode & ~ctx->umask & 07777),
+				  ctx->uid, ctx->gid, NULL, &in);
+
+	reply_new_node(req, r, &in);
+}
+
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct ckpt_inode in;
+	int r = ckpt_store_mknode(fs.store, parent, name, S_IFLNK | 0777, ctx->uid, ctx->gid, link,
+				  &in);
+
+	reply_new_node(req, r, &in);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	struct ckpt_inode in;
+	int r = ckpt_store_link(fs.store, ino, newparent, newname, &in);
+
+	if (r == 0)
+		r = get_attr(ino, &in);
+	reply_new_node(req, r, &in);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	reply_err(req, ckpt_store_unlink(fs.store, parent, name, false));
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	reply_err(req, ckpt_store_unlink(fs.store, parent, name, true));
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	reply_err(req, ckpt_store_rename(fs.store, parent, name, newparent, newname, flags));
+}
+
+/* Attach a handle to ino; writable handles share the node's writer. */
+static int open_handle(fuse_ino_t ino, int flags, struct handle **ret)
+{
+	bool writable = (flags & O_ACCMODE) != O_RDONLY;
+	bool trunc = writable && (flags & O_TRUNC);
+	struct handle *h = calloc(1, sizeof(*h));
+	struct ckpt_inode in;
+	struct node *n;
+	int r;
+
+	if (!h)
+		return -ENOMEM;
+	r = ckpt_store_getattr(fs.store, ino, &in);
+	if (r == 0 && S_ISDIR(in.mode))
+		r = -EISDIR;
+	if (r == 0 && !writable)
+		r = ckpt_store_load_extents(fs.store, ino, &h->snap);
+	if (r < 0) {
+		free(h);
+		return r;
+	}
+	h->writable = writable;
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_get_locked(ino);
+	if (!n) {
+		r = -ENOMEM;
+	} else if (writable && !n->writer) {
+		r = ckpt_writer_new(fs.store, fs.pool, ino, trunc, &n->writer);
+	} else if (trunc) {
+		r = ckpt_writer_truncate(n->writer, 0);
+	}
+	if (r == 0) {
+		n->nopen++;
+		if (writable)
+			n->nwriters++;
+		h->node = n;
+	} else if (n) {
+		node_put_locked(n);
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	if (r < 0) {
+		ckpt_extent_list_free(h->snap);
+		free(h);
+		return r;
+	}
+	*ret = h;
+	return 0;
+}
+
+static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
+{
+	fi->fh = (uint64_t)(uintptr_t)h;
+	fi->keep_cache = 0;
+	fi->direct_io = 0;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct handle *h;
+	int r = open_handle(ino, fi->flags, &h);
+
+	if (r < 0) {
+		reply_err(req, r);
+		return;
+	}
+	set_open_flags(fi, h);
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		/* interrupted open: undo */
+		pthread_mutex_lock(&fs.nodes_lock);
+		h->node->nopen--;
+		pthread_mutex_unlock(&fs.nodes_lock);
+	}
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	struct fuse_entry_param e;
+	struct ckpt_inode in;
+	struct handle *h = NULL;
+	int r;
+
+	r = ckpt_store_mknode(fs.store, parent, name, S_IFREG | (mode & ~ctx->umask & 07777),
+			      ctx->uid, ctx->gid, NULL, &in);
+	if (r == 0)
+		r = open_handle(in.ino, fi->flags | O_TRUNC, &h);
+	if (r == 0)
+		r = make_entry(&in, &e);
+	if (r < 0) {
+		reply_err(req, r);
+		return;
+	}
+	set_open_flags(fi, h);
+	fuse_reply_create(req, &e, fi);
+}
+
+static struct handle *fh_of(struct fuse_file_info *fi)
+{
+	return (struct handle *)(uintptr_t)fi->fh;
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct handle *h = fh_of(fi);
+	uint8_t *buf = malloc(size ? size : 1);
+	ssize_t r;
+
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	if (h->writable)
+		r = ckpt_writer_read(h->node->writer, buf, size, (uint64_t)off);
+	else
+		r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
+	if (r < 0) {
+		if (r == -EIO)
+			ckpt_err("read error on inode %" PRIu64 " at offset %lld (%zu bytes): "
+				 "damaged chunk (see the line above); run `ckpt fsck`",
+				 (uint64_t)ino, (long long)off, size);
+		reply_err(req, (int)r);
+	} else {
+		fuse_reply_buf(req, (const char *)buf, (size_t)r);
+	}
+	free(buf);
+}
+
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		     struct fuse_file_info *fi)
+{
+	struct handle *h = fh_of(fi);
+	int r;
+
+	(void)ino;
+	if (!h->writable) {
+		reply_err(req, -EBADF);
+		return;
+	}
+	r = ckpt_writer_write(h->node->writer, buf, size, (uint64_t)off);
+	if (r < 0) {
+		ckpt_warn("write to inode %" PRIu64 " at offset %lld failed: %s", (uint64_t)ino,
+			  (long long)off, strerror(-r));
+		reply_err(req, r);
+	} else {
+		fuse_reply_write(req, size);
+	}
+}
+
+static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
+{
+	int r;
+
+	if (!h->writable)
+		return durable ? ckpt_index_flush(ckpt_store_index(fs.store)) : 0;
+	r = ckpt_writer_commit(h->node->writer, durable);
+	if (r == 0 && durable)
+		r = ckpt_index_flush(ckpt_store_index(fs.store));
+	if (r < 0)
+		ckpt_err("inode %" PRIu64 ": cannot commit file: %s", (uint64_t)ino, strerror(-r));
+	return r;
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	reply_err(req, commit_handle(ino, fh_of(fi), false));
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)datasync;
+	reply_err(req, commit_handle(ino, fh_of(fi), true));
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct handle *h = fh_of(fi);
+	struct node *n = h->node;
+	ckpt_writer *w = NULL;
+	bool freed;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	if (h->writable && --n->nwriters == 0) {
+		w = n->writer;
+		n->writer = NULL;
+	}
+	n->nopen--;
+	freed = node_put_locked(n);
+	pthread_mutex_unlock(&fs.nodes_lock);
+	if (w) {
+		/* flush already committed; this catches writes after it */
+		int r = ckpt_writer_commit(w, false);
+		if (r < 0)
+			ckpt_err("inode %" PRIu64 ": changes after close lost: %s", (uint64_t)ino,
+				 strerror(-r));
+		ckpt_writer_free(w);
+	}
+	node_release_maybe_reap(ino, freed);
+	ckpt_extent_list_free(h->snap);
+	free(h);
+	fuse_reply_err(req, 0);
+}
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dir_handle *d = calloc(1, sizeof(*d));
+	struct ckpt_inode in;
+	int r = d ? 0 : -ENOMEM;
+
+	if (r == 0)
+		r = ckpt_store_getattr(fs.store, ino, &in);
+	if (r == 0 && !S_ISDIR(in.mode))
+		r = -ENOTDIR;
+	if (r == 0)
+		r = ckpt_store_readdir(fs.store, ino, &d->ents, &d->n);
+	if (r < 0) {
+		free(d);
+		reply_err(req, r);
+		return;
+	}
+	fi->fh = (uint64_t)(uintptr_t)d;
+	fi->cache_readdir = 0;
+	fuse_reply_open(req, fi);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+	char *buf = malloc(size ? size : 1);
+	size_t used = 0;
+
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	/* offsets: 0 "." 1 ".." 2.. entries */
+	for (size_t i = (size_t)off; i < d->n + 2; i++) {
+		struct stat st;
+		const char *name;
+		size_t need;
+
+		memset(&st, 0, sizeof(st));
+		if (i == 0) {
+			name = ".";
+			st.st_ino = ino;
+			st.st_mode = S_IFDIR;
+		} else if (i == 1) {
+			name = "..";
+			st.st_ino = ino; /* the kernel fills in the real parent */
+			st.st_mode = S_IFDIR;
+		} else {
+			name = d->ents[i - 2].name;
+			st.st_ino = d->ents[i - 2].ino;
+			st.st_mode = d->ents[i - 2].mode;
+		}
+		need = fuse_add_direntry(req, buf + used, size - used, name, &st, (off_t)(i + 1));
+		if (need > size - used)
+			break;
+		used += need;
+	}
+	fuse_reply_buf(req, buf, used);
+	free(buf);
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+
+	(void)ino;
+	ckpt_dirents_free(d->ents, d->n);
+	free(d);
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	(void)ino;
+	(void)datasync;
+	(void)fi;
+	reply_err(req, ckpt_index_flush(ckpt_store_index(fs.store)));
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct statvfs st;
+	int r = ckpt_store_statfs(fs.store, &st);
+
+	(void)ino;
+	if (r < 0)
+		reply_err(req, r);
+	else
+		fuse_reply_statfs(req, &st);
+}
+
+static const struct fuse_lowlevel_ops ops = {
+	.init = op_init,
+	.destroy = op_destroy,
+	.lookup = op_lookup,
+	.forget = op_forget,
+	.forget_multi = op_forget_multi,
+	.getattr = op_getattr,
+	.setattr = op_setattr,
+	.readlink = op_readlink,
+	.mknod = op_mknod,
+	.mkdir = op_mkdir,
+	.symlink = op_symlink,
+	.link = op_link,
+	.unlink = op_unlink,
+	.rmdir = op_rmdir,
+	.rename = op_rename,
+	.open = op_open,
+	.create = op_create,
+	.read = op_read,
+	.write = op_write,
+	.flush = op_flush,
+	.fsync = op_fsync,
+	.release = op_release,
+	.opendir = op_opendir,
+	.readdir = op_readdir,
+	.releasedir = op_releasedir,
+	.fsyncdir = op_fsyncdir,
+	.statfs = op_statfs,
+};
+
+/* ------------------------------------------------------------- options */
+
+struct options {
+	const char *store;
+	int compress;
+	char *cache_size;
+	int verify_dedup;
+	char *log_level;
+	unsigned workers;
+	int nonopt;
+};
+
+#define OPT(t, p) { t, offsetof(struct options, p), 1 }
+static const struct fuse_opt opt_spec[] = {
+	OPT("compress=%d", compress),
+	OPT("cache_size=%s", cache_size),
+	OPT("verify_dedup", verify_dedup),
+	OPT("log_level=%s", log_level),
+	OPT("workers=%u", workers),
+	FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	struct options *o = data;
+
+	(void)outargs;
+	if (key == FUSE_OPT_KEY_NONOPT && !o->store) {
+		o->store = strdup(arg);
+		return 0; /* consumed: STORE */
+	}
+	return 1;
+}
+
+static int parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: break;
+	}
+	if (*end && strcmp(end, "iB") && strcmp(end, "B"))
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+static void usage(const char *prog)
+{
+	printf("usage: %s STORE MOUNTPOINT [-f] [-d] [-o opt[,opt...]]\n"
+	       "\n"
+	       "ckptfs options:\n"
+	       "  -o compress=N        zstd level 0..19 (0: store raw), default 1\n"
+	       "  -o cache_size=SIZE   decompressed chunk cache, e.g. 512M (default 256M)\n"
+	       "  -o verify_dedup      compare bytes on every dedup hit\n"
+	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
+	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
+	       "  -f                   stay in the foreground, log to stderr\n"
+	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
+	       "\n"
+	       "Without -f the daemon detaches once the mount is ready and logs to\n"
+	       "STORE/ckptfs.log.  Unmount with: fusermount3 -u MOUNTPOINT\n\n",
+	       prog);
+	fuse_cmdline_help();
+	fuse_lowlevel_help();
+}
+
+/* Detach before opening anything that starts threads (RocksDB does); the
+ * parent waits for the child to report whether the mount came up. */
+static int status_fd = -1;
+
+static int detach(void)
+{
+	int p[2];
+	pid_t pid;
+
+	if (pipe(p) < 0)
+		return -errno;
+	pid = fork();
+	if (pid < 0)
+		return -errno;
+	if (pid > 0) {
+		char msg[1024];
+		ssize_t n;
+		close(p[1]);
+		n = read(p[0], msg, sizeof(msg) - 1);
+		if (n > 0 && msg[0] == '0')
+			_exit(0);
+		if (n > 1) {
+			msg[n] = '\0';
+			fprintf(stderr, "%s", msg + 1);
+		} else {
+			fprintf(stderr, "ckptfs: the daemon exited before the mount was ready\n");
+		}
+		_exit(1);
+	}
+	close(p[0]);
+	status_fd = p[1];
+	setsid();
+	return 0;
+}
+
+static void report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void report(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg + 1, sizeof(msg) - 1, fmt, ap);
+	va_end(ap);
+	if (status_fd >= 0) {
+		msg[0] = '1';
+		if (write(status_fd, msg, strlen(msg + 1) + 1) < 0) {
+			/* parent gone: nothing to report to */
+		}
+	} else {
+		fputs(msg + 1, stderr);
+	}
+}
+
+static void redirect_output(const char *store)
+{
+	char *path;
+	int fd;
+
+	if (asprintf(&path, "%s/ckptfs.log", store) < 0)
+		return;
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	free(path);
+	if (fd >= 0) {
+		dup2(fd, STDOUT_FILENO);
+		dup2(fd, STDERR_FILENO);
+		close(fd);
+	}
+	fd = open("/dev/null", O_RDONLY);
+	if (fd >= 0) {
+		dup2(fd, STDIN_FILENO);
+		close(fd);
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+	struct fuse_cmdline_opts cmd;
+	struct options o;
+	struct ckpt_store_opts so;
+	struct fuse_session *se = NULL;
+	struct fuse_loop_config *lcfg = NULL;
+	char err[512];
+	int ret = 1, r;
+
+	memset(&o, 0, sizeof(o));
+	memset(&cmd, 0, sizeof(cmd));
+	o.compress = -1;
+	if (fuse_opt_parse(&args, &o, opt_spec, opt_proc) < 0)
+		goto out;
+	if (fuse_parse_cmdline(&args, &cmd) != 0)
+		goto out;
+	if (cmd.show_help) {
+		usage(argv[0]);
+		ret = 0;
+		goto out;
+	}
+	if (cmd.show_version) {
+		printf("ckptfs %s, libfuse %s\n", PACKAGE_VERSION, fuse_pkgversion());
+		ret = 0;
+		goto out;
+	}
+	if (!o.store || !cmd.mountpoint) {
+		fprintf(stderr, "usage: %s STORE MOUNTPOINT [-f] [-o opt,...]  (--help for more)\n",
+			argv[0]);
+		goto out;
+	}
+	if (o.store[0] != '/') {
+		/* the daemon changes to / once detached */
+		char cwd[PATH_MAX], *abs;
+		if (!getcwd(cwd, sizeof(cwd)) || asprintf(&abs, "%s/%s", cwd, o.store) < 0) {
+			fprintf(stderr, "ckptfs: cannot resolve %s: %s\n", o.store, strerror(errno));
+			goto out;
+		}
+		free((char *)o.store);
+		o.store = abs;
+	}
+	ckpt_store_opts_init(&so);
+	so.create = true;
+	if (o.compress >= 0)
+		so.compress_level = o.compress;
+	so.verify_dedup = o.verify_dedup;
+	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
+		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
+		goto out;
+	}
+	if (cmd.debug)
+		ckpt_log_set_level(CKPT_LOG_DEBUG);
+	if (o.log_level) {
+		static const char *const names[] = { "error", "warn", "info", "debug" };
+		size_t i;
+		for (i = 0; i < CKPT_ARRAY_SIZE(names); i++)
+			if (!strcmp(o.log_level, names[i]))
+				break;
+		if (i == CKPT_ARRAY_SIZE(names)) {
+			fprintf(stderr, "ckptfs: invalid log_level '%s'\n", o.log_level);
+			goto out;
+		}
+		ckpt_log_set_level((enum ckpt_log_level)i);
+	}
+	if (!cmd.foreground && detach() < 0) {
+		fprintf(stderr, "ckptfs: cannot detach: %s\n", strerror(errno));
+		goto out;
+	}
+	r = ckpt_store_open(o.store, &so, &fs.store, err, sizeof(err));
+	if (r < 0) {
+		report("ckptfs: %s\n", err);
+		goto out;
+	}
+	r = ckpt_pool_new(o.workers, &fs.pool);
+	if (r < 0) {
+		report("ckptfs: cannot start workers: %s\n", strerror(-r));
+		goto out;
+	}
+	pthread_mutex_init(&fs.nodes_lock, NULL);
+	se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
+	if (!se) {
+		report("ckptfs: cannot create FUSE session (bad -o option?)\n");
+		goto out;
+	}
+	if (fuse_set_signal_handlers(se) != 0) {
+		report("ckptfs: cannot install signal handlers\n");
+		goto out;
+	}
+	if (fuse_session_mount(se, cmd.mountpoint) != 0) {
+		report("ckptfs: cannot mount %s (see messages above)\n", cmd.mountpoint);
+		goto out_signals;
+	}
+	if (!cmd.foreground) {
+		if (chdir("/") < 0) {
+			/* not fatal */
+		}
+		redirect_output(o.store);
+		ckpt_info("mounted %s on %s", o.store, cmd.mountpoint);
+		if (write(status_fd, "0", 1) < 0) {
+			/* parent gone */
+		}
+		close(status_fd);
+		status_fd = -1;
+	}
+	lcfg = fuse_loop_cfg_create();
+	fuse_loop_cfg_set_clone_fd(lcfg, cmd.clone_fd);
+	fuse_loop_cfg_set_max_threads(lcfg, cmd.max_threads && cmd.max_threads <= 1024 ?
+						    cmd.max_threads : 16);
+	fuse_loop_cfg_set_idle_threads(lcfg, cmd.max_idle_threads ? cmd.max_idle_threads : 8);
+	if (cmd.singlethread)
+		ret = fuse_session_loop(se) ? 1 : 0;
+	else
+		ret = fuse_session_loop_mt(se, lcfg) ? 1 : 0;
+	fuse_session_unmount(se);
+out_signals:
+	fuse_remove_signal_handlers(se);
+out:
+	if (se)
+		fuse_session_destroy(se);
+	fuse_loop_cfg_destroy(lcfg);
+	ckpt_pool_free(fs.pool);
+	ckpt_store_free(fs.store);
+	free(cmd.mountpoint);
+	free((char *)o.store);
+	free(o.cache_size);
+	free(o.log_level);
+	fuse_opt_free_args(&args);
+	return ret;
+}

@@ -1,0 +1,115 @@
+#!/bin/bash
+# Damaged pack data: a flipped byte inside the first chunk's stored bytes makes reads of the
+# affected file fail with EIO (never wrong bytes), other files stay readable, and `ckpt fsck`
+# exits non-zero naming the damaged file. Same for a pack cut short at the end.
+# shellcheck source=tests/integration/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+PACK_HDR=64
+REC_HDR=48
+
+# read_check FILE REF DESC: reading FILE must fail with EIO and never return wrong bytes
+read_check() {
+	local f=$1 ref=$2 desc=$3 out=$WORK/read.err
+	if cat "$f" >/dev/null 2>"$out"; then
+		fail "$desc: cat fails"
+	else
+		ok "$desc: cat fails"
+		check "$desc: cat reports an I/O error" grep -q "Input/output error" "$out"
+	fi
+	if dd if="$f" of=/dev/null bs=1M status=none 2>"$out"; then
+		fail "$desc: dd fails"
+	else
+		ok "$desc: dd fails"
+		check "$desc: dd reports an I/O error" grep -q "Input/output error" "$out"
+	fi
+	py_checks "$desc: python reads" "$f" "$ref" "$desc" <<'EOF'
+import errno, os, sys
+from helpers import tap
+f, ref, desc = sys.argv[1:4]
+want = open(ref, "rb").read()
+fd = os.open(f, os.O_RDONLY)
+step = 64 << 10
+eio = wrong = good = other = 0
+for off in range(0, len(want), step):
+    try:
+        b = os.pread(fd, step, off)
+    except OSError as e:
+        if e.errno == errno.EIO:
+            eio += 1
+        else:
+            other += 1
+            print(f"offset {off}: {e}")
+        continue
+    if b == want[off:off + step]:
+        good += 1
+    else:
+        wrong += 1
+        print(f"offset {off}: {len(b)} bytes returned, differ from the written data")
+os.close(fd)
+print(f"{desc}: 64 KiB reads: {good} good, {eio} EIO, {wrong} wrong, {other} other errors")
+tap(eio > 0, f"{desc}: some 64 KiB pread()s fail with EIO")
+tap(wrong == 0, f"{desc}: no pread() returns wrong bytes")
+tap(other == 0, f"{desc}: every failing pread() fails with EIO")
+EOF
+}
+
+# ---------------------------------------------------------------- flipped byte in chunk data
+start_daemon || bail "mount $STORE"
+ok "daemon mounted"
+rand_file "$WORK/victim" $((4 * MiB))
+cp "$WORK/victim" "$MNT/victim.bin"
+stop_daemon || fail "unmount"
+start_daemon || bail "remount"
+rand_file "$WORK/bystander" $((2 * MiB))
+mkdir "$MNT/dir"
+cp "$WORK/bystander" "$MNT/dir/bystander.bin"
+echo "small" >"$MNT/small.txt"
+stop_daemon || fail "unmount"
+
+pack=$(find "$STORE/packs" -name 'pack-*.ckpk' | sort | head -n 1)
+[ -n "$pack" ] || bail "no pack file under $STORE/packs"
+note "first pack: $pack ($(stat -c %s "$pack") bytes)"
+check "clean store passes fsck before the damage" "$CKPT" fsck "$STORE"
+cp "$pack" "$WORK/pack.orig"
+check "flip a byte in the first chunk's data" flip_byte "$pack" $((PACK_HDR + REC_HDR + 100))
+
+start_daemon || bail "mount the damaged store"
+read_check "$MNT/victim.bin" "$WORK/victim" "flipped byte"
+assert_cmp "$WORK/bystander" "$MNT/dir/bystander.bin" "an undamaged file still reads back"
+assert_eq small "$(cat "$MNT/small.txt")" "an undamaged small file still reads back"
+check "the damaged file can still be stat'ed and listed" stat "$MNT/victim.bin"
+stop_daemon || fail "unmount"
+
+"$CKPT" fsck "$STORE" >"$WORK/fsck.out" 2>&1
+rc=$?
+indent "$WORK/fsck.out"
+assert_nonzero "$rc" "ckpt fsck exits non-zero on a damaged chunk"
+check "ckpt fsck names the damaged file" grep -q "victim.bin" "$WORK/fsck.out"
+grep -q "bystander" "$WORK/fsck.out" &&
+	note "fsck output mentions the undamaged dir/bystander.bin (check it is not reported damaged)"
+
+# the damage is the only problem: restoring the byte makes everything good again
+cp "$WORK/pack.orig" "$pack"
+check "fsck passes once the byte is restored" "$CKPT" fsck "$STORE"
+start_daemon || bail "mount the repaired store"
+assert_cmp "$WORK/victim" "$MNT/victim.bin" "repaired file reads back"
+
+# ---------------------------------------------------------------- pack cut short
+rand_file "$WORK/tail" $((3 * MiB))
+cp "$WORK/tail" "$MNT/tail.bin"
+stop_daemon || fail "unmount"
+last=$(find "$STORE/packs" -name 'pack-*.ckpk' | sort | tail -n 1)
+size=$(stat -c %s "$last")
+note "last pack: $last ($size bytes)"
+check "cut 4096 bytes off the end of the last pack" truncate -s $((size - 4096)) "$last"
+start_daemon || bail "mount the store with a short pack"
+read_check "$MNT/tail.bin" "$WORK/tail" "short pack"
+assert_cmp "$WORK/bystander" "$MNT/dir/bystander.bin" "short pack: earlier file still reads back"
+stop_daemon || fail "unmount"
+"$CKPT" fsck "$STORE" >"$WORK/fsck2.out" 2>&1
+rc=$?
+indent "$WORK/fsck2.out"
+assert_nonzero "$rc" "ckpt fsck exits non-zero on a short pack"
+check "ckpt fsck names the file in the lost tail" grep -q "tail.bin" "$WORK/fsck2.out"
+finish
