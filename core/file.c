@@ -735,6 +735,9 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 		goto out;
 	}
 	if (!w->dirty) {
+		/* nothing new: make what was committed before durable if asked */
+		if (durable)
+			r = ckpt_store_sync_file(w->s, w->ino);
 		goto out;
 	}
 	if (w->mode == W_STAGED) {

@@ -215,6 +215,14 @@ int ckpt_index_flush(ckpt_index *ix)
 	return rocks_errno(err);
 }
 
+int ckpt_index_sync_wal(ckpt_index *ix)
+{
+	char *err = NULL;
+
+	rocksdb_flush_wal(ix->db, 1, &err);
+	return rocks_errno(err);
+}
+
 int ckpt_iter_new(ckpt_index *ix, const void *prefix, size_t plen, ckpt_iter **ret_iter)
 {
 	ckpt_iter *it;

@@ -69,6 +69,8 @@ int ckpt_batch_count(ckpt_batch *b);
 int ckpt_index_write(ckpt_index *ix, ckpt_batch *b, bool sync);
 /* Flush memtables and sync the WAL (used before unmount). */
 int ckpt_index_flush(ckpt_index *ix);
+/* fsync the WAL: every batch written so far survives a power loss. */
+int ckpt_index_sync_wal(ckpt_index *ix);
 
 /* Iterate all keys starting with prefix, in key order.  next() returns 1
  * with key/value pointers valid until the next call, 0 at the end, or

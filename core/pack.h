@@ -120,7 +120,9 @@ int ckpt_pack_create(int dirfd, uint64_t id, const uint8_t uuid[16], ckpt_pack *
  * header cannot claim bytes of later appends.  To find such headers a
  * writable open walks all record headers (one 48-byte pread per record; a
  * forward search through holes).  A read-only open reads only the file
- * header.
+ * header.  There is no cross-process locking: at most one ckpt_pack may have
+ * a given pack open writable at a time (the caller enforces this); the size
+ * of a read-only pack is fixed at open time.
  * On success *ret_pack owns the pack; on failure it is left untouched.
  * Errors: the above, -EINVAL (NULL argument), -ENOENT, -ENOMEM, other
  * errnos of openat/pread/pwrite/fdatasync.

@@ -108,6 +108,9 @@ static void st_seterr(struct st_err *e, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(e->buf, e->len, fmt, ap);
 	va_end(ap);
+	for (char *p = e->buf; *p; p++)	/* keep it one line */
+		if ((unsigned char)*p < 0x20)
+			*p = '?';
 }
 
 /* "[3, 4]"; at most ST_SHAPE_FMT_DIMS dims, then ", ...". */
@@ -401,9 +404,9 @@ static int st_load(const uint8_t *json, size_t n, size_t *pos, json_t **ret_v,
 
 	v = json_loadb((const char *)json + *pos, n - *pos, ST_JSON_FLAGS, &jerr);
 	if (!v) {
-		/* jansson 2.14 returns NULL with an empty message when its lexer
-		 * buffer cannot be allocated. */
-		if (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0])
+		/* jansson 2.14 returns NULL with an empty message (and no error
+		 * code set) when its lexer buffer cannot be allocated. */
+		if (!jerr.text[0] || json_error_code(&jerr) == json_error_out_of_memory)
 			return -ENOMEM;
 		st_seterr(e, "invalid JSON at byte %zu: %s", *pos + (size_t)jerr.position,
 			  jerr.text);

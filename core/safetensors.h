@@ -23,14 +23,20 @@
  *     multiple of 8;
  *   - the file size equals 8 + N + data_len (ckpt_st_check_file_size).
  *
- * Known divergences from the reference, all on the reject side except (a):
+ * Known divergences from the reference; (a) and (e) accept what it rejects,
+ * the others reject what it accepts:
  *   (a) jansson reads "-0" as the integer 0, the reference rejects it;
  *   (b) integers >= 2^63 fail to parse in jansson (json_int_t is int64), the
  *       reference accepts them up to 2^64-1 (only ever valid in a shape that
- *       also contains a 0 placed before the product overflows);
+ *       holds a 0 before the running product overflows, or inside ignored
+ *       unknown fields);
  *   (c) "\u0000" in any JSON string is rejected (names are C strings);
  *   (d) serde's alternative encodings (a tensor entry given as a JSON array
- *       ["F32", [..], [b, e]], a dtype given as {"F32": null}) are rejected.
+ *       ["F32", [..], [b, e]], a dtype given as {"F32": null}) are rejected;
+ *   (e) nesting depth inside ignored unknown fields is limited by jansson
+ *       (2048) instead of serde_json (128): deeper-than-128 is accepted.
+ *   Sub-byte dtypes (F4, F6_E2M3, F6_E3M2) and F8_E8M0, C64 are accepted with
+ *   the reference's bit-size rules.
  *
  * Thread-safety: no global mutable state.  A parsed ckpt_st_header is
  * immutable; any number of threads may call the accessors on it concurrently.
@@ -115,10 +121,13 @@ int ckpt_st_header_len(const uint8_t prefix[8], uint64_t *ret_n);
  * with ckpt_st_header_free()); if errbuf != NULL and errlen > 0, errbuf is
  * set to "".
  * Errors: -EINVAL for any invalid header (including n out of range and NULL
- * arguments), -ENOMEM on allocation failure.  On error *ret_header is set to
- * NULL and, if errbuf != NULL and errlen > 0, a one-line NUL-terminated reason
- * (truncated to errlen) is written to errbuf.
- * Cost: O(n + T log T) for T tensors.
+ * arguments), -ENOMEM on allocation failure (jansson reports some of its own
+ * allocation failures as syntax errors; those surface as -EINVAL).  On error
+ * *ret_header is set to NULL and, if errbuf != NULL and errlen > 0, a
+ * one-line NUL-terminated reason (truncated to errlen; control characters,
+ * e.g. from tensor names, replaced by '?') is written to errbuf.
+ * Cost: O(n + T log T) for T tensors; ~30-45 ms for 20,000 tensors (1.8 MB)
+ * on the 2-vCPU development VM.
  */
 int ckpt_st_parse(const uint8_t *json, size_t n, ckpt_st_header **ret_header,
 		  char *errbuf, size_t errlen);

@@ -58,6 +58,20 @@ struct pending {
 
 #define PENDING_BUCKETS 4096
 
+/* A closed file's new content, visible through the store but not yet in the
+ * index (see "overlay" in the header comment of store.h). */
+struct commit {
+	uint64_t ino;
+	struct ckpt_extent_list *list;
+	uint32_t flags;
+	int64_t mtime_ns;
+	uint64_t seq; /* bumped on every replacement */
+	struct commit *next;
+};
+
+#define COMMIT_BUCKETS 1024
+#define CKPT_OVERLAY_FLUSH_BYTES (256ull << 20)
+
 struct ckpt_store {
 	char *path;
 	struct ckpt_store_opts opts;
@@ -83,7 +97,23 @@ struct ckpt_store {
 	pthread_mutex_t pending_lock;
 	/* Protected by pending_lock: */
 	struct pending *pending[PENDING_BUCKETS];
+
+	/* Lock order: commit_lock -> ns_lock -> {pack,pending,overlay}_lock. */
+	pthread_mutex_t commit_lock; /* serializes writers of file content to the index */
+	pthread_mutex_t overlay_lock;
+	/* Protected by overlay_lock: */
+	struct commit *overlay[COMMIT_BUCKETS];
+	size_t overlay_n;
+	uint64_t overlay_bytes, overlay_seq;
+	bool flusher_stop;
+	pthread_cond_t flusher_cond;
+	/* Immutable after open: */
+	bool flusher_started;
+	pthread_t flusher;
 };
+
+static struct commit *overlay_find_locked(ckpt_store *s, uint64_t ino);
+static int db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
 
 struct tls_ctx {
 	ckpt_compressor *cc;
@@ -575,22 +605,19 @@ ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l,
 
 int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)
 {
-	uint8_t key[16];
-	uint8_t *val;
-	size_t vlen;
-	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+	struct commit *c;
+	struct ckpt_extent_list *l = NULL;
 
-	if (r == -ENOENT) {
-		*ret_list = ckpt_extent_list_new();
-		return *ret_list ? 0 : -ENOMEM;
+	pthread_mutex_lock(&s->overlay_lock);
+	c = overlay_find_locked(s, ino);
+	if (c)
+		l = ckpt_extent_list_dup(c->list);
+	pthread_mutex_unlock(&s->overlay_lock);
+	if (c) {
+		*ret_list = l;
+		return l ? 0 : -ENOMEM;
 	}
-	if (r < 0)
-		return r;
-	r = ckpt_extent_list_decode(val, vlen, ret_list);
-	free(val);
-	if (r < 0)
-		ckpt_err("%s: extent list of inode %" PRIu64 " is damaged", s->path, ino);
-	return r;
+	return db_load_extents(s, ino, ret_list);
 }
 
 struct delta {
@@ -604,36 +631,27 @@ static int delta_cmp(const void *a, const void *b)
 		      CKPT_DIGEST_LEN);
 }
 
-/* Collect +1 for every chunk extent of add and -1 for every one of sub,
- * merged per digest.  Returns the count of entries in *ret (nonzero n). */
+static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
+		     int sign);
+static size_t delta_merge(struct delta *v, size_t n);
+
+/* +1 for every chunk extent of add, -1 for every one of sub, merged per
+ * digest; *ret_n entries with a nonzero sum. */
 static int build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
 		       struct delta **ret, size_t *ret_n)
 {
-	size_t n = (add ? add->n : 0) + (sub ? sub->n : 0), k = 0, out = 0;
-	struct delta *v = malloc((n ? n : 1) * sizeof(*v));
+	struct delta *v = NULL;
+	size_t n = 0, cap = 0;
+	int r = delta_add(&v, &n, &cap, add, 1);
 
-	if (!v)
-		return -ENOMEM;
-	for (size_t i = 0; add && i < add->n; i++)
-		if (add->v[i].kind == CKPT_EXT_CHUNK)
-			v[k++] = (struct delta){ add->v[i].digest, 1 };
-	for (size_t i = 0; sub && i < sub->n; i++)
-		if (sub->v[i].kind == CKPT_EXT_CHUNK)
-			v[k++] = (struct delta){ sub->v[i].digest, -1 };
-	qsort(v, k, sizeof(*v), delta_cmp);
-	for (size_t i = 0; i < k; i++) {
-		if (out > 0 && memcmp(v[out - 1].d.bytes, v[i].d.bytes, CKPT_DIGEST_LEN) == 0) {
-			v[out - 1].n += v[i].n;
-		} else {
-			v[out++] = v[i];
-		}
+	if (r == 0)
+		r = delta_add(&v, &n, &cap, sub, -1);
+	if (r < 0) {
+		free(v);
+		return r;
 	}
-	k = 0;
-	for (size_t i = 0; i < out; i++)
-		if (v[i].n != 0)
-			v[k++] = v[i];
+	*ret_n = delta_merge(v, n);
 	*ret = v;
-	*ret_n = k;
 	return 0;
 }
 
@@ -730,78 +748,47 @@ static int sync_pending_of(ckpt_store *s, const struct ckpt_extent_list *l)
 	return 0;
 }
 
-int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
-			   uint32_t flags, int64_t mtime_ns, bool durable)
-{
-	struct ckpt_extent_list *old = NULL;
-	struct delta *dv = NULL;
-	size_t ndv = 0;
-	ckpt_batch *b = NULL;
-	struct ckpt_inode in;
-	uint8_t key[16];
-	uint8_t *enc = NULL;
-	size_t enclen;
-	int r;
+/* ------------------------------------------------------ commits/overlay */
 
-	if (s->opts.mode != CKPT_STORE_RW)
-		return -EROFS;
-	r = sync_pending_of(s, l);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&s->ns_lock);
-	r = ckpt_store_getattr(s, ino, &in);
-	if (r < 0)
-		goto out;
-	if (!S_ISREG(in.mode)) {
-		r = -EINVAL;
-		goto out;
+/* Add +sign for every chunk extent of l to the delta vector. */
+static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
+		     int sign)
+{
+	for (size_t i = 0; l && i < l->n; i++) {
+		if (l->v[i].kind != CKPT_EXT_CHUNK)
+			continue;
+		if (*n == *cap) {
+			size_t nc = *cap ? *cap * 2 : 256;
+			struct delta *nv = realloc(*v, nc * sizeof(*nv));
+			if (!nv)
+				return -ENOMEM;
+			*v = nv;
+			*cap = nc;
+		}
+		(*v)[(*n)++] = (struct delta){ l->v[i].digest, sign };
 	}
-	r = ckpt_store_load_extents(s, ino, &old);
-	if (r < 0)
-		goto out;
-	r = build_delta(l, old, &dv, &ndv);
-	if (r < 0)
-		goto out;
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	r = apply_delta(s, b, dv, ndv);
-	if (r < 0)
-		goto out;
-	ckpt_key_ino(key, CKPT_KEY_FILE, ino);
-	if (l->n > 0) {
-		r = ckpt_extent_list_encode(l, &enc, &enclen);
-		if (r < 0)
-			goto out;
-		ckpt_batch_put(b, key, 9, enc, enclen);
-	} else {
-		ckpt_batch_delete(b, key, 9);
-	}
-	in.size = l->size;
-	in.flags = flags;
-	in.mtime_ns = mtime_ns;
-	in.ctime_ns = mtime_ns;
-	batch_inode(b, &in);
-	r = ckpt_index_write(s->ix, b, durable);
-	if (r < 0)
-		goto out;
-	for (size_t i = 0; i < ndv; i++)
-		if (dv[i].n > 0)
-			pending_remove(s, &dv[i].d);
-out:
-	pthread_mutex_unlock(&s->ns_lock);
-	free(enc);
-	free(dv);
-	ckpt_batch_free(b);
-	ckpt_extent_list_free(old);
-	return r;
+	return 0;
 }
 
-/* ------------------------------------------------------------ namespace */
+/* Sort and merge per digest, dropping zero sums. */
+static size_t delta_merge(struct delta *v, size_t n)
+{
+	size_t out = 0, k = 0;
 
-int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+	qsort(v, n, sizeof(*v), delta_cmp);
+	for (size_t i = 0; i < n; i++) {
+		if (out > 0 && memcmp(v[out - 1].d.bytes, v[i].d.bytes, CKPT_DIGEST_LEN) == 0)
+			v[out - 1].n += v[i].n;
+		else
+			v[out++] = v[i];
+	}
+	for (size_t i = 0; i < out; i++)
+		if (v[i].n != 0)
+			v[k++] = v[i];
+	return k;
+}
+
+static int db_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 {
 	uint8_t key[16], val[CKPT_INODE_REC_LEN];
 	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val,
@@ -810,6 +797,307 @@ int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 	if (r < 0)
 		return r;
 	return ckpt_inode_decode(ino, val, sizeof(val), ret);
+}
+
+static int db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)
+{
+	uint8_t key[16];
+	uint8_t *val;
+	size_t vlen;
+	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+
+	if (r == -ENOENT) {
+		*ret_list = ckpt_extent_list_new();
+		return *ret_list ? 0 : -ENOMEM;
+	}
+	if (r < 0)
+		return r;
+	r = ckpt_extent_list_decode(val, vlen, ret_list);
+	free(val);
+	if (r < 0)
+		ckpt_err("%s: extent list of inode %" PRIu64 " is damaged", s->path, ino);
+	return r;
+}
+
+/* Write the content of n files into the index in one batch.  Caller holds
+ * commit_lock.  Files that no longer exist are skipped. */
+static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
+{
+	struct delta *dv = NULL;
+	size_t ndv = 0, cap = 0;
+	ckpt_batch *b = NULL;
+	int r = 0;
+
+	for (size_t i = 0; i < n && r == 0; i++)
+		r = sync_pending_of(s, v[i]->list);
+	if (r < 0)
+		return r;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	pthread_mutex_lock(&s->ns_lock);
+	for (size_t i = 0; i < n; i++) {
+		struct ckpt_extent_list *old = NULL;
+		struct ckpt_inode in;
+		uint8_t key[16], *enc = NULL;
+		size_t enclen;
+
+		r = db_getattr(s, v[i]->ino, &in);
+		if (r == -ENOENT || (r == 0 && !S_ISREG(in.mode))) {
+			r = 0; /* deleted meanwhile */
+			continue;
+		}
+		if (r == 0)
+			r = db_load_extents(s, v[i]->ino, &old);
+		if (r == 0)
+			r = delta_add(&dv, &ndv, &cap, v[i]->list, 1);
+		if (r == 0)
+			r = delta_add(&dv, &ndv, &cap, old, -1);
+		ckpt_extent_list_free(old);
+		if (r < 0)
+			goto out;
+		ckpt_key_ino(key, CKPT_KEY_FILE, v[i]->ino);
+		if (v[i]->list->n > 0) {
+			r = ckpt_extent_list_encode(v[i]->list, &enc, &enclen);
+			if (r < 0)
+				goto out;
+			ckpt_batch_put(b, key, 9, enc, enclen);
+			free(enc);
+		} else {
+			ckpt_batch_delete(b, key, 9);
+		}
+		in.size = v[i]->list->size;
+		in.flags = v[i]->flags;
+		in.mtime_ns = v[i]->mtime_ns;
+		in.ctime_ns = v[i]->mtime_ns;
+		batch_inode(b, &in);
+	}
+	ndv = delta_merge(dv, ndv);
+	r = apply_delta(s, b, dv, ndv);
+	if (r < 0)
+		goto out;
+	r = ckpt_index_write(s->ix, b, durable);
+	if (r < 0)
+		goto out;
+	for (size_t i = 0; i < ndv; i++)
+		if (dv[i].n > 0)
+			pending_remove(s, &dv[i].d);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	free(dv);
+	ckpt_batch_free(b);
+	return r;
+}
+
+static void commit_free(struct commit *c)
+{
+	if (!c)
+		return;
+	ckpt_extent_list_free(c->list);
+	free(c);
+}
+
+/* Remove and return the overlay entry of ino.  Caller holds overlay_lock. */
+static struct commit *overlay_take_locked(ckpt_store *s, uint64_t ino)
+{
+	struct commit **pp = &s->overlay[ino % COMMIT_BUCKETS], *c;
+
+	for (; (c = *pp); pp = &c->next) {
+		if (c->ino == ino) {
+			*pp = c->next;
+			s->overlay_n--;
+			s->overlay_bytes -= c->list->size;
+			return c;
+		}
+	}
+	return NULL;
+}
+
+static struct commit *overlay_find_locked(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c = s->overlay[ino % COMMIT_BUCKETS];
+
+	while (c && c->ino != ino)
+		c = c->next;
+	return c;
+}
+
+static struct commit *overlay_take(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	c = overlay_take_locked(s, ino);
+	pthread_mutex_unlock(&s->overlay_lock);
+	return c;
+}
+
+int ckpt_store_flush(ckpt_store *s)
+{
+	struct commit **v = NULL;
+	size_t n = 0;
+	int r = 0;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	pthread_mutex_lock(&s->commit_lock);
+	/* Copy the entries: they stay visible in the overlay until the batch
+	 * that makes them visible in the index is written. */
+	pthread_mutex_lock(&s->overlay_lock);
+	if (s->overlay_n > 0)
+		v = calloc(s->overlay_n, sizeof(*v));
+	for (size_t b = 0; v && b < COMMIT_BUCKETS; b++) {
+		for (struct commit *c = s->overlay[b]; c; c = c->next) {
+			struct commit *copy = calloc(1, sizeof(*copy));
+			if (copy)
+				copy->list = ckpt_extent_list_dup(c->list);
+			if (!copy || !copy->list) {
+				commit_free(copy);
+				r = -ENOMEM;
+				break;
+			}
+			copy->ino = c->ino;
+			copy->flags = c->flags;
+			copy->mtime_ns = c->mtime_ns;
+			copy->seq = c->seq;
+			v[n++] = copy;
+		}
+	}
+	if (s->overlay_n > 0 && !v)
+		r = -ENOMEM;
+	pthread_mutex_unlock(&s->overlay_lock);
+	if (r == 0 && n > 0)
+		r = commit_many(s, v, n, false);
+	if (r == 0) {
+		pthread_mutex_lock(&s->overlay_lock);
+		for (size_t i = 0; i < n; i++) {
+			struct commit *c = overlay_find_locked(s, v[i]->ino);
+			if (c && c->seq == v[i]->seq)
+				commit_free(overlay_take_locked(s, v[i]->ino));
+		}
+		pthread_mutex_unlock(&s->overlay_lock);
+	} else {
+		ckpt_err("%s: cannot write closed files to the index: %s (will retry)", s->path,
+			 strerror(-r));
+	}
+	pthread_mutex_unlock(&s->commit_lock);
+	for (size_t i = 0; i < n; i++)
+		commit_free(v[i]);
+	free(v);
+	return r;
+}
+
+static void *flusher_main(void *arg)
+{
+	ckpt_store *s = arg;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	while (!s->flusher_stop) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->flusher_cond, &s->overlay_lock, &ts);
+		if (s->overlay_n > 0) {
+			pthread_mutex_unlock(&s->overlay_lock);
+			ckpt_store_flush(s);
+			pthread_mutex_lock(&s->overlay_lock);
+		}
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
+	return NULL;
+}
+
+int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
+			   uint32_t flags, int64_t mtime_ns, bool durable)
+{
+	struct commit *c, *old;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	c = calloc(1, sizeof(*c));
+	if (c)
+		c->list = ckpt_extent_list_dup(l);
+	if (!c || !c->list) {
+		commit_free(c);
+		return -ENOMEM;
+	}
+	c->ino = ino;
+	c->flags = flags;
+	c->mtime_ns = mtime_ns;
+	if (durable) {
+		pthread_mutex_lock(&s->commit_lock);
+		commit_free(overlay_take(s, ino)); /* superseded */
+		r = commit_many(s, &c, 1, true);
+		pthread_mutex_unlock(&s->commit_lock);
+		commit_free(c);
+		return r;
+	}
+	pthread_mutex_lock(&s->overlay_lock);
+	old = overlay_take_locked(s, ino);
+	c->seq = ++s->overlay_seq;
+	c->next = s->overlay[ino % COMMIT_BUCKETS];
+	s->overlay[ino % COMMIT_BUCKETS] = c;
+	s->overlay_n++;
+	s->overlay_bytes += l->size;
+	if (s->overlay_bytes > CKPT_OVERLAY_FLUSH_BYTES)
+		pthread_cond_signal(&s->flusher_cond);
+	pthread_mutex_unlock(&s->overlay_lock);
+	commit_free(old);
+	return 0;
+}
+
+int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	pthread_mutex_lock(&s->commit_lock);
+	c = overlay_take(s, ino);
+	if (c)
+		r = commit_many(s, &c, 1, true);
+	else
+		r = ckpt_index_sync_wal(s->ix);
+	if (r < 0 && c) {
+		/* keep it for the background flush */
+		pthread_mutex_lock(&s->overlay_lock);
+		if (!overlay_find_locked(s, ino)) {
+			c->next = s->overlay[ino % COMMIT_BUCKETS];
+			s->overlay[ino % COMMIT_BUCKETS] = c;
+			s->overlay_n++;
+			s->overlay_bytes += c->list->size;
+			c = NULL;
+		}
+		pthread_mutex_unlock(&s->overlay_lock);
+	}
+	pthread_mutex_unlock(&s->commit_lock);
+	commit_free(c);
+	return r;
+}
+
+/* ------------------------------------------------------------ namespace */
+
+int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+{
+	struct commit *c;
+	int r = db_getattr(s, ino, ret);
+
+	if (r < 0 || !S_ISREG(ret->mode))
+		return r;
+	pthread_mutex_lock(&s->overlay_lock);
+	c = overlay_find_locked(s, ino);
+	if (c) {
+		ret->size = c->list->size;
+		ret->flags = c->flags;
+		ret->mtime_ns = c->mtime_ns;
+		if (ret->ctime_ns < c->mtime_ns)
+			ret->ctime_ns = c->mtime_ns;
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
+	return 0;
 }
 
 static int check_name(const char *name)
@@ -878,7 +1166,7 @@ static void batch_orphan(ckpt_batch *b, uint64_t ino, bool set)
 
 static int get_dir(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 {
-	int r = ckpt_store_getattr(s, ino, ret);
+	int r = db_getattr(s, ino, ret);
 
 	if (r < 0)
 		return r;
@@ -973,7 +1261,7 @@ int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char 
 	r = get_dir(s, newparent, &dir);
 	if (r < 0)
 		goto out;
-	r = ckpt_store_getattr(s, ino, &in);
+	r = db_getattr(s, ino, &in);
 	if (r < 0)
 		goto out;
 	if (S_ISDIR(in.mode)) {
@@ -1087,7 +1375,7 @@ int ckpt_store_unlink(ckpt_store *s, uint64_t parent, const char *name, bool rmd
 	r = get_dentry(s, parent, name, &ino, &m);
 	if (r < 0)
 		goto out;
-	r = ckpt_store_getattr(s, ino, &victim);
+	r = db_getattr(s, ino, &victim);
 	if (r < 0)
 		goto out;
 	if (rmdir && !S_ISDIR(victim.mode)) {
@@ -1135,7 +1423,7 @@ static int is_ancestor(ckpt_store *s, uint64_t anc, uint64_t ino)
 			return 1;
 		if (ino == CKPT_ROOT_INO)
 			return 0;
-		r = ckpt_store_getattr(s, ino, &in);
+		r = db_getattr(s, ino, &in);
 		if (r < 0)
 			return r;
 		ino = in.parent;
@@ -1167,12 +1455,12 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 		goto out;
 	if ((r = get_dentry(s, parent, name, &sino, &m)) < 0)
 		goto out;
-	if ((r = ckpt_store_getattr(s, sino, &src)) < 0)
+	if ((r = db_getattr(s, sino, &src)) < 0)
 		goto out;
 	r = get_dentry(s, newparent, newname, &dino, &m);
 	if (r == 0) {
 		have_dst = true;
-		if ((r = ckpt_store_getattr(s, dino, &dst)) < 0)
+		if ((r = db_getattr(s, dino, &dst)) < 0)
 			goto out;
 	} else if (r != -ENOENT) {
 		goto out;
@@ -1280,6 +1568,18 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 out:
 	pthread_mutex_unlock(&s->ns_lock);
 	ckpt_batch_free(b);
+	if (r == 0) {
+		/* Publishing by rename (save to a temporary name, then rename) must
+		 * not publish a name whose content is only in memory: index the
+		 * closed files first, so a daemon crash cannot leave the new name
+		 * pointing at old or empty content. */
+		bool pending;
+		pthread_mutex_lock(&s->overlay_lock);
+		pending = s->overlay_n > 0;
+		pthread_mutex_unlock(&s->overlay_lock);
+		if (pending)
+			r = ckpt_store_flush(s);
+	}
 	return r;
 }
 
@@ -1296,6 +1596,7 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return 0;
+	pthread_mutex_lock(&s->commit_lock);
 	pthread_mutex_lock(&s->ns_lock);
 	r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino), &val, &vlen);
 	if (r == -ENOENT) {
@@ -1305,7 +1606,7 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 	if (r < 0)
 		goto out;
 	free(val);
-	r = ckpt_store_getattr(s, ino, &in);
+	r = db_getattr(s, ino, &in);
 	b = ckpt_batch_new();
 	if (!b) {
 		r = -ENOMEM;
@@ -1317,7 +1618,7 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 		goto out;
 	}
 	if (r == 0 && S_ISREG(in.mode)) {
-		r = ckpt_store_load_extents(s, ino, &old);
+		r = db_load_extents(s, ino, &old);
 		if (r < 0)
 			goto out;
 		r = build_delta(NULL, old, &dv, &ndv);
@@ -1332,8 +1633,11 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino));
 	batch_orphan(b, ino, false);
 	r = ckpt_index_write(s->ix, b, false);
+	if (r == 0)
+		commit_free(overlay_take(s, ino)); /* content of a deleted file */
 out:
 	pthread_mutex_unlock(&s->ns_lock);
+	pthread_mutex_unlock(&s->commit_lock);
 	ckpt_batch_free(b);
 	ckpt_extent_list_free(old);
 	free(dv);
@@ -1350,7 +1654,7 @@ int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
 	pthread_mutex_lock(&s->ns_lock);
-	r = ckpt_store_getattr(s, ino, &cur);
+	r = db_getattr(s, ino, &cur);
 	if (r < 0)
 		goto out;
 	if (what & CKPT_SET_MODE)
@@ -1371,6 +1675,15 @@ int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct 
 	}
 	batch_inode(b, &cur);
 	r = ckpt_index_write(s->ix, b, false);
+	if (r == 0 && (what & CKPT_SET_MTIME)) {
+		/* a closed file's pending content must not undo utimens() */
+		struct commit *c;
+		pthread_mutex_lock(&s->overlay_lock);
+		c = overlay_find_locked(s, ino);
+		if (c)
+			c->mtime_ns = cur.mtime_ns;
+		pthread_mutex_unlock(&s->overlay_lock);
+	}
 	if (r == 0 && ret)
 		*ret = cur;
 out:
@@ -1456,8 +1769,8 @@ char *ckpt_store_path_of(ckpt_store *s, uint64_t ino)
 		const char *nm = NULL;
 		char *np;
 
-		if (ckpt_store_getattr(s, cur, &in) < 0 || !S_ISDIR(in.mode) ||
-		    ckpt_store_getattr(s, in.parent, &pin) < 0 ||
+		if (db_getattr(s, cur, &in) < 0 || !S_ISDIR(in.mode) ||
+		    db_getattr(s, in.parent, &pin) < 0 ||
 		    ckpt_store_readdir(s, in.parent, &ents, &n) < 0) {
 			if (asprintf(&np, "<inode %" PRIu64 ">%s", cur, path) < 0)
 				np = NULL;
@@ -1715,6 +2028,9 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_mutex_init(&s->ns_lock, NULL);
 	pthread_mutex_init(&s->pack_lock, NULL);
 	pthread_mutex_init(&s->pending_lock, NULL);
+	pthread_mutex_init(&s->commit_lock, NULL);
+	pthread_mutex_init(&s->overlay_lock, NULL);
+	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, tls_free);
 
 	r = read_marker(dfd, path, err, errlen);
@@ -1797,6 +2113,10 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 				 strerror(-r));
 			goto fail;
 		}
+		r = -pthread_create(&s->flusher, NULL, flusher_main, s);
+		if (r < 0)
+			goto fail;
+		s->flusher_started = true;
 	}
 	free(ixdir);
 	close(dfd);
@@ -1817,7 +2137,16 @@ void ckpt_store_free(ckpt_store *s)
 
 	if (!s)
 		return;
+	if (s->flusher_started) {
+		pthread_mutex_lock(&s->overlay_lock);
+		s->flusher_stop = true;
+		pthread_cond_signal(&s->flusher_cond);
+		pthread_mutex_unlock(&s->overlay_lock);
+		pthread_join(s->flusher, NULL);
+	}
 	if (s->ix && s->opts.mode == CKPT_STORE_RW) {
+		if (ckpt_store_flush(s) < 0)
+			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
 		pthread_mutex_lock(&s->pack_lock);
 		for (size_t i = 0; i < s->npacks; i++)
 			ckpt_pack_sync(s->packs[i], UINT64_MAX);
@@ -1848,6 +2177,16 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->ns_lock);
 	pthread_mutex_destroy(&s->pack_lock);
 	pthread_mutex_destroy(&s->pending_lock);
+	for (size_t i = 0; i < COMMIT_BUCKETS; i++) {
+		struct commit *c = s->overlay[i], *n;
+		for (; c; c = n) {
+			n = c->next;
+			commit_free(c);
+		}
+	}
+	pthread_mutex_destroy(&s->commit_lock);
+	pthread_mutex_destroy(&s->overlay_lock);
+	pthread_cond_destroy(&s->flusher_cond);
 	free(s->path);
 	free(s);
 }
@@ -2158,7 +2497,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 			free(path);
 			continue;
 		}
-		if (ckpt_store_getattr(s, ino, &in) < 0) {
+		if (db_getattr(s, ino, &in) < 0) {
 			cb(ud, path, "extent list without inode");
 			problems++;
 		} else if (in.size != l->size) {
@@ -2215,7 +2554,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	/* 4. every name points at a live inode */
 	for (size_t i = 0; i < nnames; i++) {
 		struct ckpt_inode in;
-		if (ckpt_store_getattr(s, names[i].ino, &in) < 0 || in.nlink == 0) {
+		if (db_getattr(s, names[i].ino, &in) < 0 || in.nlink == 0) {
 			char *path = name_path(names, nnames, names[i].ino);
 			cb(ud, path, "directory entry points at a missing inode");
 			problems++;

@@ -21,6 +21,13 @@
  *    without it the batch survives a crash of the daemon (kill -9).
  *  - Refcount of a chunk = number of extents naming it across all committed
  *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
+ *  - Overlay: a non-durable commit (a plain close) is published at once to
+ *    this process (getattr/lookup/load_extents see it) and written to the
+ *    index by a background flusher within about a second, in one batch with
+ *    other closed files (one pack fdatasync for all of them).  A rename, an
+ *    fsync of the file, ckpt_store_flush() and ckpt_store_free() index it
+ *    immediately.  A daemon crash loses closed-but-unindexed content only;
+ *    the store stays consistent (the old content remains).
  *
  * Thread-safety: every function may be called from any thread.  Namespace
  * mutations and commits are serialized by one store mutex; reads are not.
@@ -100,9 +107,16 @@ ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l,
 /* Load the committed extent list of regular file ino (empty list if none). */
 int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
 /* Atomically replace the content of regular file ino with l (see the
- * contract above).  flags: CKPT_INODE_F_*.  mtime_ns: new mtime (and ctime). */
+ * contract above).  flags: CKPT_INODE_F_*.  mtime_ns: new mtime (and ctime).
+ * durable=false publishes through the overlay (returns without I/O);
+ * durable=true writes and fsyncs the index before returning. */
 int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
 			   uint32_t flags, int64_t mtime_ns, bool durable);
+/* Make the committed content of ino durable (fsync semantics). */
+int ckpt_store_sync_file(ckpt_store *s, uint64_t ino);
+/* Index every overlay entry now (one batch).  0 or -errno; entries that
+ * could not be written stay in the overlay and are retried. */
+int ckpt_store_flush(ckpt_store *s);
 
 /* ---- namespace ---- */
 

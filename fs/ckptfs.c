@@ -635,10 +635,8 @@ static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
 	int r;
 
 	if (!h->writable)
-		return durable ? ckpt_index_flush(ckpt_store_index(fs.store)) : 0;
+		return durable ? ckpt_store_sync_file(fs.store, ino) : 0;
 	r = ckpt_writer_commit(h->node->writer, durable);
-	if (r == 0 && durable)
-		r = ckpt_index_flush(ckpt_store_index(fs.store));
 	if (r < 0)
 		ckpt_err("inode %" PRIu64 ": cannot commit file: %s", (uint64_t)ino, strerror(-r));
 	return r;
@@ -761,7 +759,11 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	(void)ino;
 	(void)datasync;
 	(void)fi;
-	reply_err(req, ckpt_index_flush(ckpt_store_index(fs.store)));
+	int r = ckpt_store_flush(fs.store);
+
+	if (r == 0)
+		r = ckpt_index_sync_wal(ckpt_store_index(fs.store));
+	reply_err(req, r);
 }
 
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)

@@ -249,6 +249,62 @@ START_TEST(test_empty_and_padding)
 }
 END_TEST
 
+START_TEST(test_escaped_keys)
+{
+	/* Keys with escapes go through jansson and are compared decoded. */
+	static const char *js =
+		"{\"__metadata\\u005f_\":{\"k\\u00e9\":\"v\\n\"},"
+		"\"w\\u00e9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+		"\"tab\\tq\\\"bs\\\\\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]},"
+		"\"\xc3\xa9t\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}}";
+	ckpt_st_header *h = NULL;
+	char err[ERRLEN];
+
+	ck_assert_int_eq(parse_str(js, &h, err), 0);
+	ck_assert_uint_eq(ckpt_st_tensor_count(h), 3);
+	ck_assert_str_eq(ckpt_st_tensor_at(h, 0)->name, "w\xc3\xa9");
+	ck_assert_str_eq(ckpt_st_tensor_at(h, 1)->name, "tab\tq\"bs\\");
+	ck_assert_str_eq(ckpt_st_tensor_at(h, 2)->name, "\xc3\xa9t\xc3\xa9");
+	ck_assert_ptr_eq(ckpt_st_tensor_find(h, "tab\tq\"bs\\"), ckpt_st_tensor_at(h, 1));
+	ck_assert_ptr_eq(ckpt_st_tensor_find(h, "\xc3\xa9t\xc3\xa9"), ckpt_st_tensor_at(h, 2));
+	ck_assert_uint_eq(ckpt_st_metadata_count(h), 1);
+	ck_assert_str_eq(ckpt_st_metadata_get(h, "k\xc3\xa9"), "v\n");
+	ckpt_st_header_free(h);
+}
+END_TEST
+
+START_TEST(test_reference_divergences)
+{
+	/* Documented in safetensors.h; these pin the current behaviour. */
+	char deep[700], err[ERRLEN];
+	ckpt_st_header *h = NULL;
+	int pos;
+
+	/* (a) "-0" is read as 0 (the reference rejects it as a float). */
+	ck_assert_int_eq(parse_str("{\"a\":{\"dtype\":\"U8\",\"shape\":[-0],"
+				   "\"data_offsets\":[0,-0]}}", &h, err), 0);
+	ck_assert_uint_eq(ckpt_st_tensor_at(h, 0)->shape[0], 0);
+	ckpt_st_header_free(h);
+	/* (b) 2^63 does not parse (the reference accepts it here). */
+	ck_assert_int_eq(parse_str("{\"a\":{\"dtype\":\"U8\",\"shape\":[0,9223372036854775808],"
+				   "\"data_offsets\":[0,0]}}", &h, err), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "too big integer"));
+	/* (e) nesting of 200 in an ignored field is accepted (serde: limit 128). */
+	pos = snprintf(deep, sizeof(deep), "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],"
+		       "\"data_offsets\":[0,1],\"x\":");
+	for (int i = 0; i < 200; i++)
+		deep[pos++] = '[';
+	for (int i = 0; i < 200; i++)
+		deep[pos++] = ']';
+	deep[pos++] = '}';
+	deep[pos++] = '}';
+	deep[pos] = '\0';
+	ck_assert_int_eq(parse_str(deep, &h, err), 0);
+	ck_assert_uint_eq(ckpt_st_data_len(h), 1);
+	ckpt_st_header_free(h);
+}
+END_TEST
+
 /* ---- invalid headers (one loop iteration each) ---------------------------- */
 
 #define T(name, body) "\"" name "\":{" body "}"
@@ -267,7 +323,10 @@ static const struct {
 	{ "{" T("w", "\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,10]") "}",
 	  "tensor 'w': shape [3] of F32 needs 12 bytes but data_offsets are [0, 10]" },
 	{ "{" T("w", "\"dtype\":\"BF16\",\"shape\":[],\"data_offsets\":[0,0]") "}",
-	  "needs 2 bytes" },
+	  "shape [] of BF16 needs 2 bytes but data_offsets are [0, 0]" },
+	{ "{" T("w", "\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1,3],"
+		     "\"data_offsets\":[0,4]") "}",
+	  "shape [1, 1, 1, 1, 1, 1, 1, 1, ...] of F32 needs 12 bytes" },
 	{ "{" T("a", U8(4, 0, 4)) "," T("b", U8(4, 4, 8)) "," T("c", U8(4, 4, 8)) "}", "overlap" },
 	/* sizes and overflow */
 	{ "{" T("w", "\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
@@ -346,6 +405,8 @@ static const struct {
 	{ "{\"__metadata__\":{\"k\":\"v\",\"k\":\"w\"}}", "duplicate object key" },
 	{ "{\"__metadata__\":{},\"__metadata__\":{}}", "duplicate key '__metadata__'" },
 	{ "{\"__metadata__\":null,\"__metadata__\":null}", "duplicate key '__metadata__'" },
+	{ "{\"__metadata__\":{},\"__metadata\\u005f_\":{}}", "duplicate key '__metadata__'" },
+	{ "{" T("a", U8(1, 0, 1)) "," T("\\u0061", U8(1, 1, 2)) "}", "duplicate tensor name 'a'" },
 	/* start / top level / syntax */
 	{ " {}", "does not start with '{'" },
 	{ "\n{}", "does not start with '{'" },
@@ -362,6 +423,10 @@ static const struct {
 	{ "{\"\\ud800\":{}}", "invalid JSON" },
 	{ "{\"a\\u0000b\":" "{" U8(1, 0, 1) "}}", "invalid JSON" },
 	{ "{   ", "invalid JSON" },
+	{ "{\"a\tb\":{" U8(1, 0, 1) "}}", "invalid JSON at byte" },
+	{ "{\"a\\qb\":{" U8(1, 0, 1) "}}", "invalid JSON at byte" },
+	{ "{\"a", "invalid JSON at byte" },
+	{ "{\"a\\", "invalid JSON at byte" },
 	/* top-level structure */
 	{ "{\"a\"}", "expected ':'" },
 	{ "{\"a\" " U8(1, 0, 1) "}", "expected ':'" },
@@ -393,6 +458,8 @@ static const struct {
 	{ "{}     \xe2\x82", "not valid UTF-8 (byte 7)" },
 	/* metadata */
 	{ "{\"__metadata__\":{\"a\":1}}", "__metadata__ value for key 'a' is not a string" },
+	{ "{\"__metadata__\":{\"a\\nb\":1}}", "value for key 'a?b' is not a string" },
+	{ "{\"x\\ty\":5}", "tensor 'x?y': entry is not an object" },
 	{ "{\"__metadata__\":{\"a\":null}}", "is not a string" },
 	{ "{\"__metadata__\":{\"a\":{\"b\":\"c\"}}}", "is not a string" },
 	{ "{\"__metadata__\":\"x\"}", "__metadata__ is not an object" },
@@ -578,6 +645,25 @@ START_TEST(test_serialize_exact)
 	for (size_t i = 8 + wl; i < len; i++)
 		ck_assert_int_eq(buf[i], ' ');
 	free(buf);
+
+	/* Escaping: quote, backslash, short escapes, other control characters;
+	 * UTF-8 and DEL pass through. */
+	{
+		static const char *const ek[] = { "q\"b\\n\n\x01\x1f\x7f\xc3\xa9" };
+		static const char *const ev[] = { "\t\b\f\r" };
+		static const char ewant[] = "{\"__metadata__\":{\"q\\\"b\\\\n\\n\\u0001\\u001f\x7f"
+					    "\xc3\xa9\":\"\\t\\b\\f\\r\"}}";
+		ckpt_st_header *h = NULL;
+		char err[ERRLEN];
+
+		ck_assert_int_eq(ckpt_st_serialize(NULL, 0, ek, ev, 1, &buf, &len), 0);
+		assert_framing(buf, len);
+		ck_assert_int_eq(memcmp(buf + 8, ewant, strlen(ewant)), 0);
+		ck_assert_int_eq(ckpt_st_parse(buf + 8, len - 8, &h, err, sizeof(err)), 0);
+		ck_assert_str_eq(ckpt_st_metadata_get(h, ek[0]), ev[0]);
+		ckpt_st_header_free(h);
+		free(buf);
+	}
 
 	/* No tensors, no metadata: "{}" padded to 8. */
 	ck_assert_int_eq(ckpt_st_serialize(NULL, 0, NULL, NULL, 0, &buf, &len), 0);
@@ -787,6 +873,7 @@ START_TEST(test_20000_tensors)
 	size_t len = 0, cap = (size_t)NBIG * 160;
 	char err[ERRLEN];
 	double best_cpu = 1e9, best_wall = 1e9, budget;
+	const char *env;
 
 	ck_assert(spec && shapes && names && perm && off);
 	for (size_t i = 0; i < NBIG; i++) {
@@ -837,7 +924,8 @@ START_TEST(test_20000_tensors)
 	}
 	fprintf(stderr, "safetensors: parse %d tensors (%zu bytes): best of 5: %.2f ms cpu, "
 		"%.2f ms wall\n", NBIG, (size_t)(p - js), best_cpu, best_wall);
-	budget = getenv("CKPT_ST_PARSE_BUDGET_MS") ? atof(getenv("CKPT_ST_PARSE_BUDGET_MS")) : 150.0;
+	env = getenv("CKPT_ST_PARSE_BUDGET_MS");
+	budget = env ? atof(env) : 150.0;
 	if (budget > 0)
 		ck_assert_msg(best_cpu < budget, "parse took %.2f ms cpu (budget %.0f ms)",
 			      best_cpu, budget);
@@ -890,6 +978,8 @@ static Suite *safetensors_suite(void)
 	tcase_add_test(tc, test_out_of_order_sorted);
 	tcase_add_test(tc, test_zero_size);
 	tcase_add_test(tc, test_empty_and_padding);
+	tcase_add_test(tc, test_escaped_keys);
+	tcase_add_test(tc, test_reference_divergences);
 	tcase_add_loop_test(tc, test_invalid, 0, (int)CKPT_ARRAY_SIZE(bad_cases));
 	tcase_add_test(tc, test_invalid_args_and_n);
 	tcase_add_test(tc, test_null_header_accessors);

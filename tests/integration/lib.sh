@@ -122,6 +122,19 @@ assert_eq() {
 	fi
 }
 
+# assert_same_tree DIR1 DIR2 DESC: same entries, types, modes, sizes, mtimes (s), content,
+# link targets (helpers.py manifest); shows only the differing lines on failure
+assert_same_tree() {
+	(cd "$1" && "$PY" "$LIB_DIR/helpers.py" manifest .) >"$T_DIR/tree1" 2>&1
+	(cd "$2" && "$PY" "$LIB_DIR/helpers.py" manifest .) >"$T_DIR/tree2" 2>&1
+	if diff "$T_DIR/tree1" "$T_DIR/tree2" >"$T_DIR/tree.diff"; then
+		ok "$3"
+	else
+		not_ok "$3"
+		indent "$T_DIR/tree.diff"
+	fi
+}
+
 # assert_nonzero RC DESC: an exit status that must be a failure
 assert_nonzero() {
 	if [ "$1" -ne 0 ]; then

@@ -30,7 +30,7 @@ f, ref, desc = sys.argv[1:4]
 want = open(ref, "rb").read()
 fd = os.open(f, os.O_RDONLY)
 step = 64 << 10
-eio = wrong = good = other = 0
+eio = wrong = good = short = other = 0
 for off in range(0, len(want), step):
     try:
         b = os.pread(fd, step, off)
@@ -43,14 +43,20 @@ for off in range(0, len(want), step):
         continue
     if b == want[off:off + step]:
         good += 1
+    elif b == want[off:off + len(b)]:
+        short += 1
+        print(f"offset {off}: short read of {len(b)} bytes (correct bytes)")
     else:
         wrong += 1
         print(f"offset {off}: {len(b)} bytes returned, differ from the written data")
 os.close(fd)
-print(f"{desc}: 64 KiB reads: {good} good, {eio} EIO, {wrong} wrong, {other} other errors")
+print(f"{desc}: 64 KiB reads: {good} good, {eio} EIO, {short} short, {wrong} wrong, "
+      f"{other} other errors")
 tap(eio > 0, f"{desc}: some 64 KiB pread()s fail with EIO")
 tap(wrong == 0, f"{desc}: no pread() returns wrong bytes")
 tap(other == 0, f"{desc}: every failing pread() fails with EIO")
+size = os.stat(f).st_size
+tap(size == len(want), f"{desc}: file size still {len(want)} after the failed reads ({size})")
 EOF
 }
 

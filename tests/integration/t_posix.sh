@@ -21,6 +21,13 @@ assert_eq "" "$(cat "$M/empty")" "empty file reads empty"
 echo replaced >"$M/hello.txt"
 assert_eq replaced "$(cat "$M/hello.txt")" "O_TRUNC rewrite"
 
+# touch opens the file O_WRONLY, then sets the times (utimensat) and closes it
+echo stamp >"$M/stamp.txt"
+touch -d @1500000000.25 "$M/stamp.txt"
+assert_eq 1500000000.250000000 "$(stat -c %.9Y "$M/stamp.txt")" "touch -d: mtime right away"
+touch -d @1400000000 "$M/stamp.txt"
+assert_eq "1400000000 1400000000" "$(stat -c '%X %Y' "$M/stamp.txt")" "touch -d again: atime+mtime"
+
 # ---------------------------------------------------------------- dd overwrite in the middle
 rand_file "$WORK/base" $((3 * MiB + 123))
 rand_file "$WORK/patch" 100000
@@ -306,6 +313,13 @@ def sec_11():
     os.utime(j("st"), (1_000_000_000, 1_000_000_000))
     os.truncate(j("st"), 2)
     tap(abs(os.stat(j("st")).st_mtime - time.time()) < 10, "truncate updates mtime")
+    fd = os.open(j("fut"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, b"z" * 100000)
+    os.utime(fd, ns=(1_300_000_000 * 10**9, 1_300_000_000 * 10**9 + 5))
+    tap(os.fstat(fd).st_mtime_ns == 1_300_000_000 * 10**9 + 5, "write + futimens: fstat mtime")
+    os.close(fd)
+    tap(os.stat(j("fut")).st_mtime_ns == 1_300_000_000 * 10**9 + 5,
+        "write + futimens + close: mtime is the one set, not the write time")
     os.mkdir(j("dm"))
     os.utime(j("dm"), (1_000_000_000, 1_000_000_000))
     wfile(j("dm", "child"), b"c")
@@ -379,9 +393,11 @@ assert_eq "" "$(grep -v '^\.L' "$WORK/itemize")" \
 assert_eq "" "$(grep '^\.L' "$WORK/itemize")" "rsync -a again finds no symlink differences"
 check "rsync -a the tree back out" rsync -a "$M/rs/" "$WORK/back/"
 check "diff -r of the tree copied back" diff -r --no-dereference "$WORK/tree" "$WORK/back"
-assert_eq "$(cd "$WORK/tree" && "$PY" "$LIB_DIR/helpers.py" manifest .)" \
-	"$(cd "$M/rs" && "$PY" "$LIB_DIR/helpers.py" manifest .)" \
+assert_same_tree "$WORK/tree" "$M/rs" \
 	"manifest (types, modes, sizes, mtimes, hashes, link targets) matches after rsync -a"
+check "cp -a a tree in" cp -a "$WORK/tree" "$M/cpa"
+assert_same_tree "$WORK/tree" "$M/cpa" \
+	"manifest matches after cp -a (cp sets the times on the open fd: futimens before close)"
 check "rm -rf a tree" rm -rf "$M/cp"
 check "tree is gone" test ! -e "$M/cp"
 

@@ -1,0 +1,593 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_cache.c - unit tests for core/cache.c (bounded LRU chunk cache).
+ *
+ * Every test works on a private cache; nothing touches the file system.
+ * The stress test runs 4 threads over a small key space so that lookups,
+ * inserts of the same digest, releases, evictions and forgets race.
+ */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "util.h"
+
+/* A digest whose bytes are all derived from k (distinct for distinct k). */
+static ckpt_digest dig(uint32_t k)
+{
+	ckpt_digest d;
+
+	for (int i = 0; i < CKPT_DIGEST_LEN; i++)
+		d.bytes[i] = (uint8_t)((k >> (8 * (i % 4))) ^ (uint32_t)(i * 37));
+	return d;
+}
+
+/* malloc'd buffer of len bytes, every byte = fill. */
+static uint8_t *blob(size_t len, uint8_t fill)
+{
+	uint8_t *p = malloc(len ? len : 1);
+
+	ck_assert_ptr_nonnull(p);
+	memset(p, fill, len);
+	return p;
+}
+
+static struct ckpt_cache_stats stats(ckpt_cache *c)
+{
+	struct ckpt_cache_stats st;
+
+	memset(&st, 0xa5, sizeof(st));
+	ckpt_cache_get_stats(c, &st);
+	return st;
+}
+
+static bool present(ckpt_cache *c, uint32_t k)
+{
+	ckpt_digest d = dig(k);
+	const uint8_t *data;
+	size_t len;
+	ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
+
+	ckpt_cache_release(c, e);
+	return e != NULL;
+}
+
+START_TEST(test_new_free)
+{
+	ckpt_cache *c = NULL;
+	struct ckpt_cache_stats st;
+
+	ckpt_cache_free(NULL);
+	ck_assert_int_eq(ckpt_cache_new(1000, &c), 0);
+	ck_assert_ptr_nonnull(c);
+	st = stats(c);
+	ck_assert_uint_eq(st.hits, 0);
+	ck_assert_uint_eq(st.misses, 0);
+	ck_assert_uint_eq(st.bytes, 0);
+	ck_assert_uint_eq(st.entries, 0);
+	ck_assert_uint_eq(st.evictions, 0);
+	ckpt_cache_release(c, NULL); /* no-op */
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_hit_miss)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(1), d2 = dig(2);
+	const uint8_t *data = NULL, *data2 = NULL;
+	size_t len = 0;
+	ckpt_cache_entry *e, *e2;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(1 << 20, &c), 0);
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &d, &data, &len));
+	e = ckpt_cache_insert(c, &d, blob(100, 0x11), 100, &data);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_ptr_nonnull(data);
+	ck_assert_uint_eq(data[0], 0x11);
+	ck_assert_uint_eq(data[99], 0x11);
+	ckpt_cache_release(c, e);
+
+	e2 = ckpt_cache_lookup(c, &d, &data2, &len);
+	ck_assert_ptr_eq(e2, e);
+	ck_assert_ptr_eq(data2, data);
+	ck_assert_uint_eq(len, 100);
+	ckpt_cache_release(c, e2);
+	/* another digest still misses */
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &d2, &data2, &len));
+
+	st = stats(c);
+	ck_assert_uint_eq(st.hits, 1);
+	ck_assert_uint_eq(st.misses, 2);
+	ck_assert_uint_eq(st.bytes, 100);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert_uint_eq(st.evictions, 0);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+/* Two digests that land in the same hash bucket (same first 8 bytes) must
+ * still be told apart. */
+START_TEST(test_same_bucket)
+{
+	ckpt_cache *c;
+	ckpt_digest a, b;
+	const uint8_t *data;
+	size_t len;
+	ckpt_cache_entry *e;
+
+	memset(&a, 0x42, sizeof(a));
+	b = a;
+	b.bytes[15] ^= 1;
+	ck_assert_int_eq(ckpt_cache_new(1 << 20, &c), 0);
+	ckpt_cache_release(c, ckpt_cache_insert(c, &a, blob(10, 0xaa), 10, &data));
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &b, &data, &len));
+	ckpt_cache_release(c, ckpt_cache_insert(c, &b, blob(20, 0xbb), 20, &data));
+	e = ckpt_cache_lookup(c, &a, &data, &len);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_uint_eq(len, 10);
+	ck_assert_uint_eq(data[0], 0xaa);
+	ckpt_cache_release(c, e);
+	e = ckpt_cache_lookup(c, &b, &data, &len);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_uint_eq(len, 20);
+	ck_assert_uint_eq(data[0], 0xbb);
+	ckpt_cache_release(c, e);
+	ckpt_cache_forget(c, &a);
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &a, &data, &len));
+	e = ckpt_cache_lookup(c, &b, &data, &len);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_release(c, e);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_pin_prevents_eviction)
+{
+	ckpt_cache *c;
+	ckpt_digest a = dig(1), b = dig(2);
+	const uint8_t *da, *db;
+	ckpt_cache_entry *ea, *eb;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(100, &c), 0);
+	ea = ckpt_cache_insert(c, &a, blob(60, 1), 60, &da);
+	eb = ckpt_cache_insert(c, &b, blob(60, 2), 60, &db);
+	ck_assert_ptr_nonnull(ea);
+	ck_assert_ptr_nonnull(eb);
+	/* Over capacity, but both pinned: nothing may go. */
+	st = stats(c);
+	ck_assert_uint_eq(st.bytes, 120);
+	ck_assert_uint_eq(st.entries, 2);
+	ck_assert_uint_eq(st.evictions, 0);
+	ck_assert_uint_eq(da[59], 1);
+	ck_assert_uint_eq(db[59], 2);
+
+	/* Releasing b makes it the only evictable entry: it goes, a stays. */
+	ckpt_cache_release(c, eb);
+	st = stats(c);
+	ck_assert_uint_eq(st.bytes, 60);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert_uint_eq(st.evictions, 1);
+	ck_assert_uint_eq(da[0], 1); /* still valid: pinned */
+	ckpt_cache_release(c, ea);
+	st = stats(c);
+	ck_assert_uint_eq(st.bytes, 60);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert(present(c, 1));
+	ck_assert(!present(c, 2));
+	ckpt_cache_free(c);
+}
+END_TEST
+
+/* A pinned entry pinned twice needs two releases before it can go. */
+START_TEST(test_double_pin)
+{
+	ckpt_cache *c;
+	ckpt_digest a = dig(7);
+	const uint8_t *d1, *d2;
+	size_t len;
+	ckpt_cache_entry *e1, *e2;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(0, &c), 0);
+	e1 = ckpt_cache_insert(c, &a, blob(50, 9), 50, &d1);
+	e2 = ckpt_cache_lookup(c, &a, &d2, &len);
+	ck_assert_ptr_eq(e1, e2);
+	ckpt_cache_release(c, e1);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 1); /* still pinned once */
+	ck_assert_uint_eq(d2[49], 9);
+	ckpt_cache_release(c, e2);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 0);
+	ck_assert_uint_eq(st.bytes, 0);
+	ck_assert_uint_eq(st.evictions, 1);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_lru_order)
+{
+	ckpt_cache *c;
+	const uint8_t *data;
+	size_t len;
+
+	ck_assert_int_eq(ckpt_cache_new(100, &c), 0);
+	for (uint32_t k = 1; k <= 2; k++) {
+		ckpt_digest d = dig(k);
+		ckpt_cache_release(c, ckpt_cache_insert(c, &d, blob(40, (uint8_t)k), 40, &data));
+	}
+	/* touch 1: 2 becomes least recently used */
+	ck_assert(present(c, 1));
+	{
+		ckpt_digest d = dig(3);
+		ckpt_cache_release(c, ckpt_cache_insert(c, &d, blob(40, 3), 40, &data));
+	}
+	ck_assert(present(c, 1));
+	ck_assert(!present(c, 2));
+	ck_assert(present(c, 3));
+	ck_assert_uint_eq(stats(c).evictions, 1);
+	ck_assert_uint_eq(stats(c).bytes, 80);
+	/* an entry larger than the capacity is evicted as soon as released,
+	 * and takes everything older with it */
+	{
+		ckpt_digest d = dig(4);
+		ckpt_cache_entry *e = ckpt_cache_insert(c, &d, blob(150, 4), 150, &data);
+		ck_assert_ptr_nonnull(e);
+		ck_assert_uint_eq(stats(c).bytes, 150); /* 1 and 3 evicted already */
+		ck_assert_uint_eq(data[149], 4);
+		ckpt_cache_release(c, e);
+	}
+	ck_assert_uint_eq(stats(c).bytes, 0);
+	ck_assert_uint_eq(stats(c).entries, 0);
+	ck_assert(!present(c, 4));
+	(void)len;
+	ckpt_cache_free(c);
+}
+END_TEST
+
+/* After every release with nothing pinned: bytes <= capacity. */
+START_TEST(test_capacity_bound)
+{
+	const uint64_t cap = 10000;
+	ckpt_cache *c;
+	uint32_t seed = 12345;
+	uint64_t inserted = 0;
+
+	ck_assert_int_eq(ckpt_cache_new(cap, &c), 0);
+	for (int i = 0; i < 2000; i++) {
+		ckpt_digest d;
+		const uint8_t *data;
+		size_t len;
+		ckpt_cache_entry *e;
+		uint32_t k;
+
+		seed = seed * 1103515245u + 12345u;
+		k = (seed >> 8) % 300;
+		len = 1 + (seed >> 20) % 2500;
+		d = dig(k);
+		e = ckpt_cache_lookup(c, &d, &data, &len);
+		if (!e) {
+			e = ckpt_cache_insert(c, &d, blob(len, (uint8_t)k), len, &data);
+			ck_assert_ptr_nonnull(e);
+			inserted++;
+		}
+		ck_assert_uint_eq(data[0], (uint8_t)k);
+		ckpt_cache_release(c, e);
+		ck_assert_uint_le(stats(c).bytes, cap);
+	}
+	{
+		struct ckpt_cache_stats st = stats(c);
+		ck_assert_uint_eq(st.hits + st.misses, 2000);
+		ck_assert_uint_eq(st.misses, inserted);
+		ck_assert_uint_gt(st.evictions, 0);
+		ck_assert_uint_ge(inserted, st.evictions + st.entries);
+		ck_assert_uint_eq(inserted, st.evictions + st.entries);
+	}
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_capacity_zero)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(5);
+	const uint8_t *data;
+	size_t len;
+	ckpt_cache_entry *e;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(0, &c), 0);
+	e = ckpt_cache_insert(c, &d, blob(4096, 0x5a), 4096, &data);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_uint_eq(data[4095], 0x5a);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert_uint_eq(st.bytes, 4096);
+	ckpt_cache_release(c, e);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 0);
+	ck_assert_uint_eq(st.bytes, 0);
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &d, &data, &len));
+	/* zero-length data is accepted too */
+	e = ckpt_cache_insert(c, &d, malloc(1), 0, &data);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_release(c, e);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_duplicate_insert)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(9);
+	const uint8_t *d1, *d2, *d3;
+	size_t len;
+	ckpt_cache_entry *e1, *e2, *e3;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(1 << 20, &c), 0);
+	e1 = ckpt_cache_insert(c, &d, blob(32, 0x01), 32, &d1);
+	/* the second buffer is freed by the cache (valgrind checks) */
+	e2 = ckpt_cache_insert(c, &d, blob(64, 0x02), 64, &d2);
+	ck_assert_ptr_eq(e1, e2);
+	ck_assert_ptr_eq(d1, d2);
+	ck_assert_uint_eq(d2[0], 0x01);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert_uint_eq(st.bytes, 32);
+	ckpt_cache_release(c, e1);
+	/* while unpinned, a duplicate insert pins it again */
+	e3 = ckpt_cache_insert(c, &d, blob(8, 0x03), 8, &d3);
+	ck_assert_ptr_eq(e3, e1);
+	ck_assert_uint_eq(d3[31], 0x01);
+	ckpt_cache_release(c, e2);
+	ckpt_cache_release(c, e3);
+	e1 = ckpt_cache_lookup(c, &d, &d1, &len);
+	ck_assert_ptr_nonnull(e1);
+	ck_assert_uint_eq(len, 32);
+	ckpt_cache_release(c, e1);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+START_TEST(test_forget)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(3), other = dig(4);
+	const uint8_t *data, *data2;
+	size_t len;
+	ckpt_cache_entry *e, *e2;
+	struct ckpt_cache_stats st;
+
+	ck_assert_int_eq(ckpt_cache_new(1 << 20, &c), 0);
+	/* absent: no-op */
+	ckpt_cache_forget(c, &d);
+	/* unpinned: dropped at once */
+	ckpt_cache_release(c, ckpt_cache_insert(c, &d, blob(10, 1), 10, &data));
+	ckpt_cache_release(c, ckpt_cache_insert(c, &other, blob(5, 2), 5, &data));
+	ckpt_cache_forget(c, &d);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 1);
+	ck_assert_uint_eq(st.bytes, 5);
+	ck_assert(!present(c, 3));
+	ck_assert(present(c, 4));
+
+	/* pinned: invisible at once, freed at the last release */
+	e = ckpt_cache_insert(c, &d, blob(100, 0x77), 100, &data);
+	ckpt_cache_forget(c, &d);
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &d, &data2, &len));
+	ck_assert_uint_eq(data[99], 0x77); /* holder's copy stays valid */
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 2);
+	ck_assert_uint_eq(st.bytes, 105);
+	/* a fresh copy may be inserted while the dead one is still held */
+	e2 = ckpt_cache_insert(c, &d, blob(100, 0x78), 100, &data2);
+	ck_assert_ptr_nonnull(e2);
+	ck_assert_ptr_ne(e2, e);
+	ck_assert_uint_eq(data2[0], 0x78);
+	ck_assert_uint_eq(data[0], 0x77);
+	/* the dead entry is freed at its last release; the new one stays */
+	ckpt_cache_release(c, e2);
+	ckpt_cache_release(c, e);
+	st = stats(c);
+	ck_assert_uint_eq(st.entries, 2);
+	ck_assert_uint_eq(st.bytes, 105);
+	e2 = ckpt_cache_lookup(c, &d, &data2, &len);
+	ck_assert_ptr_nonnull(e2);
+	ck_assert_uint_eq(data2[0], 0x78);
+	ckpt_cache_release(c, e2);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+/* Many entries: the hash table grows; every entry stays findable. */
+START_TEST(test_many_entries)
+{
+	ckpt_cache *c;
+	const uint32_t n = 5000;
+
+	ck_assert_int_eq(ckpt_cache_new(UINT64_MAX, &c), 0);
+	for (uint32_t k = 0; k < n; k++) {
+		ckpt_digest d = dig(k);
+		const uint8_t *data;
+		ckpt_cache_entry *e = ckpt_cache_insert(c, &d, blob(4, (uint8_t)k), 4, &data);
+		ck_assert_ptr_nonnull(e);
+		ckpt_cache_release(c, e);
+	}
+	ck_assert_uint_eq(stats(c).entries, n);
+	ck_assert_uint_eq(stats(c).bytes, 4ull * n);
+	for (uint32_t k = 0; k < n; k++) {
+		ckpt_digest d = dig(k);
+		const uint8_t *data;
+		size_t len;
+		ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
+		ck_assert_ptr_nonnull(e);
+		ck_assert_uint_eq(len, 4);
+		ck_assert_uint_eq(data[3], (uint8_t)k);
+		ckpt_cache_release(c, e);
+	}
+	ck_assert_uint_eq(stats(c).hits, n);
+	ck_assert_uint_eq(stats(c).evictions, 0);
+	ckpt_cache_free(c); /* frees unpinned entries (valgrind checks) */
+}
+END_TEST
+
+/* ---- multi-threaded stress ---- */
+
+#define ST_THREADS 4
+#define ST_KEYS 64
+#define ST_CAP 20000
+
+struct stress_arg {
+	ckpt_cache *c;
+	uint32_t seed;
+	int iters;
+	long lookups, bad;
+};
+
+static size_t key_len(uint32_t k)
+{
+	return 100 + (k * 97) % 900;
+}
+
+static bool check_data(const uint8_t *data, size_t len, uint32_t k)
+{
+	if (len != key_len(k))
+		return false;
+	for (size_t i = 0; i < len; i++)
+		if (data[i] != (uint8_t)(k + i))
+			return false;
+	return true;
+}
+
+static void *stress_main(void *p)
+{
+	struct stress_arg *a = p;
+
+	for (int i = 0; i < a->iters; i++) {
+		uint32_t k;
+		ckpt_digest d;
+		const uint8_t *data;
+		size_t len;
+		ckpt_cache_entry *e;
+
+		a->seed = a->seed * 1664525u + 1013904223u;
+		k = (a->seed >> 16) % ST_KEYS;
+		d = dig(k);
+		if ((a->seed & 0xff) == 0) {
+			ckpt_cache_forget(a->c, &d);
+			continue;
+		}
+		e = ckpt_cache_lookup(a->c, &d, &data, &len);
+		a->lookups++;
+		if (!e) {
+			uint8_t *buf;
+			len = key_len(k);
+			buf = malloc(len);
+			if (!buf) {
+				a->bad++;
+				continue;
+			}
+			for (size_t j = 0; j < len; j++)
+				buf[j] = (uint8_t)(k + j);
+			e = ckpt_cache_insert(a->c, &d, buf, len, &data);
+			if (!e) {
+				a->bad++;
+				continue;
+			}
+		}
+		if (!check_data(data, key_len(k), k))
+			a->bad++;
+		ckpt_cache_release(a->c, e);
+	}
+	return NULL;
+}
+
+START_TEST(test_stress_threads)
+{
+	ckpt_cache *c;
+	pthread_t th[ST_THREADS];
+	struct stress_arg a[ST_THREADS];
+	struct ckpt_cache_stats st;
+	long lookups = 0;
+
+	ck_assert_int_eq(ckpt_cache_new(ST_CAP, &c), 0);
+	for (int t = 0; t < ST_THREADS; t++) {
+		a[t] = (struct stress_arg){ .c = c, .seed = 1000u + (uint32_t)t, .iters = 20000 };
+		ck_assert_int_eq(pthread_create(&th[t], NULL, stress_main, &a[t]), 0);
+	}
+	for (int t = 0; t < ST_THREADS; t++) {
+		ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+		ck_assert_int_eq(a[t].bad, 0);
+		lookups += a[t].lookups;
+	}
+	st = stats(c);
+	ck_assert_uint_eq(st.hits + st.misses, (uint64_t)lookups);
+	ck_assert_uint_gt(st.hits, 0);
+	ck_assert_uint_gt(st.evictions, 0);
+	/* nothing pinned any more: the bound holds */
+	ck_assert_uint_le(st.bytes, ST_CAP);
+	ck_assert_uint_le(st.entries, ST_KEYS);
+	/* bytes agrees with the entries actually present */
+	{
+		uint64_t sum = 0, n = 0;
+		for (uint32_t k = 0; k < ST_KEYS; k++) {
+			ckpt_digest d = dig(k);
+			const uint8_t *data;
+			size_t len;
+			ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
+			if (e) {
+				ck_assert(check_data(data, len, k));
+				sum += len;
+				n++;
+				ckpt_cache_release(c, e);
+			}
+		}
+		ck_assert_uint_eq(sum, stats(c).bytes);
+		ck_assert_uint_eq(n, stats(c).entries);
+	}
+	ckpt_cache_free(c);
+}
+END_TEST
+
+static Suite *cache_suite(void)
+{
+	Suite *s = suite_create("cache");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_new_free);
+	tcase_add_test(tc, test_hit_miss);
+	tcase_add_test(tc, test_same_bucket);
+	tcase_add_test(tc, test_pin_prevents_eviction);
+	tcase_add_test(tc, test_double_pin);
+	tcase_add_test(tc, test_lru_order);
+	tcase_add_test(tc, test_capacity_bound);
+	tcase_add_test(tc, test_capacity_zero);
+	tcase_add_test(tc, test_duplicate_insert);
+	tcase_add_test(tc, test_forget);
+	tcase_add_test(tc, test_many_entries);
+	tcase_add_test(tc, test_stress_threads);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(cache_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
