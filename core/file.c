@@ -688,6 +688,13 @@ int64_t ckpt_writer_mtime(ckpt_writer *w)
 	return t;
 }
 
+void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns)
+{
+	pthread_mutex_lock(&w->lock);
+	w->mtime_ns = mtime_ns;
+	pthread_mutex_unlock(&w->lock);
+}
+
 bool ckpt_writer_dirty(ckpt_writer *w)
 {
 	bool d;

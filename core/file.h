@@ -67,6 +67,9 @@ ssize_t ckpt_writer_read(ckpt_writer *w, void *buf, size_t len, uint64_t off);
 int ckpt_writer_truncate(ckpt_writer *w, uint64_t size);
 uint64_t ckpt_writer_size(ckpt_writer *w);
 int64_t ckpt_writer_mtime(ckpt_writer *w);
+/* utimens() on an open file: the mtime the next commit records (until a
+ * later write sets it to that write's time). */
+void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns);
 /* True when there are changes not yet committed. */
 bool ckpt_writer_dirty(ckpt_writer *w);
 /* Publish the current content (see store.h for durable). */

@@ -499,6 +499,29 @@ static int verify_same(ckpt_store *s, const ckpt_digest *d, const void *data, si
 	return r;
 }
 
+/* Keep free space for the index: RocksDB cannot be relied on to survive
+ * running out of disk (it may assert, and recovery needs space), so pack
+ * appends fail with ENOSPC while free space is below the reserve:
+ * min(CKPT_RESERVE_MAX, 1/8 of the filesystem). */
+#define CKPT_RESERVE_MAX (256ull << 20)
+static int check_space(ckpt_store *s, size_t need)
+{
+	struct statvfs st;
+	uint64_t avail, total, reserve;
+
+	if (fstatvfs(s->packs_fd, &st) < 0)
+		return 0; /* cannot tell: let the write itself fail */
+	avail = (uint64_t)st.f_bavail * st.f_frsize;
+	total = (uint64_t)st.f_blocks * st.f_frsize;
+	reserve = CKPT_MIN(CKPT_RESERVE_MAX, total / 8);
+	if (avail < reserve + need + CKPT_PACK_REC_HDR_SIZE) {
+		ckpt_warn("%s: backing filesystem nearly full (%" PRIu64 " bytes free, %" PRIu64
+			  " reserved for the index): ENOSPC", s->path, avail, reserve);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest)
 {
@@ -535,6 +558,9 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 	if (!t)
 		return -ENOMEM;
 	r = ckpt_compress(t->cc, data, len, elem_size, &codec, &out, &out_len);
+	if (r < 0)
+		return r;
+	r = check_space(s, out_len);
 	if (r < 0)
 		return r;
 	memset(&rec, 0, sizeof(rec));

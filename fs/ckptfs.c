@@ -382,6 +382,14 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	if (what)
 		r = ckpt_store_setattr(fs.store, ino, what, &in, NULL);
+	if (r == 0 && (what & CKPT_SET_MTIME)) {
+		struct node *n;
+		pthread_mutex_lock(&fs.nodes_lock);
+		n = node_find_locked(ino);
+		if (n && n->writer)
+			ckpt_writer_set_mtime(n->writer, in.mtime_ns);
+		pthread_mutex_unlock(&fs.nodes_lock);
+	}
 out:
 	if (r == 0)
 		r = get_attr(ino, &cur);
@@ -971,7 +979,7 @@ int main(int argc, char **argv)
 
 	memset(&o, 0, sizeof(o));
 	memset(&cmd, 0, sizeof(cmd));
-	o.compress = -1;
+	o.compress = INT_MIN; /* unset */
 	if (fuse_opt_parse(&args, &o, opt_spec, opt_proc) < 0)
 		goto out;
 	if (fuse_parse_cmdline(&args, &cmd) != 0)
@@ -1003,8 +1011,14 @@ int main(int argc, char **argv)
 	}
 	ckpt_store_opts_init(&so);
 	so.create = true;
-	if (o.compress >= 0)
+	if (o.compress != INT_MIN) {
+		if (o.compress < 0 || o.compress > 19) {
+			fprintf(stderr, "ckptfs: compress=%d: level must be 0 (off) to 19\n",
+				o.compress);
+			goto out;
+		}
 		so.compress_level = o.compress;
+	}
 	so.verify_dedup = o.verify_dedup;
 	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);

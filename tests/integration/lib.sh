@@ -99,6 +99,13 @@ check() {
 	fi
 }
 
+# absent PATH: true when PATH does not exist (and its parent dir is readable: a dead mount does
+# not count as "absent")
+absent() {
+	ls -a "$(dirname "$1")" >/dev/null 2>&1 || return 1
+	[ ! -e "$1" ] && [ ! -L "$1" ]
+}
+
 # check_fails DESC CMD...: ok when CMD exits non-zero. Its output is left in $T_DIR/check.out.
 check_fails() {
 	local desc=$1 out=$T_DIR/check.out
@@ -455,10 +462,19 @@ _cleanup() {
 	for i in "${_FG_PIDS[@]+"${_FG_PIDS[@]}"}"; do
 		kill -9 "$i" 2>/dev/null
 	done
+	nfail=$(grep -c '^not ok' "$RESULTS" 2>/dev/null)
+	if [ "${nfail:-0}" -gt 0 ] || [ "$rc" -ne 0 ]; then
+		# the detached daemon logs to STORE/ckptfs.log
+		for m in "${_MOUNTS[@]+"${_MOUNTS[@]}"}"; do
+			st=${m%%|*}
+			[ -s "$st/ckptfs.log" ] || continue
+			echo "# last lines of $st/ckptfs.log:"
+			tail -n 15 "$st/ckptfs.log" | sed 's/^/#   /'
+		done | awk '!seen[$0]++'
+	fi
 	for ((i = ${#_CLEANUPS[@]} - 1; i >= 0; i--)); do
 		eval "${_CLEANUPS[i]}" || note "cleanup command failed: ${_CLEANUPS[i]}"
 	done
-	nfail=$(grep -c '^not ok' "$RESULTS" 2>/dev/null)
 	if [ "$_FINISHED" -eq 0 ] && [ "$rc" -eq 0 ]; then
 		echo "# test script ended without calling finish"
 		rc=1

@@ -30,6 +30,27 @@ if mode == "fsynced":
         put(os.path.join(mnt, name), data)
         with open(os.path.join(ref, name.replace("/", "__")), "wb") as f:
             f.write(data)
+    # overwrite in the middle of an existing file (staged rewrite), fsync
+    base = bytearray(R.randbytes(3 * MiB))
+    put(os.path.join(mnt, f"r{rnd}", "staged.bin"), bytes(base))
+    fd = os.open(os.path.join(mnt, f"r{rnd}", "staged.bin"), os.O_RDWR)
+    patch = R.randbytes(100000)
+    os.pwrite(fd, patch, MiB + 12345)
+    base[MiB + 12345:MiB + 12345 + len(patch)] = patch
+    os.fsync(fd)
+    os.close(fd)
+    with open(os.path.join(ref, f"r{rnd}__staged.bin"), "wb") as f:
+        f.write(base)
+    # two fsyncs on one fd: the second one's content counts
+    fd = os.open(os.path.join(mnt, f"r{rnd}", "twice.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+    first, second = R.randbytes(MiB), R.randbytes(MiB + 7)
+    os.write(fd, first)
+    os.fsync(fd)
+    os.write(fd, second)
+    os.fdatasync(fd)
+    os.close(fd)
+    with open(os.path.join(ref, f"r{rnd}__twice.bin"), "wb") as f:
+        f.write(first + second)
     # write to a temp name, fsync, rename into place, fsync the dir
     data = R.randbytes(MiB + 3)
     d = os.path.join(mnt, f"r{rnd}")
@@ -81,7 +102,7 @@ check_fsynced() {
 			assert_cmp "$f" "$MNT/$name" "fsynced file $name intact"
 		done
 		check "r$r/renamed.tmp (renamed away before the crash) is gone" \
-			test ! -e "$MNT/r$r/renamed.tmp"
+			absent "$MNT/r$r/renamed.tmp"
 	done
 	assert_cmp "$WORK/ref/shared.bin" "$MNT/shared.bin" "fsynced rewrite of shared.bin intact"
 }

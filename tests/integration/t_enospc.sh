@@ -50,7 +50,7 @@ for i in 1 2 3; do
 	assert_cmp "$WORK/early$i" "$MNT/early$i.bin" "earlier file $i readable while the store is full"
 done
 check "delete the big file" rm -f "$MNT/big.bin"
-check "big file is gone" test ! -e "$MNT/big.bin"
+check "big file is gone" absent "$MNT/big.bin"
 note "tmpfs usage: $(df -h --output=used,avail "$TM" | tail -n 1)"
 
 if remount; then
@@ -66,7 +66,7 @@ for i in 1 2 3; do
 	assert_cmp "$WORK/early$i" "$MNT/early$i.bin" "earlier file $i intact after remount"
 done
 assert_eq note "$(cat "$MNT/note.txt")" "earlier small file intact after remount"
-check "big file still gone after remount" test ! -e "$MNT/big.bin"
+check "big file still gone after remount" absent "$MNT/big.bin"
 stop_daemon || fail "unmount"
 "$CKPT" fsck "$STORE" >"$WORK/fsck.out" 2>&1
 assert_eq 0 "$?" "ckpt fsck passes after ENOSPC"

@@ -67,9 +67,10 @@ ok "remounted with compress=0,cache_size=1M,log_level=debug"
 manifest "$MNT" >"$WORK/m3"
 check "modifications (overwrite, truncate, rename, unlink, rmdir, mkdir, symlink) persisted" \
 	diff "$WORK/m2" "$WORK/m3"
-check "removed dir stays removed" test ! -e "$MNT/empty"
-check "removed file stays removed" test ! -e "$MNT/tree/a/f_4097"
-check "renamed dir is only at its new name" test ! -e "$MNT/tree/d2" -a -d "$MNT/d2_moved"
+check "removed dir stays removed" absent "$MNT/empty"
+check "removed file stays removed" absent "$MNT/tree/a/f_4097"
+check "renamed dir is gone from its old name" absent "$MNT/tree/d2"
+check "renamed dir is at its new name" test -d "$MNT/d2_moved"
 
 # data written uncompressed, read back under compress=19 with a tiny cache
 yes 'compressible' | head -c $((3 * MiB)) >"$MNT/plain.txt"

@@ -399,7 +399,7 @@ check "cp -a a tree in" cp -a "$WORK/tree" "$M/cpa"
 assert_same_tree "$WORK/tree" "$M/cpa" \
 	"manifest matches after cp -a (cp sets the times on the open fd: futimens before close)"
 check "rm -rf a tree" rm -rf "$M/cp"
-check "tree is gone" test ! -e "$M/cp"
+check "tree is gone" absent "$M/cp"
 
 # ---------------------------------------------------------------- write-to-temp-dir-then-rename
 rand_file "$WORK/model" $((4 * MiB + 1))
