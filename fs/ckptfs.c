@@ -55,6 +55,8 @@ struct node {
 	unsigned nopen;
 	unsigned nwriters;
 	ckpt_writer *writer; /* non-NULL while nwriters > 0 */
+	uint64_t parent;     /* last name the kernel looked this inode up by, */
+	char *name;          /* for messages only (may be stale after rename) */
 };
 
 struct handle {
@@ -145,6 +147,7 @@ static bool node_put_locked(struct node *n)
 	for (pp = node_slot(n->ino); *pp != n; pp = &(*pp)->next)
 		;
 	*pp = n->next;
+	free(n->name);
 	free(n);
 	return true;
 }
@@ -156,6 +159,34 @@ static void node_release_maybe_reap(uint64_t ino, bool freed)
 		if (r < 0)
 			ckpt_err("cannot delete unlinked inode %" PRIu64 ": %s", ino, strerror(-r));
 	}
+}
+
+/* "DIR/NAME" of ino for messages (malloc'd). */
+static char *node_path(uint64_t ino)
+{
+	struct node *n;
+	uint64_t parent = 0;
+	char *name = NULL, *dir, *path = NULL;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	if (n && n->name) {
+		parent = n->parent;
+		name = strdup(n->name);
+	}
+	pthread_mutex_unlock(&fs.nodes_lock);
+	if (!name) {
+		if (asprintf(&path, "<inode %" PRIu64 ">", ino) < 0)
+			path = NULL;
+		return path;
+	}
+	dir = ckpt_store_path_of(fs.store, parent);
+	if (asprintf(&path, "%s%s%s", dir ? dir : "?", dir && !strcmp(dir, "/") ? "" : "/",
+		     name) < 0)
+		path = NULL;
+	free(dir);
+	free(name);
+	return path;
 }
 
 /* Attributes with the live size/mtime of an open writer applied. */
@@ -178,7 +209,8 @@ static int get_attr(uint64_t ino, struct ckpt_inode *in)
 	return 0;
 }
 
-static int make_entry(const struct ckpt_inode *in, struct fuse_entry_param *e)
+static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_inode *in,
+		      struct fuse_entry_param *e)
 {
 	struct node *n;
 	struct ckpt_inode live = *in;
@@ -188,6 +220,11 @@ static int make_entry(const struct ckpt_inode *in, struct fuse_entry_param *e)
 	n = node_get_locked(in->ino);
 	if (n) {
 		n->nlookup++;
+		if (!n->name || n->parent != parent || strcmp(n->name, name)) {
+			free(n->name);
+			n->name = strdup(name);
+			n->parent = parent;
+		}
 		if (n->writer) {
 			live.size = ckpt_writer_size(n->writer);
 			live.mtime_ns = ckpt_writer_mtime(n->writer);
@@ -247,7 +284,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	int r = ckpt_store_lookup(fs.store, parent, name, &in);
 
 	if (r == 0)
-		r = make_entry(&in, &e);
+		r = make_entry(parent, name, &in, &e);
 	if (r < 0)
 		reply_err(req, r);
 	else
@@ -413,12 +450,13 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 	free(target);
 }
 
-static void reply_new_node(fuse_req_t req, int r, const struct ckpt_inode *in)
+static void reply_new_node(fuse_req_t req, int r, fuse_ino_t parent, const char *name,
+			   const struct ckpt_inode *in)
 {
 	struct fuse_entry_param e;
 
 	if (r == 0)
-		r = make_entry(in, &e);
+		r = make_entry(parent, name, in, &e);
 	if (r < 0)
 		reply_err(req, r);
 	else
@@ -439,7 +477,7 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	}
 	r = ckpt_store_mknode(fs.store, parent, name, mode & ~ctx->umask, ctx->uid, ctx->gid,
 			      NULL, &in);
-	reply_new_node(req, r, &in);
+	reply_new_node(req, r, parent, name, &in);
 }
 
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
@@ -449,7 +487,7 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	int r = ckpt_store_mknode(fs.store, parent, name, S_IFDIR | (mode & ~ctx->umask & 07777),
 				  ctx->uid, ctx->gid, NULL, &in);
 
-	reply_new_node(req, r, &in);
+	reply_new_node(req, r, parent, name, &in);
 }
 
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
@@ -459,7 +497,7 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, cons
 	int r = ckpt_store_mknode(fs.store, parent, name, S_IFLNK | 0777, ctx->uid, ctx->gid, link,
 				  &in);
 
-	reply_new_node(req, r, &in);
+	reply_new_node(req, r, parent, name, &in);
 }
 
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
@@ -469,7 +507,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 
 	if (r == 0)
 		r = get_attr(ino, &in);
-	reply_new_node(req, r, &in);
+	reply_new_node(req, r, newparent, newname, &in);
 }
 
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -576,7 +614,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	if (r == 0)
 		r = open_handle(in.ino, fi->flags | O_TRUNC, &h);
 	if (r == 0)
-		r = make_entry(&in, &e);
+		r = make_entry(parent, name, &in, &e);
 	if (r < 0) {
 		reply_err(req, r);
 		return;
@@ -606,10 +644,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	else
 		r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
 	if (r < 0) {
-		if (r == -EIO)
-			ckpt_err("read error on inode %" PRIu64 " at offset %lld (%zu bytes): "
-				 "damaged chunk (see the line above); run `ckpt fsck`",
-				 (uint64_t)ino, (long long)off, size);
+		char *path = node_path(ino);
+		ckpt_err("%s: read of %zu bytes at offset %lld failed: %s%s", path ? path : "?",
+			 size, (long long)off, strerror((int)-r),
+			 r == -EIO ? " (damaged chunk, see above; run `ckpt fsck`)" : "");
+		free(path);
 		reply_err(req, (int)r);
 	} else {
 		fuse_reply_buf(req, (const char *)buf, (size_t)r);
@@ -630,8 +669,10 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	}
 	r = ckpt_writer_write(h->node->writer, buf, size, (uint64_t)off);
 	if (r < 0) {
-		ckpt_warn("write to inode %" PRIu64 " at offset %lld failed: %s", (uint64_t)ino,
-			  (long long)off, strerror(-r));
+		char *path = node_path(ino);
+		ckpt_warn("%s: write of %zu bytes at offset %lld failed: %s", path ? path : "?",
+			  size, (long long)off, strerror(-r));
+		free(path);
 		reply_err(req, r);
 	} else {
 		fuse_reply_write(req, size);
@@ -645,8 +686,11 @@ static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
 	if (!h->writable)
 		return durable ? ckpt_store_sync_file(fs.store, ino) : 0;
 	r = ckpt_writer_commit(h->node->writer, durable);
-	if (r < 0)
-		ckpt_err("inode %" PRIu64 ": cannot commit file: %s", (uint64_t)ino, strerror(-r));
+	if (r < 0) {
+		char *path = node_path(ino);
+		ckpt_err("%s: cannot commit file: %s", path ? path : "?", strerror(-r));
+		free(path);
+	}
 	return r;
 }
 

@@ -426,6 +426,20 @@ wait_stat() {
 	return 1
 }
 
+# wait_committed [TIMEOUT_S]: poll "ckpt stat $STORE" until its files: and logical_bytes: match
+# the regular files visible under $MNT (default 10 s): closed files get committed
+wait_committed() {
+	local i n=$(( ${1:-10} * 5 )) want got
+	want=$(find "$MNT" -type f -printf '%s\n' | awk '{n++; s += $1} END {print n + 0, s + 0}')
+	for ((i = 0; i < n; i++)); do
+		got="$(stat_field "$STORE" files) $(stat_field "$STORE" logical_bytes)"
+		[ "$got" == "$want" ] && return 0
+		sleep 0.2
+	done
+	note "ckpt stat files/logical_bytes: want '$want', got '$got'"
+	return 1
+}
+
 # dir_bytes DIR: total apparent size of the files under DIR
 dir_bytes() {
 	find "$1" -type f -printf '%s\n' 2>/dev/null | awk '{s += $1} END {print s + 0}'

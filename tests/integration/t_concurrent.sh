@@ -120,11 +120,12 @@ assert_eq "$expected" "$(ls "$MNT/churn" | sort)" "concurrent create/unlink chur
 assert_eq "2-31" "$(cat "$MNT/churn/p2_31")" "churn: content of a survivor"
 
 # ---------------------------------------------------------------- dedup across writers
-if wait_stat "$STORE" files $((N + 2 + 120)) 10; then
-	ok "ckpt stat sees all files"
+if wait_committed 10; then
+	ok "ckpt stat sees all $((N + 2 + 120)) files, committed"
 else
-	fail "ckpt stat sees all files (files: $(stat_field "$STORE" files))"
+	fail "ckpt stat sees all $((N + 2 + 120)) files, committed"
 fi
+assert_eq $((N + 2 + 120)) "$(stat_field "$STORE" files)" "ckpt stat files:"
 u=$(stat_field "$STORE" unique_bytes)
 note "unique_bytes $u, logical_bytes $(stat_field "$STORE" logical_bytes)"
 # Without dedup: N x 16 + 20 + 16 MiB. With content-defined chunks (max 4 MiB) only the chunk

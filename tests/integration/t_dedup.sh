@@ -23,10 +23,10 @@ rand_file "$WORK/blob" $BLOB
 for i in 1 2 3 4; do
 	cp "$WORK/blob" "$MNT/blob$i.bin"
 done
-if wait_stat "$STORE" files 4 10; then
-	ok "ckpt stat (while mounted) sees the 4 files"
+if wait_committed 10; then
+	ok "ckpt stat (while mounted) sees the 4 closed files"
 else
-	fail "ckpt stat (while mounted) sees the 4 files"
+	fail "ckpt stat (while mounted) sees the 4 closed files"
 	"$CKPT" stat "$STORE" 2>&1 | sed 's/^/#   /'
 fi
 "$CKPT" stat "$STORE" >"$WORK/stat1" 2>&1
@@ -58,7 +58,7 @@ for off in reversed(range(0, len(src), 1 << 20)):
     os.pwrite(fd, src[off:off + (1 << 20)], off)
 os.close(fd)
 EOF
-wait_stat "$STORE" files 5 10 || fail "ckpt stat sees the 5th file"
+wait_committed 10 || fail "ckpt stat sees the 5th file"
 assert_eq $BLOB "$(stat_int unique_bytes)" "same content written backwards adds no unique bytes"
 assert_eq "$chunks1" "$(stat_int chunks)" "... and no chunks"
 assert_eq "$(sha "$WORK/blob")" "$(sha "$MNT/blob5.bin")" "backwards-written copy reads back"
@@ -68,7 +68,7 @@ head -c 10000 /dev/urandom >"$WORK/small"
 for i in $(seq 1 30); do
 	cp "$WORK/small" "$MNT/small$i"
 done
-wait_stat "$STORE" files 35 10 || fail "ckpt stat sees the 35 files"
+wait_committed 10 || fail "ckpt stat sees the 35 files"
 u=$(stat_int unique_bytes)
 assert_le "$u" $((BLOB + 10000)) "30 identical 10000-byte files add <= 10000 unique bytes"
 assert_eq $((5 * BLOB + 30 * 10000)) "$(stat_int logical_bytes)" "logical_bytes counts every copy"
@@ -82,10 +82,10 @@ note "safetensors data offsets: $h1 and $h2"
 cmp -s -i "$h1:$h2" "$WORK/s1.safetensors" "$WORK/s2.safetensors" ||
 	fail "test bug: the two safetensors files should share their tensor bytes"
 "$PY" "$LIB_DIR/helpers.py" safetensors "$MNT/s1.safetensors" 5 $NT $TBYTES 0 >/dev/null
-wait_stat "$STORE" files 37 10 || fail "ckpt stat sees s1.safetensors"
+wait_committed 10 || fail "ckpt stat sees s1.safetensors"
 u1=$(stat_int unique_bytes)
 "$PY" "$LIB_DIR/helpers.py" safetensors "$MNT/s2.safetensors" 5 $NT $TBYTES 1237 >/dev/null
-wait_stat "$STORE" files 38 10 || fail "ckpt stat sees s2.safetensors"
+wait_committed 10 || fail "ckpt stat sees s2.safetensors"
 u2=$(stat_int unique_bytes)
 note "unique_bytes: before s1 $u, after s1 $u1, after s2 $u2 (tensor bytes $((NT * TBYTES)))"
 assert_le $((NT * TBYTES)) $((u1 - u)) "s1.safetensors adds its tensor bytes as unique"
@@ -98,7 +98,7 @@ assert_cmp "$WORK/s2.safetensors" "$MNT/s2.safetensors" "s2.safetensors reads ba
 
 # ---------------------------------------------------------------- delete, gc, verify
 rm -f "$MNT"/blob*.bin "$MNT/s2.safetensors" "$MNT"/small*
-wait_stat "$STORE" files 2 10 || fail "ckpt stat sees the deletions"
+wait_committed 10 || fail "ckpt stat sees the deletions"
 stop_daemon || fail "unmount"
 "$CKPT" stat "$STORE" >"$WORK/stat2" 2>&1
 check "ckpt stat works unmounted" grep -q '^files: *2$' "$WORK/stat2"
