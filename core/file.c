@@ -509,6 +509,9 @@ static int to_staged(struct ckpt_writer *w)
 	wait_idle(w);
 	if (w->err)
 		return w->err;
+	ckpt_debug("%s: inode %lu: non-sequential write or truncate at size %llu: staging",
+		   ckpt_store_path(w->s), (unsigned long)w->ino,
+		   (unsigned long long)(c->start + c->len));
 	fd = open_scratch(w);
 	if (fd < 0) {
 		ckpt_err("%s: cannot create scratch file for inode %lu: %s",
