@@ -192,7 +192,8 @@ static int fsck(ckpt_store *s, struct problems *p)
 	return ckpt_store_fsck(s, fsck_cb, p);
 }
 
-/* Put each buffer as one chunk and commit them in order as ino's content. */
+/* Put each buffer as one chunk, commit them in order as ino's content and
+ * flush the overlay. */
 static void commit_chunks(ckpt_store *s, uint64_t ino, uint8_t *const *bufs, const size_t *lens,
 			  size_t n, ckpt_digest *ret_digests)
 {
@@ -208,6 +209,8 @@ static void commit_chunks(ckpt_store *s, uint64_t ino, uint8_t *const *bufs, con
 			ret_digests[i] = d;
 	}
 	ck_assert_int_eq(ckpt_store_commit_file(s, ino, l, 0, 1000, false), 0);
+	/* index it now, so that refcounts, stats and fsck see it */
+	ck_assert_int_eq(ckpt_store_flush(s), 0);
 	ckpt_extent_list_free(l);
 }
 
@@ -1096,21 +1099,34 @@ START_TEST(test_commit_load_read)
 		ck_assert_int_eq(ckpt_store_load_extents(s, f, &got), 0);
 		ck_assert_uint_eq(got->n, 0);
 		ckpt_extent_list_free(got);
-		/* errors */
-		ck_assert_int_eq(ckpt_store_commit_file(s, d, e, 0, 1, false), -EINVAL);
-		ck_assert_int_eq(ckpt_store_commit_file(s, 9999, e, 0, 1, false), -ENOENT);
+		ck_assert_int_eq(ckpt_store_flush(s), 0);
+		ck_assert_uint_eq(sstats(s).dead_chunks, 2);
+		ck_assert_uint_eq(sstats(s).logical_bytes, 0);
+		/* not a regular file / no such inode: nothing is created (the
+		 * overlay publishes without checking; the flush skips them) */
+		for (int durable = 0; durable < 2; durable++) {
+			int r = ckpt_store_commit_file(s, d, l, 0, 1, durable);
+			ck_assert_msg(r == 0 || r == -EINVAL, "dir: %d", r);
+			r = ckpt_store_commit_file(s, 9999, l, 0, 1, durable);
+			ck_assert_msg(r == 0 || r == -ENOENT, "missing: %d", r);
+		}
+		ck_assert_int_eq(ckpt_store_flush(s), 0);
+		ck_assert(S_ISDIR(attr(s, d).mode));
+		ck_assert_uint_eq(attr(s, d).size, 0);
+		ck_assert_int_eq(ckpt_store_getattr(s, 9999, &in), -ENOENT);
 		ckpt_extent_list_free(e);
 	}
-	/* a list naming a chunk nobody stored */
+	/* a durable commit naming a chunk nobody stored fails */
 	{
 		struct ckpt_extent_list *e = ckpt_extent_list_new();
 		ckpt_digest bogus;
 		memset(&bogus, 0x77, sizeof(bogus));
 		ck_assert_int_eq(ckpt_extent_list_append(e, 10, CKPT_EXT_CHUNK, &bogus), 0);
-		ck_assert_int_eq(ckpt_store_commit_file(s, f, e, 0, 1, false), -EIO);
-		ck_assert_uint_eq(attr(s, f).size, 0);
+		ck_assert_int_eq(ckpt_store_commit_file(s, f, e, 0, 1, true), -EIO);
 		ckpt_extent_list_free(e);
 	}
+	ck_assert_uint_eq(attr(s, f).size, 0);
+	ck_assert_int_eq(ckpt_store_flush(s), 0);
 	/* load_extents of a file never committed: empty list */
 	{
 		uint64_t g = mkfile(s, CKPT_ROOT_INO, "g");
@@ -1123,6 +1139,199 @@ START_TEST(test_commit_load_read)
 	free(a);
 	free(b);
 	free(buf);
+	ckpt_store_free(s);
+}
+END_TEST
+
+static bool index_has_file(ckpt_store *s, uint64_t ino)
+{
+	uint8_t key[16], *v;
+	size_t vl;
+	int r = ckpt_index_get(ckpt_store_index(s), key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &v,
+			       &vl);
+
+	ck_assert(r == 0 || r == -ENOENT);
+	if (r == 0)
+		free(v);
+	return r == 0;
+}
+
+static struct ckpt_extent_list *one_chunk_list(ckpt_store *s, const uint8_t *data, size_t len,
+					       ckpt_digest *ret_d)
+{
+	struct ckpt_extent_list *l = ckpt_extent_list_new();
+
+	ck_assert_ptr_nonnull(l);
+	ck_assert_int_eq(ckpt_store_put_chunk(s, data, len, 0, ret_d), 0);
+	ck_assert_int_eq(ckpt_extent_list_append(l, (uint32_t)len, CKPT_EXT_CHUNK, ret_d), 0);
+	return l;
+}
+
+/* A non-durable commit is visible at once through the store, reaches the
+ * index at flush / sync_file / rename / close / within seconds. */
+START_TEST(test_overlay)
+{
+	ckpt_store *s = open_rw();
+	uint8_t *a = random_buf(20000, 50), *b = random_buf(30000, 51);
+	struct ckpt_extent_list *la, *lb, *got;
+	ckpt_digest da, db;
+	uint64_t f, g;
+	struct ckpt_inode in;
+	size_t len;
+	uint8_t *back;
+
+	f = mkfile(s, CKPT_ROOT_INO, "f");
+	g = mkfile(s, CKPT_ROOT_INO, "g");
+	la = one_chunk_list(s, a, 20000, &da);
+	lb = one_chunk_list(s, b, 30000, &db);
+
+	/* published to this process, not yet indexed */
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, la, CKPT_INODE_F_SAFETENSORS, 777, false), 0);
+	in = attr(s, f);
+	ck_assert_uint_eq(in.size, 20000);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	ck_assert_int_eq(in.mtime_ns, 777);
+	{
+		struct ckpt_inode l;
+		ck_assert_int_eq(ckpt_store_lookup(s, CKPT_ROOT_INO, "f", &l), 0);
+		ck_assert_uint_eq(l.size, 20000);
+	}
+	back = read_file(s, f, &len);
+	ck_assert_uint_eq(len, 20000);
+	ck_assert_mem_eq(back, a, 20000);
+	free(back);
+	ck_assert(!index_has_file(s, f));
+	ck_assert_uint_eq(refs_of(s, &da), 0);
+	ck_assert_uint_eq(sstats(s).logical_bytes, 0);
+
+	/* a later commit replaces the earlier one: only b reaches the index */
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, lb, 0, 778, false), 0);
+	ck_assert_uint_eq(attr(s, f).size, 30000);
+	ck_assert_int_eq(ckpt_store_flush(s), 0);
+	ck_assert(index_has_file(s, f));
+	ck_assert_uint_eq(refs_of(s, &db), 1);
+	ck_assert_uint_eq(refs_of(s, &da), 0);
+	ck_assert_uint_eq(sstats(s).logical_bytes, 30000);
+	ck_assert_int_eq(ckpt_store_flush(s), 0); /* nothing left: no-op */
+
+	/* setattr(mtime) on a file whose content is in the overlay sticks */
+	ck_assert_int_eq(ckpt_store_commit_file(s, g, la, 0, 1000, false), 0);
+	memset(&in, 0, sizeof(in));
+	in.mtime_ns = 5;
+	ck_assert_int_eq(ckpt_store_setattr(s, g, CKPT_SET_MTIME, &in, NULL), 0);
+	ck_assert_int_eq(attr(s, g).mtime_ns, 5);
+	/* sync_file indexes just that file */
+	ck_assert_int_eq(ckpt_store_sync_file(s, g), 0);
+	ck_assert(index_has_file(s, g));
+	ck_assert_int_eq(attr(s, g).mtime_ns, 5);
+	ck_assert_uint_eq(attr(s, g).size, 20000);
+	ck_assert_uint_eq(refs_of(s, &da), 1);
+	ck_assert_int_eq(ckpt_store_sync_file(s, g), 0); /* nothing pending: fine */
+
+	/* a rename indexes every closed file first */
+	ck_assert_int_eq(ckpt_store_commit_file(s, g, lb, 0, 1001, false), 0);
+	ck_assert_uint_eq(refs_of(s, &da), 1);
+	ck_assert_int_eq(ckpt_store_rename(s, CKPT_ROOT_INO, "f", CKPT_ROOT_INO, "f2", 0), 0);
+	ck_assert_uint_eq(refs_of(s, &da), 0);
+	ck_assert_uint_eq(refs_of(s, &db), 2);
+
+	/* a durable commit is in the index on return */
+	ck_assert_int_eq(ckpt_store_commit_file(s, g, la, 0, 1002, true), 0);
+	ck_assert_uint_eq(refs_of(s, &da), 1);
+	ck_assert_uint_eq(refs_of(s, &db), 1);
+
+	/* the background flusher indexes within a few seconds */
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, la, 0, 1003, false), 0);
+	for (int i = 0; i < 100 && refs_of(s, &da) != 2; i++)
+		usleep(50000);
+	ck_assert_uint_eq(refs_of(s, &da), 2);
+
+	/* and close flushes whatever is left */
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, lb, 0, 1004, false), 0);
+	ckpt_store_free(s);
+	s = open_rw();
+	ck_assert_uint_eq(attr(s, f).size, 30000);
+	ck_assert_int_eq(attr(s, f).mtime_ns, 1004);
+	ck_assert_uint_eq(refs_of(s, &db), 1);
+	ck_assert_uint_eq(refs_of(s, &da), 1);
+	ck_assert_int_eq(ckpt_store_load_extents(s, f, &got), 0);
+	ck_assert_uint_eq(got->n, 1);
+	ck_assert_mem_eq(got->v[0].digest.bytes, db.bytes, 16);
+	ckpt_extent_list_free(got);
+	{
+		struct problems p;
+		ck_assert_int_eq(fsck(s, &p), 0);
+	}
+	ckpt_extent_list_free(la);
+	ckpt_extent_list_free(lb);
+	free(a);
+	free(b);
+	ckpt_store_free(s);
+}
+END_TEST
+
+/* A durable commit that fails must leave the content published by the
+ * previous (successful, non-durable) commit in place. */
+START_TEST(test_failed_durable_commit_keeps_overlay)
+{
+	ckpt_store *s = open_rw();
+	uint8_t *a = random_buf(20000, 52);
+	struct ckpt_extent_list *la, *bad = ckpt_extent_list_new();
+	ckpt_digest da, bogus;
+	uint64_t f;
+
+	f = mkfile(s, CKPT_ROOT_INO, "f");
+	la = one_chunk_list(s, a, 20000, &da);
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, la, 0, 100, false), 0);
+	ck_assert_uint_eq(attr(s, f).size, 20000);
+	memset(&bogus, 0x77, sizeof(bogus));
+	ck_assert_int_eq(ckpt_extent_list_append(bad, 10, CKPT_EXT_CHUNK, &bogus), 0);
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, bad, 0, 200, true), -EIO);
+	/* the content of the successful commit is still the file's content */
+	ck_assert_uint_eq(attr(s, f).size, 20000);
+	ck_assert_int_eq(ckpt_store_flush(s), 0);
+	ck_assert_uint_eq(refs_of(s, &da), 1);
+	ckpt_extent_list_free(la);
+	ckpt_extent_list_free(bad);
+	free(a);
+	ckpt_store_free(s);
+}
+END_TEST
+
+/* One file whose indexed extent list is damaged must not keep every other
+ * closed file out of the index. */
+START_TEST(test_flush_isolates_damaged_file)
+{
+	ckpt_store *s = open_rw();
+	uint8_t *a = random_buf(20000, 53), *b = random_buf(20000, 54);
+	struct ckpt_extent_list *la, *lb;
+	ckpt_digest da, db;
+	uint64_t f, g;
+	uint8_t key[16];
+	ckpt_batch *bt;
+
+	f = mkfile(s, CKPT_ROOT_INO, "damaged");
+	g = mkfile(s, CKPT_ROOT_INO, "healthy");
+	la = one_chunk_list(s, a, 20000, &da);
+	lb = one_chunk_list(s, b, 20000, &db);
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, la, 0, 1, true), 0);
+	/* damage f's extent list in the index */
+	bt = ckpt_batch_new();
+	ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_FILE, f), "\x01garbage", 8);
+	ck_assert_int_eq(ckpt_index_write(ckpt_store_index(s), bt, false), 0);
+	ckpt_batch_free(bt);
+	/* close both: g's new content must still reach the index */
+	ck_assert_int_eq(ckpt_store_commit_file(s, f, lb, 0, 2, false), 0);
+	ck_assert_int_eq(ckpt_store_commit_file(s, g, lb, 0, 3, false), 0);
+	ckpt_store_flush(s);
+	ckpt_store_free(s);
+	s = open_rw();
+	ck_assert_uint_eq(attr(s, g).size, 20000);
+	ck_assert(index_has_file(s, g));
+	ckpt_extent_list_free(la);
+	ckpt_extent_list_free(lb);
+	free(a);
+	free(b);
 	ckpt_store_free(s);
 }
 END_TEST
@@ -1633,6 +1842,9 @@ static Suite *store_suite(void)
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
+	tcase_add_test(ch, test_overlay);
+	tcase_add_test(ch, test_failed_durable_commit_keeps_overlay);
+	tcase_add_test(ch, test_flush_isolates_damaged_file);
 	tcase_add_test(ch, test_refcounts_overwrite_reap);
 	tcase_add_test(ch, test_orphan_reaped_at_open);
 	tcase_add_test(ch, test_stats_counts);
