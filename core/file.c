@@ -445,8 +445,8 @@ int ckpt_writer_new(ckpt_store *s, ckpt_pool *pool, uint64_t ino, bool truncate,
 			w->mtime_ns = now_ns();
 		w->flags = 0;
 	} else if (in.size > 0) {
-		/* Keep the committed extents: appending or rewriting them goes
-		 * through the staged path, reads are served from them. */
+		/* Keep the committed extents: appends stream after them, other
+		 * writes go through the staged path, reads are served from them. */
 		ckpt_extent_list_free(w->cs.list);
 		w->cs.list = NULL;
 		r = ckpt_store_load_extents(s, ino, &w->cs.list);

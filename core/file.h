@@ -10,8 +10,10 @@
  *          (tensor-aligned for safetensors, FastCDC otherwise) and handed to
  *          the worker pool, which hashes, compresses and appends them to a
  *          pack.  Nothing is written to disk twice.
+ *          Appending at the end of an existing file also streams (FastCDC
+ *          from the old end; no safetensors detection).
  *  STAGED  any other write (overwrite in the middle, sparse write past the
- *          end, partial truncate, append to an existing file): the content
+ *          end, partial truncate): the content
  *          is materialized into an unlinked scratch file under
  *          STORE/staging and chunked at commit time.  Slower, but general.
  *

@@ -13,7 +13,9 @@
  *   'L' ino(be64)         -> symlink target (raw bytes)
  *   'O' ino(be64)         -> empty: inode is an orphan (nlink == 0), reaped
  *                            when the last user lets go or at the next mount
- * Every value starts with a one-byte record version (CKPT_REC_VERSION).
+ * Every 'C', 'I', 'D' and 'F' value starts with a one-byte record version
+ * (CKPT_REC_VERSION); 'M' values are raw (their layout is fixed by name),
+ * 'L' is the raw target, 'O' is empty.
  * docs/format.md describes each layout byte by byte.
  *
  * Thread-safety: all functions may be called concurrently on one index

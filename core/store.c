@@ -14,8 +14,9 @@
  *      it is removed from pending only after its index batch is written.
  *  I4. Directory nlink = 2 + number of subdirectories; every other inode's
  *      nlink = number of dentries naming it.  nlink 0 <=> 'O' key present.
- *  I5. next_ino / next_pack in memory are >= every id in use; they are
- *      persisted in the batch that first uses a new value.
+ *  I5. next_ino / next_pack in memory are >= every id in use.  next_ino is
+ *      persisted in the batch that first uses a new value; next_pack is
+ *      persisted (synced) before the pack file is created.
  */
 #include "store.h"
 
@@ -958,6 +959,16 @@ static struct commit *overlay_take(ckpt_store *s, uint64_t ino)
 	return c;
 }
 
+static int overlay_flush_if_any(ckpt_store *s)
+{
+	bool any;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	any = s->overlay_n > 0;
+	pthread_mutex_unlock(&s->overlay_lock);
+	return any ? ckpt_store_flush(s) : 0;
+}
+
 int ckpt_store_flush(ckpt_store *s)
 {
 	struct commit **v = NULL;
@@ -992,19 +1003,32 @@ int ckpt_store_flush(ckpt_store *s)
 	if (s->overlay_n > 0 && !v)
 		r = -ENOMEM;
 	pthread_mutex_unlock(&s->overlay_lock);
-	if (r == 0 && n > 0)
+	if (r == 0 && n > 0) {
 		r = commit_many(s, v, n, false);
-	if (r == 0) {
+		if (r < 0 && n > 1) {
+			/* isolate the entry that fails: index the others one by one */
+			int first = r;
+			r = 0;
+			for (size_t i = 0; i < n; i++) {
+				int ri = commit_many(s, &v[i], 1, false);
+				if (ri < 0) {
+					ckpt_err("%s: cannot index closed file (inode %" PRIu64
+						 "): %s (will retry)", s->path, v[i]->ino, strerror(-ri));
+					v[i]->seq = UINT64_MAX; /* keep its overlay entry */
+					r = first;
+				}
+			}
+		}
 		pthread_mutex_lock(&s->overlay_lock);
 		for (size_t i = 0; i < n; i++) {
 			struct commit *c = overlay_find_locked(s, v[i]->ino);
-			if (c && c->seq == v[i]->seq)
+			if (c && c->seq == v[i]->seq && (r == 0 || v[i]->seq != UINT64_MAX))
 				commit_free(overlay_take_locked(s, v[i]->ino));
 		}
 		pthread_mutex_unlock(&s->overlay_lock);
-	} else {
-		ckpt_err("%s: cannot write closed files to the index: %s (will retry)", s->path,
-			 strerror(-r));
+		if (r < 0 && n == 1)
+			ckpt_err("%s: cannot index closed file (inode %" PRIu64 "): %s (will retry)",
+				 s->path, v[0]->ino, strerror(-r));
 	}
 	pthread_mutex_unlock(&s->commit_lock);
 	for (size_t i = 0; i < n; i++)
@@ -1476,6 +1500,13 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 		return -EINVAL;
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
+	/* Publishing by rename (save under a temporary name, then rename) must
+	 * not publish a name whose content is only in memory: index the closed
+	 * files first, so that a daemon crash after rename() returned cannot
+	 * leave the new name pointing at old or empty content. */
+	r = overlay_flush_if_any(s);
+	if (r < 0)
+		return r;
 	pthread_mutex_lock(&s->ns_lock);
 	if ((r = get_dir(s, parent, &pdir)) < 0 || (r = get_dir(s, newparent, &ndir)) < 0)
 		goto out;
@@ -1594,18 +1625,6 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 out:
 	pthread_mutex_unlock(&s->ns_lock);
 	ckpt_batch_free(b);
-	if (r == 0) {
-		/* Publishing by rename (save to a temporary name, then rename) must
-		 * not publish a name whose content is only in memory: index the
-		 * closed files first, so a daemon crash cannot leave the new name
-		 * pointing at old or empty content. */
-		bool pending;
-		pthread_mutex_lock(&s->overlay_lock);
-		pending = s->overlay_n > 0;
-		pthread_mutex_unlock(&s->overlay_lock);
-		if (pending)
-			r = ckpt_store_flush(s);
-	}
 	return r;
 }
 
@@ -2673,6 +2692,7 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 		uint64_t payload = u->size > CKPT_PACK_HDR_SIZE ? u->size - CKPT_PACK_HDR_SIZE : 0;
 		char name[64];
 		ckpt_pack *src = NULL;
+		bool keep = false; /* a damaged chunk stays where it is */
 
 		ckpt_pack_name(u->id, name, sizeof(name));
 		if (u->live_bytes > 0 && u->live_bytes * 10 >= payload * 8)
@@ -2701,14 +2721,18 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 					continue;
 				r = ckpt_pack_read(src, chunks[i].loc.offset, chunks[i].loc.stored_len,
 						   &rec, buf);
-				if (r < 0) {
+				if (r == -EIO) {
 					char hex[33];
 					ckpt_digest_to_hex(&chunks[i].d, hex);
 					ckpt_err("%s: gc: chunk %s in pack %" PRIu64
 						 " is damaged; pack kept, run ckpt fsck",
 						 s->path, hex, u->id);
-					break;
+					keep = true;
+					r = 0;
+					continue;
 				}
+				if (r < 0)
+					break;
 				if (ckpt_pack_size(s->wpack) >= s->opts.pack_max) {
 					pthread_mutex_lock(&s->pack_lock);
 					r = roll_pack_locked(s);
@@ -2737,7 +2761,7 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 				goto out;
 			ret->packs_rewritten++;
 		}
-		if (s->wpack && ckpt_pack_id(s->wpack) == u->id)
+		if (keep || (s->wpack && ckpt_pack_id(s->wpack) == u->id))
 			continue;
 		pthread_mutex_lock(&s->pack_lock);
 		for (size_t i = 0; i < s->npacks; i++) {

@@ -14,11 +14,12 @@
  * Ownership and durability contract:
  *  - A chunk is appended to a pack by ckpt_store_put_chunk() and is then
  *    "pending": readable by this process, unknown to the index.
- *  - ckpt_store_commit_file() makes a file's new extent list visible in one
- *    RocksDB batch (chunk refcounts, extent list, inode) after syncing the
- *    pack data of every pending chunk it references.  With durable=true the
- *    batch is also fsynced, so the file survives a crash of the machine;
- *    without it the batch survives a crash of the daemon (kill -9).
+ *  - A file's new extent list reaches the index in one RocksDB batch (chunk
+ *    refcounts, extent list, inode) written after the pack data of every
+ *    pending chunk it references was fdatasync'ed.  ckpt_store_commit_file()
+ *    with durable=true does this before returning and fsyncs the batch, so
+ *    the file survives a crash of the machine.  With durable=false the new
+ *    content goes to the overlay (below) and is indexed within ~1 s.
  *  - Refcount of a chunk = number of extents naming it across all committed
  *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
  *  - Overlay: a non-durable commit (a plain close) is published at once to
@@ -30,7 +31,8 @@
  *    the store stays consistent (the old content remains).
  *
  * Thread-safety: every function may be called from any thread.  Namespace
- * mutations and commits are serialized by one store mutex; reads are not.
+ * mutations are serialized by ns_lock, index writes of file content by
+ * commit_lock (taken before ns_lock); reads take neither.
  */
 #ifndef CKPT_STORE_H
 #define CKPT_STORE_H

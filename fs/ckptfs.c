@@ -73,6 +73,16 @@ struct dir_handle {
 static struct {
 	ckpt_store *store;
 	ckpt_pool *pool;
+	struct fuse_session *se;
+	/* Kernel cache invalidations, sent from their own thread (sending
+	 * them from a request handler can deadlock on the inode). */
+	pthread_mutex_t inval_lock;
+	pthread_cond_t inval_cond;
+	uint64_t *inval;   /* protected by inval_lock */
+	size_t ninval, cap_inval;
+	bool inval_stop;
+	pthread_t inval_thread;
+	bool inval_started;
 	pthread_mutex_t nodes_lock;
 	struct node *nodes[NODE_BUCKETS]; /* protected by nodes_lock */
 } fs;
@@ -102,6 +112,58 @@ static void inode_to_stat(const struct ckpt_inode *in, struct stat *st)
 	st->st_mtim.tv_nsec = in->mtime_ns % 1000000000;
 	st->st_ctim.tv_sec = in->ctime_ns / 1000000000;
 	st->st_ctim.tv_nsec = in->ctime_ns % 1000000000;
+}
+
+/* -------------------------------------------------------- invalidation */
+
+/* After new content of ino was committed: drop the kernel's cached
+ * attributes and pages of ino.  A read-only handle that read past its
+ * snapshot's end made the kernel shrink its idea of the size; without this,
+ * a reopen within the attribute timeout would see that stale size. */
+static void queue_inval(uint64_t ino)
+{
+	pthread_mutex_lock(&fs.inval_lock);
+	if (fs.ninval == fs.cap_inval) {
+		size_t nc = fs.cap_inval ? fs.cap_inval * 2 : 64;
+		uint64_t *v = realloc(fs.inval, nc * sizeof(*v));
+		if (!v) {
+			pthread_mutex_unlock(&fs.inval_lock);
+			return; /* best effort: attributes expire after ATTR_TIMEOUT */
+		}
+		fs.inval = v;
+		fs.cap_inval = nc;
+	}
+	fs.inval[fs.ninval++] = ino;
+	pthread_cond_signal(&fs.inval_cond);
+	pthread_mutex_unlock(&fs.inval_lock);
+}
+
+static void *inval_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&fs.inval_lock);
+	while (!fs.inval_stop) {
+		while (fs.ninval > 0) {
+			uint64_t ino = fs.inval[--fs.ninval];
+			pthread_mutex_unlock(&fs.inval_lock);
+			fuse_lowlevel_notify_inval_inode(fs.se, ino, 0, 0);
+			pthread_mutex_lock(&fs.inval_lock);
+		}
+		pthread_cond_wait(&fs.inval_cond, &fs.inval_lock);
+	}
+	pthread_mutex_unlock(&fs.inval_lock);
+	return NULL;
+}
+
+/* Commit a writer; on a change, invalidate the kernel's caches of ino. */
+static int commit_writer(uint64_t ino, ckpt_writer *w, bool durable)
+{
+	bool dirty = ckpt_writer_dirty(w);
+	int r = ckpt_writer_commit(w, durable);
+
+	if (r == 0 && dirty)
+		queue_inval(ino);
+	return r;
 }
 
 /* --------------------------------------------------------------- nodes */
@@ -575,6 +637,8 @@ static int open_handle(fuse_ino_t ino, int flags, struct handle **ret)
 	return 0;
 }
 
+static void handle_close(fuse_ino_t ino, struct handle *h);
+
 static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
@@ -592,12 +656,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	set_open_flags(fi, h);
-	if (fuse_reply_open(req, fi) == -ENOENT) {
-		/* interrupted open: undo */
-		pthread_mutex_lock(&fs.nodes_lock);
-		h->node->nopen--;
-		pthread_mutex_unlock(&fs.nodes_lock);
-	}
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		handle_close(ino, h); /* interrupted open: no release will come */
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
@@ -685,7 +745,7 @@ static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
 
 	if (!h->writable)
 		return durable ? ckpt_store_sync_file(fs.store, ino) : 0;
-	r = ckpt_writer_commit(h->node->writer, durable);
+	r = commit_writer(ino, h->node->writer, durable);
 	if (r < 0) {
 		char *path = node_path(ino);
 		ckpt_err("%s: cannot commit file: %s", path ? path : "?", strerror(-r));
@@ -705,9 +765,9 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	reply_err(req, commit_handle(ino, fh_of(fi), true));
 }
 
-static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+/* Drop a handle: the last writable handle commits and frees the writer. */
+static void handle_close(fuse_ino_t ino, struct handle *h)
 {
-	struct handle *h = fh_of(fi);
 	struct node *n = h->node;
 	ckpt_writer *w = NULL;
 	bool freed;
@@ -722,7 +782,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	pthread_mutex_unlock(&fs.nodes_lock);
 	if (w) {
 		/* flush already committed; this catches writes after it */
-		int r = ckpt_writer_commit(w, false);
+		int r = commit_writer(ino, w, false);
 		if (r < 0)
 			ckpt_err("inode %" PRIu64 ": changes after close lost: %s", (uint64_t)ino,
 				 strerror(-r));
@@ -731,6 +791,11 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	node_release_maybe_reap(ino, freed);
 	ckpt_extent_list_free(h->snap);
 	free(h);
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	handle_close(ino, fh_of(fi));
 	fuse_reply_err(req, 0);
 }
 
@@ -1106,6 +1171,11 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot install signal handlers\n");
 		goto out;
 	}
+	fs.se = se;
+	pthread_mutex_init(&fs.inval_lock, NULL);
+	pthread_cond_init(&fs.inval_cond, NULL);
+	if (pthread_create(&fs.inval_thread, NULL, inval_main, NULL) == 0)
+		fs.inval_started = true;
 	if (fuse_session_mount(se, cmd.mountpoint) != 0) {
 		report("ckptfs: cannot mount %s (see messages above)\n", cmd.mountpoint);
 		goto out_signals;
@@ -1126,13 +1196,24 @@ int main(int argc, char **argv)
 	fuse_loop_cfg_set_clone_fd(lcfg, cmd.clone_fd);
 	fuse_loop_cfg_set_max_threads(lcfg, cmd.max_threads && cmd.max_threads <= 1024 ?
 						    cmd.max_threads : 16);
-	fuse_loop_cfg_set_idle_threads(lcfg, cmd.max_idle_threads ? cmd.max_idle_threads : 8);
+	fuse_loop_cfg_set_idle_threads(lcfg, cmd.max_idle_threads && cmd.max_idle_threads <= 1024 ?
+						     cmd.max_idle_threads : 8);
 	if (cmd.singlethread)
 		ret = fuse_session_loop(se) ? 1 : 0;
 	else
 		ret = fuse_session_loop_mt(se, lcfg) ? 1 : 0;
 	fuse_session_unmount(se);
 out_signals:
+	if (fs.inval_started) {
+		pthread_mutex_lock(&fs.inval_lock);
+		fs.inval_stop = true;
+		fs.ninval = 0;
+		pthread_cond_signal(&fs.inval_cond);
+		pthread_mutex_unlock(&fs.inval_lock);
+		pthread_join(fs.inval_thread, NULL);
+		fs.inval_started = false;
+	}
+	free(fs.inval);
 	fuse_remove_signal_handlers(se);
 out:
 	if (se)

@@ -178,6 +178,7 @@ START_TEST(test_reopen_persists)
 	char err[256];
 
 	put1(ix, "durable", 7, "yes", 3);
+	ck_assert_int_eq(ckpt_index_sync_wal(ix), 0);
 	ckpt_index_free(ix);
 	/* reopen without create */
 	ix = NULL;

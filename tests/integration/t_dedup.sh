@@ -96,30 +96,49 @@ assert_le $((u2 - u1)) $((2 * MiB)) \
 assert_cmp "$WORK/s1.safetensors" "$MNT/s1.safetensors" "s1.safetensors reads back"
 assert_cmp "$WORK/s2.safetensors" "$MNT/s2.safetensors" "s2.safetensors reads back"
 
+# content deleted and then written again before gc must survive gc (dedup against a chunk
+# whose refcount dropped to 0)
+rand_file "$WORK/revive" $((8 * MiB))
+cp "$WORK/revive" "$MNT/revive.bin"
+wait_committed 10 || fail "ckpt stat sees revive.bin"
+rm "$MNT/revive.bin"
+wait_committed 10 || fail "ckpt stat sees revive.bin deleted"
+cp "$WORK/revive" "$MNT/revive_again.bin"
+
 # ---------------------------------------------------------------- delete, gc, verify
 rm -f "$MNT"/blob*.bin "$MNT/s2.safetensors" "$MNT"/small*
 wait_committed 10 || fail "ckpt stat sees the deletions"
 stop_daemon || fail "unmount"
 "$CKPT" stat "$STORE" >"$WORK/stat2" 2>&1
-check "ckpt stat works unmounted" grep -q '^files: *2$' "$WORK/stat2"
+check "ckpt stat works unmounted" grep -q '^files: *3$' "$WORK/stat2"
 before=$(dir_bytes "$STORE/packs")
+# a gc killed midway leaves a consistent store
+"$CKPT" gc "$STORE" >/dev/null 2>&1 &
+gcpid=$!
+sleep 0.03
+kill -9 "$gcpid" 2>/dev/null
+wait "$gcpid" 2>/dev/null
+"$CKPT" fsck "$STORE" >"$WORK/fsck0.out" 2>&1
+assert_eq 0 "$?" "ckpt fsck passes after a gc killed with SIGKILL"
+indent "$WORK/fsck0.out"
 check "ckpt gc" "$CKPT" gc "$STORE"
 indent "$T_DIR/check.out"
 after=$(dir_bytes "$STORE/packs")
 note "pack bytes before gc $before, after $after"
 assert_le "$after" $((before - BLOB / 2)) "gc reclaimed at least 16 MiB of pack space"
-assert_le $((NT * TBYTES + 4 * MiB)) "$after" "gc kept the referenced data"
+assert_le $((NT * TBYTES + 12 * MiB)) "$after" "gc kept the referenced data"
 "$CKPT" fsck "$STORE" >"$WORK/fsck.out" 2>&1
 assert_eq 0 "$?" "ckpt fsck after gc"
 check "ckpt fsck says ok" grep -qiw ok "$WORK/fsck.out"
 check "second ckpt gc" "$CKPT" gc "$STORE"
 assert_le "$(dir_bytes "$STORE/packs")" "$after" "second gc does not grow the packs"
-assert_eq 2 "$(stat_int files)" "ckpt stat files after gc"
-assert_eq $((NT * TBYTES + h1 + 4 * MiB)) "$(stat_int logical_bytes)" "logical_bytes after gc"
+assert_eq 3 "$(stat_int files)" "ckpt stat files after gc"
+assert_eq $((NT * TBYTES + h1 + 12 * MiB)) "$(stat_int logical_bytes)" "logical_bytes after gc"
 
 start_daemon -o verify_dedup || bail "remount after gc"
 assert_cmp "$WORK/s1.safetensors" "$MNT/s1.safetensors" "s1.safetensors intact after gc"
 assert_cmp "$WORK/keep" "$MNT/keep.bin" "keep.bin intact after gc"
+assert_cmp "$WORK/revive" "$MNT/revive_again.bin" "content deleted and re-written before gc survives gc"
 # content whose chunks gc dropped must be stored again, not deduped against dropped chunks
 cp "$WORK/blob" "$MNT/blob_again.bin"
 cp "$WORK/s2.safetensors" "$MNT/s2_again.safetensors"

@@ -340,6 +340,45 @@ def sec_11():
     tap(os.lstat(j("lnk_t")).st_mtime_ns == 1_200_000_000 * 10**9, "utimens on a symlink (nofollow)")
 
 
+def sec_vis():
+    """visibility: readers never see a mix of old and new content"""
+    old, new = b"old" * 1000, b"new" * 100000
+
+    def view(path=None, fd=None):
+        # (size by stat, bytes read): they must agree, and be all-old or all-new
+        if fd is None:
+            return os.stat(path).st_size, rfile(path)
+        return os.fstat(fd).st_size, os.pread(fd, 10 * len(new), 0)
+
+    def consistent(v, what):
+        size, data = v
+        state = "old" if data == old else "new" if data == new else "mixed"
+        tap(state != "mixed" and size == len(data),
+            f"{what}: stat size {size}, read {len(data)} bytes ({state})")
+
+    # an fd opened (and read) before another fd rewrites and closes the file
+    wfile(j("vis0"), old)
+    early = os.open(j("vis0"), os.O_RDONLY)
+    os.pread(early, 100, 0)
+    w = os.open(j("vis0"), os.O_WRONLY | os.O_TRUNC)
+    os.write(w, new)
+    os.close(w)
+    consistent(view(fd=early), "fd opened before another fd rewrote + closed the file")
+    os.close(early)
+    # readers while the writer still has uncommitted data
+    wfile(j("vis"), old)
+    early = os.open(j("vis"), os.O_RDONLY)
+    os.pread(early, 100, 0)
+    w = os.open(j("vis"), os.O_WRONLY | os.O_TRUNC)
+    os.write(w, new)
+    consistent(view(j("vis")), "new reader while a writer has uncommitted data")
+    consistent(view(fd=early), "reader opened earlier, while the writer has uncommitted data")
+    os.close(w)
+    tap(view(j("vis")) == (len(new), new), "new reader after the writer closed sees the new content")
+    consistent(view(fd=early), "reader opened before the writer's close, after the close")
+    os.close(early)
+
+
 def sec_12():
     """fsync / fdatasync and visibility at fsync"""
     fd = os.open(j("fs"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -374,7 +413,7 @@ def sec_14():
     tap(rfile(j(long_name)) == b"long name", "255-byte file name")
     expect_errno(errno.ENAMETOOLONG, lambda: wfile(j("n" * 256), b"x"), "256-byte file name")
 
-for fn in [sec_0, sec_1, sec_2, sec_3, sec_4, sec_5, sec_6, sec_7, sec_8, sec_9, sec_10, sec_11, sec_12, sec_13, sec_14]:
+for fn in [sec_0, sec_1, sec_2, sec_3, sec_4, sec_5, sec_6, sec_7, sec_8, sec_9, sec_10, sec_11, sec_vis, sec_12, sec_13, sec_14]:
     try:
         fn()
     except Exception as e:

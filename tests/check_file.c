@@ -1,0 +1,862 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_file.c - unit tests for core/file.c: writers (STREAM and STAGED
+ * modes, chunking plan, commit) and the chunk worker pool.
+ *
+ * Every test gets a fresh store under a mkdtemp directory in /tmp (checked
+ * fixture) and a pool of 2 workers; the teardown removes the directory
+ * whatever the outcome.
+ */
+#include <check.h>
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "chunker.h"
+#include "file.h"
+#include "store.h"
+#include "util.h"
+
+#define MiB (1u << 20)
+
+static char tdir[64];
+static char spath[128];
+static ckpt_store *st;
+static ckpt_pool *pool;
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+static ckpt_store *open_store(void)
+{
+	struct ckpt_store_opts o;
+	ckpt_store *s = NULL;
+	char err[512] = "";
+	int r;
+
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	r = ckpt_store_open(spath, &o, &s, err, sizeof(err));
+	ck_assert_msg(r == 0, "open: %d %s", r, err);
+	return s;
+}
+
+static void setup(void)
+{
+	strcpy(tdir, "/tmp/check_file-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	snprintf(spath, sizeof(spath), "%s/store", tdir);
+	st = open_store();
+	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
+}
+
+static void teardown(void)
+{
+	ckpt_pool_free(pool);
+	pool = NULL;
+	ckpt_store_free(st);
+	st = NULL;
+	if (tdir[0])
+		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	tdir[0] = '\0';
+}
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static uint8_t *random_buf(size_t n, uint64_t seed)
+{
+	uint8_t *p = malloc(n ? n : 1);
+	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+
+	ck_assert_ptr_nonnull(p);
+	for (size_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		p[i] = (uint8_t)(x >> 24);
+	}
+	return p;
+}
+
+static uint64_t mkfile(const char *name)
+{
+	struct ckpt_inode in;
+
+	ck_assert_int_eq(ckpt_store_mknode(st, CKPT_ROOT_INO, name, S_IFREG | 0644, 0, 0, NULL,
+					   &in),
+			 0);
+	return in.ino;
+}
+
+static ckpt_writer *writer(uint64_t ino, bool truncate)
+{
+	ckpt_writer *w = NULL;
+
+	ck_assert_int_eq(ckpt_writer_new(st, pool, ino, truncate, &w), 0);
+	ck_assert_ptr_nonnull(w);
+	return w;
+}
+
+/* Sequential write of len bytes from off in pieces of `piece` bytes. */
+static void write_pieces(ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off,
+			 size_t piece)
+{
+	for (size_t done = 0; done < len;) {
+		size_t n = CKPT_MIN(piece, len - done);
+		ck_assert_int_eq(ckpt_writer_write(w, buf + done, n, off + done), 0);
+		done += n;
+	}
+}
+
+/* The committed content of ino equals expect[0..len). */
+static void check_committed(uint64_t ino, const uint8_t *expect, size_t len)
+{
+	struct ckpt_extent_list *l = NULL;
+	struct ckpt_inode in;
+	uint8_t *buf = malloc(len + 16);
+	uint64_t off = 0;
+
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(ckpt_store_getattr(st, ino, &in), 0);
+	ck_assert_uint_eq(in.size, len);
+	ck_assert_int_eq(ckpt_store_load_extents(st, ino, &l), 0);
+	ck_assert_uint_eq(l->size, len);
+	/* extents are consecutive and non-empty */
+	for (size_t i = 0; i < l->n; i++) {
+		ck_assert_uint_eq(l->v[i].off, off);
+		ck_assert_uint_gt(l->v[i].len, 0);
+		off += l->v[i].len;
+	}
+	ck_assert_uint_eq(off, len);
+	ck_assert_int_eq(ckpt_store_read_extents(st, l, buf, len + 16, 0), (ssize_t)len);
+	ck_assert_int_eq(memcmp(buf, expect, len), 0);
+	ckpt_extent_list_free(l);
+	free(buf);
+}
+
+/* The writer's current content equals expect[0..len), read in pieces. */
+static void check_writer(ckpt_writer *w, const uint8_t *expect, size_t len, size_t piece)
+{
+	uint8_t *buf = malloc(piece + 16);
+
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	for (size_t off = 0; off < len; off += piece) {
+		size_t want = CKPT_MIN(piece, len - off);
+		ssize_t n = ckpt_writer_read(w, buf, piece + 16, off);
+		ck_assert_int_eq(n, (ssize_t)CKPT_MIN(piece + 16, len - off));
+		ck_assert_msg(memcmp(buf, expect + off, want) == 0, "mismatch in [%zu, +%zu)", off,
+			      want);
+	}
+	ck_assert_int_eq(ckpt_writer_read(w, buf, 10, len), 0);
+	ck_assert_int_eq(ckpt_writer_read(w, buf, 10, len + 12345), 0);
+	free(buf);
+}
+
+static struct ckpt_store_stats flushed_stats(void)
+{
+	struct ckpt_store_stats s;
+
+	ck_assert_int_eq(ckpt_store_flush(st), 0);
+	ck_assert_int_eq(ckpt_store_stats(st, &s), 0);
+	return s;
+}
+
+static void fsck_cb(void *ud, const char *path, const char *what)
+{
+	(void)ud;
+	fprintf(stderr, "fsck: %s: %s\n", path ? path : "-", what);
+}
+
+static int fsck(void)
+{
+	ck_assert_int_eq(ckpt_store_flush(st), 0);
+	return ckpt_store_fsck(st, fsck_cb, NULL);
+}
+
+/* ---- pool ------------------------------------------------------------- */
+
+START_TEST(test_pool_lifecycle)
+{
+	ckpt_pool *p = NULL;
+
+	ckpt_pool_free(NULL);
+	ckpt_writer_free(NULL);
+	ck_assert_int_eq(ckpt_pool_new(0, &p), 0); /* one per CPU */
+	ck_assert_ptr_nonnull(p);
+	ckpt_pool_free(p);
+	ck_assert_int_eq(ckpt_pool_new(1, &p), 0);
+	ckpt_pool_free(p);
+}
+END_TEST
+
+/* ---- STREAM ----------------------------------------------------------- */
+
+START_TEST(test_sequential_10mib)
+{
+	const size_t len = 10 * MiB;
+	uint8_t *data = random_buf(len, 1);
+	uint64_t f = mkfile("seq");
+	ckpt_writer *w = writer(f, true);
+	struct ckpt_extent_list *l = NULL;
+	struct ckpt_store_stats s;
+
+	ck_assert(!ckpt_writer_dirty(w));
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert(ckpt_writer_dirty(w));
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ck_assert(!ckpt_writer_dirty(w));
+	check_committed(f, data, len);
+	/* FastCDC bounds: every chunk in [min, max], but the last may be short */
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l), 0);
+	ck_assert_uint_ge(l->n, 3);
+	for (size_t i = 0; i < l->n; i++) {
+		ck_assert_uint_eq(l->v[i].kind, CKPT_EXT_CHUNK);
+		ck_assert_uint_le(l->v[i].len, CKPT_CDC_DEFAULT_MAX);
+		if (i + 1 < l->n)
+			ck_assert_uint_ge(l->v[i].len, CKPT_CDC_DEFAULT_MIN);
+	}
+	ckpt_extent_list_free(l);
+	/* the writer still reads the same content after its commit */
+	check_writer(w, data, len, 3 * MiB + 7);
+	ckpt_writer_free(w);
+
+	s = flushed_stats();
+	ck_assert_uint_eq(s.logical_bytes, len);
+	ck_assert_uint_eq(s.unique_bytes, len);
+	ck_assert_int_eq(fsck(), 0);
+	/* and after a reopen of the store */
+	ckpt_pool_free(pool);
+	ckpt_store_free(st);
+	st = open_store();
+	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
+	check_committed(f, data, len);
+	free(data);
+}
+END_TEST
+
+/* Reads of uncommitted STREAM content: cut chunks (maybe still in flight)
+ * plus the uncut tail. */
+START_TEST(test_stream_read_uncommitted)
+{
+	const size_t len = 5 * MiB + 123;
+	uint8_t *data = random_buf(len, 2), buf[64];
+	uint64_t f = mkfile("s");
+	ckpt_writer *w = writer(f, true);
+
+	ck_assert_int_eq(ckpt_writer_read(w, buf, sizeof(buf), 0), 0);
+	write_pieces(w, data, len, 0, 100000);
+	check_writer(w, data, len, 1000003);
+	check_writer(w, data, len, 4096);
+	/* a read straddling the end is short */
+	ck_assert_int_eq(ckpt_writer_read(w, buf, 64, len - 10), 10);
+	ck_assert_mem_eq(buf, data + len - 10, 10);
+	/* nothing committed yet */
+	{
+		struct ckpt_inode in;
+		ck_assert_int_eq(ckpt_store_getattr(st, f, &in), 0);
+		ck_assert_uint_eq(in.size, 0);
+	}
+	/* writes continue after reads */
+	ck_assert_int_eq(ckpt_writer_write(w, "tail", 4, len), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), len + 4);
+	ck_assert_int_eq(ckpt_writer_read(w, buf, 64, len - 2), 6);
+	ck_assert_mem_eq(buf, data + len - 2, 2);
+	ck_assert_mem_eq(buf + 2, "tail", 4);
+	ckpt_writer_free(w);
+	free(data);
+}
+END_TEST
+
+/* Without a commit, the old committed content stays. */
+START_TEST(test_free_without_commit)
+{
+	const size_t len = 2 * MiB + 5;
+	uint8_t *a = random_buf(len, 3), *b = random_buf(len, 4);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+
+	write_pieces(w, a, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, true), 0);
+	ckpt_writer_free(w);
+	check_committed(f, a, len);
+
+	/* truncating writer, new content, no commit */
+	w = writer(f, true);
+	ck_assert(ckpt_writer_dirty(w)); /* will empty the file if committed */
+	ck_assert_uint_eq(ckpt_writer_size(w), 0);
+	write_pieces(w, b, len, 0, MiB);
+	ckpt_writer_free(w);
+	check_committed(f, a, len);
+
+	/* non-truncating writer, overwrite in the middle, no commit */
+	w = writer(f, false);
+	ck_assert(!ckpt_writer_dirty(w));
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	ck_assert_int_eq(ckpt_writer_write(w, b, 1000, MiB), 0);
+	ckpt_writer_free(w);
+	check_committed(f, a, len);
+
+	/* refcounts and index agree */
+	ck_assert_int_eq(fsck(), 0);
+	{
+		struct ckpt_store_stats s = flushed_stats();
+		ck_assert_uint_eq(s.logical_bytes, len);
+		ck_assert_uint_eq(s.unique_bytes, len);
+	}
+	free(a);
+	free(b);
+}
+END_TEST
+
+START_TEST(test_commit_twice_with_appends)
+{
+	const size_t half = 3 * MiB / 2;
+	uint8_t *data = random_buf(2 * half + 77, 5);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+	struct ckpt_extent_list *l1 = NULL, *l2 = NULL;
+
+	write_pieces(w, data, half, 0, 300000);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, half);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l1), 0);
+	/* a commit without changes is a no-op */
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	write_pieces(w, data + half, half, half, 300000);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, 2 * half);
+	/* the extents of the first commit are kept as they were */
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l2), 0);
+	ck_assert_uint_gt(l2->n, l1->n);
+	for (size_t i = 0; i < l1->n; i++) {
+		ck_assert_uint_eq(l2->v[i].off, l1->v[i].off);
+		ck_assert_uint_eq(l2->v[i].len, l1->v[i].len);
+		ck_assert_mem_eq(l2->v[i].digest.bytes, l1->v[i].digest.bytes, 16);
+	}
+	/* a third commit, durable, with a few more bytes */
+	ck_assert_int_eq(ckpt_writer_write(w, data + 2 * half, 77, 2 * half), 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, true), 0);
+	check_committed(f, data, 2 * half + 77);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	ckpt_extent_list_free(l1);
+	ckpt_extent_list_free(l2);
+	free(data);
+}
+END_TEST
+
+/* A writer opened without truncate on existing content appends to it. */
+START_TEST(test_append_existing)
+{
+	const size_t len = MiB + 333;
+	uint8_t *data = random_buf(2 * len, 6);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+
+	w = writer(f, false);
+	check_writer(w, data, len, 100000);
+	write_pieces(w, data + len, len, len, 65536);
+	check_writer(w, data, 2 * len, 777777);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(f, data, 2 * len);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+}
+END_TEST
+
+START_TEST(test_all_zero)
+{
+	const size_t len = 8 * MiB + 100;
+	uint8_t *zero = calloc(1, len);
+	uint64_t f = mkfile("z");
+	ckpt_writer *w = writer(f, true);
+	struct ckpt_extent_list *l = NULL;
+	struct ckpt_store_stats s;
+
+	ck_assert_ptr_nonnull(zero);
+	write_pieces(w, zero, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(f, zero, len);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l), 0);
+	ck_assert_uint_ge(l->n, 1);
+	for (size_t i = 0; i < l->n; i++)
+		ck_assert_uint_eq(l->v[i].kind, CKPT_EXT_ZERO);
+	ck_assert_uint_eq(l->n, 1); /* adjacent zero runs merge */
+	ckpt_extent_list_free(l);
+	/* nothing stored */
+	s = flushed_stats();
+	ck_assert_uint_eq(s.logical_bytes, len);
+	ck_assert_uint_eq(s.chunks, 0);
+	ck_assert_uint_eq(s.dead_chunks, 0);
+	ck_assert_uint_eq(s.unique_bytes, 0);
+	ck_assert_uint_eq(s.pack_files, 0);
+	ck_assert_uint_eq(s.pack_bytes, 0);
+	free(zero);
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true), *w2 = NULL;
+	uint8_t b = 1;
+
+	ck_assert_int_eq(ckpt_writer_write(w, &b, 0, 5), 0); /* empty write: nothing */
+	ck_assert_uint_eq(ckpt_writer_size(w), 0);
+	ck_assert(!ckpt_writer_dirty(w));
+	ck_assert_int_eq(ckpt_writer_write(w, &b, 1, 1ull << 50), -EFBIG);
+	ck_assert_int_eq(ckpt_writer_write(w, &b, 1, UINT64_MAX), -EFBIG);
+	ck_assert_int_eq(ckpt_writer_truncate(w, (1ull << 50) + 1), -EFBIG);
+	/* EFBIG is not sticky */
+	ck_assert_int_eq(ckpt_writer_write(w, &b, 1, 0), 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	/* no such inode */
+	ck_assert_int_eq(ckpt_writer_new(st, pool, 9999, true, &w2), -ENOENT);
+	ck_assert_ptr_null(w2);
+}
+END_TEST
+
+START_TEST(test_mtime)
+{
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+	struct ckpt_inode in;
+	int64_t m;
+
+	ck_assert_int_eq(ckpt_writer_write(w, "abc", 3, 0), 0);
+	m = ckpt_writer_mtime(w);
+	ck_assert_int_gt(m, 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ck_assert_int_eq(ckpt_store_getattr(st, f, &in), 0);
+	ck_assert_int_eq(in.mtime_ns, m);
+	ck_assert_int_eq(ckpt_writer_write(w, "d", 1, 3), 0);
+	ckpt_writer_set_mtime(w, 123456789);
+	ck_assert_int_eq(ckpt_writer_mtime(w), 123456789);
+	ck_assert_int_eq(ckpt_writer_commit(w, true), 0);
+	ck_assert_int_eq(ckpt_store_getattr(st, f, &in), 0);
+	ck_assert_int_eq(in.mtime_ns, 123456789);
+	ck_assert_uint_eq(in.size, 4);
+	ckpt_writer_free(w);
+}
+END_TEST
+
+/* ---- STAGED ----------------------------------------------------------- */
+
+START_TEST(test_overwrite_middle)
+{
+	const size_t len = 12 * MiB;
+	const uint64_t at = 10 * MiB + 17;
+	uint8_t *data = random_buf(len, 7), *patch = random_buf(1000, 8);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+	struct ckpt_extent_list *l1 = NULL, *l2 = NULL;
+	size_t same = 0;
+
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l1), 0);
+	/* overwrite in the middle: goes STAGED */
+	ck_assert_int_eq(ckpt_writer_write(w, patch, 1000, at), 0);
+	memcpy(data + at, patch, 1000);
+	ck_assert(ckpt_writer_dirty(w));
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	check_writer(w, data, len, 2 * MiB + 1);
+	/* and more writes in STAGED mode, including at the end */
+	ck_assert_int_eq(ckpt_writer_write(w, patch, 10, 0), 0);
+	memcpy(data, patch, 10);
+	ck_assert_int_eq(ckpt_writer_write(w, patch + 10, 20, len - 20), 0);
+	memcpy(data + len - 20, patch + 10, 20);
+	check_writer(w, data, len, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, len);
+	/* after the commit the writer stays usable and consistent */
+	check_writer(w, data, len, 4 * MiB);
+	ckpt_writer_free(w);
+
+	/* content-defined chunks before the first change are unchanged... */
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &l2), 0);
+	for (size_t i = 0; i < l1->n && i < l2->n; i++) {
+		if (l1->v[i].off + l1->v[i].len > at)
+			break;
+		if (i == 0)
+			continue; /* bytes 0..9 changed too */
+		ck_assert_uint_eq(l2->v[i].len, l1->v[i].len);
+		ck_assert_mem_eq(l2->v[i].digest.bytes, l1->v[i].digest.bytes, 16);
+		same++;
+	}
+	ck_assert_uint_ge(same, 1);
+	ckpt_extent_list_free(l1);
+	ckpt_extent_list_free(l2);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+	free(patch);
+}
+END_TEST
+
+START_TEST(test_sparse_write)
+{
+	const uint64_t at = 2 * MiB + 3;
+	const size_t len = at + 500;
+	uint8_t *expect = calloc(1, len), *a = random_buf(1000, 9), *b = random_buf(500, 10);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+
+	ck_assert_int_eq(ckpt_writer_write(w, a, 1000, 0), 0);
+	ck_assert_int_eq(ckpt_writer_write(w, b, 500, at), 0);
+	memcpy(expect, a, 1000);
+	memcpy(expect + at, b, 500);
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	check_writer(w, expect, len, 300000);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, expect, len);
+	ckpt_writer_free(w);
+
+	/* a sparse write on a fresh writer, far from any data */
+	{
+		uint64_t g = mkfile("g");
+		uint8_t *e2 = calloc(1, 6 * MiB + 1);
+		w = writer(g, true);
+		ck_assert_int_eq(ckpt_writer_write(w, "x", 1, 6 * MiB), 0);
+		e2[6 * MiB] = 'x';
+		ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+		ckpt_writer_free(w);
+		check_committed(g, e2, 6 * MiB + 1);
+		free(e2);
+	}
+	ck_assert_int_eq(fsck(), 0);
+	free(expect);
+	free(a);
+	free(b);
+}
+END_TEST
+
+START_TEST(test_truncate)
+{
+	const size_t len = 2 * MiB;
+	const size_t shrink = MiB + 5, grow = 3 * MiB;
+	uint8_t *data = random_buf(len, 11), *expect = calloc(1, grow);
+	uint64_t f = mkfile("f");
+	ckpt_writer *w = writer(f, true);
+
+	write_pieces(w, data, len, 0, 500000);
+	/* to the current size: no change */
+	ck_assert_int_eq(ckpt_writer_truncate(w, len), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	/* shrink */
+	ck_assert_int_eq(ckpt_writer_truncate(w, shrink), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), shrink);
+	check_writer(w, data, shrink, MiB);
+	/* grow: zeros */
+	ck_assert_int_eq(ckpt_writer_truncate(w, grow), 0);
+	memcpy(expect, data, shrink);
+	check_writer(w, expect, grow, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, expect, grow);
+	/* shrink of committed content, then commit again */
+	ck_assert_int_eq(ckpt_writer_truncate(w, 100), 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, 100);
+	/* truncate to 0 restarts a STREAM writer */
+	ck_assert_int_eq(ckpt_writer_truncate(w, 0), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), 0);
+	write_pieces(w, data + 7, MiB, 0, 100000);
+	check_writer(w, data + 7, MiB, 333333);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data + 7, MiB);
+	ckpt_writer_free(w);
+
+	/* a truncating writer on a non-empty file empties it on commit */
+	w = writer(f, true);
+	ck_assert(ckpt_writer_dirty(w));
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(f, data, 0);
+	/* a non-truncating writer on an existing file: truncate shrinks it */
+	w = writer(f, true);
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	w = writer(f, false);
+	ck_assert_int_eq(ckpt_writer_truncate(w, 12345), 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(f, data, 12345);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+	free(expect);
+}
+END_TEST
+
+/* ---- safetensors ------------------------------------------------------ */
+
+/* Three tensors: a F32[300000] (1,200,000 bytes), b BF16[1000,700]
+ * (1,400,000 bytes), c F32[1000] (4,000 bytes).  The header is padded with
+ * `pad` extra spaces and may carry a metadata entry. */
+#define ST_A 1200000u
+#define ST_B 1400000u
+#define ST_C 4000u
+#define ST_DATA (ST_A + ST_B + ST_C)
+
+static uint8_t *st_file(const uint8_t *tensors, size_t pad, bool meta, size_t *ret_len,
+			size_t *ret_data_start)
+{
+	char json[1024];
+	int n = snprintf(json, sizeof(json),
+			 "{%s\"a\":{\"dtype\":\"F32\",\"shape\":[300000],\"data_offsets\":[0,%u]},"
+			 "\"b\":{\"dtype\":\"BF16\",\"shape\":[1000,700],\"data_offsets\":[%u,%u]},"
+			 "\"c\":{\"dtype\":\"F32\",\"shape\":[1000],\"data_offsets\":[%u,%u]}}",
+			 meta ? "\"__metadata__\":{\"format\":\"pt\",\"step\":\"1000\"}," : "", ST_A,
+			 ST_A, ST_A + ST_B, ST_A + ST_B, ST_DATA);
+	size_t hlen = (size_t)n + pad, total = 8 + hlen + ST_DATA;
+	uint8_t *buf = malloc(total);
+
+	ck_assert_int_lt(n, (int)sizeof(json));
+	ck_assert_ptr_nonnull(buf);
+	ckpt_put_le64(buf, hlen);
+	memcpy(buf + 8, json, (size_t)n);
+	memset(buf + 8 + n, ' ', pad);
+	memcpy(buf + 8 + hlen, tensors, ST_DATA);
+	*ret_len = total;
+	*ret_data_start = 8 + hlen;
+	return buf;
+}
+
+static void expect_extent(const struct ckpt_extent_list *l, size_t i, uint64_t off, uint32_t len)
+{
+	ck_assert_uint_lt(i, l->n);
+	ck_assert_msg(l->v[i].off == off && l->v[i].len == len,
+		      "extent %zu: [%" PRIu64 ", +%" PRIu32 "), expected [%" PRIu64 ", +%" PRIu32 ")",
+		      i, l->v[i].off, l->v[i].len, off, len);
+	ck_assert_uint_eq(l->v[i].kind, CKPT_EXT_CHUNK);
+}
+
+/* The exact tensor-aligned plan for st_file() content. */
+static void check_st_plan(uint64_t ino, size_t ds)
+{
+	struct ckpt_extent_list *l = NULL;
+	const uint64_t ta = ds, tb = ds + ST_A, tc = ds + ST_A + ST_B;
+
+	ck_assert_int_eq(ckpt_store_load_extents(st, ino, &l), 0);
+	ck_assert_uint_eq(l->n, 6);
+	expect_extent(l, 0, 0, (uint32_t)ds);                      /* prefix + header */
+	expect_extent(l, 1, ta, MiB);                              /* a: piece 0 */
+	expect_extent(l, 2, ta + MiB, ST_A - MiB);                 /* a: piece 1 */
+	expect_extent(l, 3, tb, MiB);                              /* b: piece 0 */
+	expect_extent(l, 4, tb + MiB, ST_B - MiB);                 /* b: piece 1 */
+	expect_extent(l, 5, tc, ST_C);                             /* c */
+	ckpt_extent_list_free(l);
+}
+
+START_TEST(test_safetensors_aligned)
+{
+	uint8_t *tensors = random_buf(ST_DATA, 12);
+	size_t len1, ds1, len2, ds2;
+	uint8_t *f1 = st_file(tensors, 3, false, &len1, &ds1);
+	uint8_t *f2 = st_file(tensors, 501, true, &len2, &ds2);
+	uint64_t a = mkfile("a.safetensors"), b = mkfile("b.safetensors");
+	struct ckpt_store_stats s1, s2;
+	struct ckpt_inode in;
+	ckpt_writer *w;
+
+	ck_assert_uint_gt(ds2, ds1);
+	w = writer(a, true);
+	write_pieces(w, f1, len1, 0, 65537); /* the header arrives in pieces */
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(a, f1, len1);
+	check_st_plan(a, ds1);
+	ck_assert_int_eq(ckpt_store_getattr(st, a, &in), 0);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	s1 = flushed_stats();
+	ck_assert_uint_eq(s1.unique_bytes, len1);
+
+	/* same tensors behind a longer header: only the header is new */
+	w = writer(b, true);
+	write_pieces(w, f2, len2, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(b, f2, len2);
+	check_st_plan(b, ds2);
+	ck_assert_int_eq(ckpt_store_getattr(st, b, &in), 0);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	s2 = flushed_stats();
+	ck_assert_uint_eq(s2.unique_bytes, s1.unique_bytes + ds2);
+	ck_assert_uint_eq(s2.chunks, s1.chunks + 1);
+	ck_assert_uint_eq(s2.logical_bytes, len1 + len2);
+	ck_assert_int_eq(fsck(), 0);
+	free(tensors);
+	free(f1);
+	free(f2);
+}
+END_TEST
+
+/* The staged path re-chunks with the same plan. */
+START_TEST(test_safetensors_staged)
+{
+	uint8_t *tensors = random_buf(ST_DATA, 13);
+	size_t len, ds;
+	uint8_t *f1 = st_file(tensors, 0, false, &len, &ds);
+	uint64_t a = mkfile("a");
+	struct ckpt_inode in;
+	ckpt_writer *w = writer(a, true);
+
+	/* write the data area first, then the header: not sequential */
+	ck_assert_int_eq(ckpt_writer_write(w, f1 + ds, len - ds, ds), 0);
+	ck_assert_int_eq(ckpt_writer_write(w, f1, ds, 0), 0);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(a, f1, len);
+	check_st_plan(a, ds);
+	ck_assert_int_eq(ckpt_store_getattr(st, a, &in), 0);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	free(tensors);
+	free(f1);
+}
+END_TEST
+
+/* An incomplete safetensors file is not flagged; a non-safetensors file is
+ * chunked with FastCDC. */
+START_TEST(test_safetensors_incomplete)
+{
+	uint8_t *tensors = random_buf(ST_DATA, 14);
+	size_t len, ds;
+	uint8_t *f1 = st_file(tensors, 0, false, &len, &ds);
+	uint64_t a = mkfile("a");
+	struct ckpt_inode in;
+	struct ckpt_extent_list *l = NULL;
+	ckpt_writer *w = writer(a, true);
+
+	write_pieces(w, f1, ds + MiB + 10, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(a, f1, ds + MiB + 10);
+	ck_assert_int_eq(ckpt_store_getattr(st, a, &in), 0);
+	ck_assert_uint_eq(in.flags, 0);
+	ck_assert_int_eq(ckpt_store_load_extents(st, a, &l), 0);
+	ck_assert_uint_eq(l->n, 3);
+	ck_assert_uint_eq(l->v[0].len, ds);
+	ck_assert_uint_eq(l->v[1].len, MiB);
+	ck_assert_uint_eq(l->v[2].len, 10);
+	ckpt_extent_list_free(l);
+	/* completing it in the same writer: flagged */
+	write_pieces(w, f1 + ds + MiB + 10, len - (ds + MiB + 10), ds + MiB + 10, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	check_committed(a, f1, len);
+	ck_assert_int_eq(ckpt_store_getattr(st, a, &in), 0);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	free(tensors);
+	free(f1);
+}
+END_TEST
+
+/* ---- concurrency ------------------------------------------------------ */
+
+struct wjob {
+	uint64_t ino;
+	uint8_t *data;
+	size_t len;
+	int r;
+};
+
+static void *wjob_main(void *p)
+{
+	struct wjob *j = p;
+	ckpt_writer *w = NULL;
+
+	j->r = ckpt_writer_new(st, pool, j->ino, true, &w);
+	for (size_t off = 0; j->r == 0 && off < j->len; off += 200000)
+		j->r = ckpt_writer_write(w, j->data + off, CKPT_MIN(200000, j->len - off), off);
+	if (j->r == 0)
+		j->r = ckpt_writer_commit(w, false);
+	ckpt_writer_free(w);
+	return NULL;
+}
+
+START_TEST(test_concurrent_writers)
+{
+	enum { N = 3 };
+	struct wjob j[N];
+	pthread_t th[N];
+	char name[16];
+
+	for (int i = 0; i < N; i++) {
+		snprintf(name, sizeof(name), "f%d", i);
+		j[i].ino = mkfile(name);
+		j[i].len = 3 * MiB + (size_t)i;
+		j[i].data = random_buf(j[i].len, 20 + (uint64_t)i);
+		/* f1 repeats f0's first MiB: dedup across writers */
+		if (i == 1)
+			memcpy(j[1].data, j[0].data, MiB);
+		ck_assert_int_eq(pthread_create(&th[i], NULL, wjob_main, &j[i]), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+		ck_assert_int_eq(j[i].r, 0);
+	}
+	for (int i = 0; i < N; i++) {
+		check_committed(j[i].ino, j[i].data, j[i].len);
+		free(j[i].data);
+	}
+	ck_assert_int_eq(fsck(), 0);
+}
+END_TEST
+
+static Suite *file_suite(void)
+{
+	Suite *s = suite_create("file");
+	TCase *tc = tcase_create("writer");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_pool_lifecycle);
+	tcase_add_test(tc, test_sequential_10mib);
+	tcase_add_test(tc, test_stream_read_uncommitted);
+	tcase_add_test(tc, test_free_without_commit);
+	tcase_add_test(tc, test_commit_twice_with_appends);
+	tcase_add_test(tc, test_append_existing);
+	tcase_add_test(tc, test_all_zero);
+	tcase_add_test(tc, test_errors);
+	tcase_add_test(tc, test_mtime);
+	tcase_add_test(tc, test_overwrite_middle);
+	tcase_add_test(tc, test_sparse_write);
+	tcase_add_test(tc, test_truncate);
+	tcase_add_test(tc, test_safetensors_aligned);
+	tcase_add_test(tc, test_safetensors_staged);
+	tcase_add_test(tc, test_safetensors_incomplete);
+	tcase_add_test(tc, test_concurrent_writers);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(file_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
