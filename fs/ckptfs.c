@@ -639,11 +639,19 @@ static int open_handle(fuse_ino_t ino, int flags, struct handle **ret)
 
 static void handle_close(fuse_ino_t ino, struct handle *h);
 
+/*
+ * Writable handles bypass the page cache (direct_io): uncommitted bytes never
+ * enter the kernel's cache, where readers of the committed snapshot would
+ * see them, and large writes reach the daemon without page-cache copies.
+ * The price: shared writable mmap of a file open for writing is refused by
+ * the kernel (ENODEV).  Read-only handles use the page cache (mmap works);
+ * it is dropped at open and after every commit.
+ */
 static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 0;
-	fi->direct_io = 0;
+	fi->direct_io = h->writable;
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

@@ -27,7 +27,8 @@
 
 #define MiB (1u << 20)
 
-static char tdir[64];
+static char basedir[64]; /* per test case, owned by the parent process */
+static char tdir[96];     /* per test, inside basedir */
 static char spath[128];
 static ckpt_store *st;
 static ckpt_pool *pool;
@@ -54,9 +55,25 @@ static ckpt_store *open_store(void)
 	return s;
 }
 
+/* Unchecked fixture, run in the parent around each test case: a failed
+ * test exits its forked child before the checked teardown runs, so the
+ * parent removes whatever the tests of the case left behind. */
+static void base_setup(void)
+{
+	strcpy(basedir, "/tmp/check_file-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(basedir));
+}
+
+static void base_teardown(void)
+{
+	if (basedir[0])
+		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	basedir[0] = '\0';
+}
+
 static void setup(void)
 {
-	strcpy(tdir, "/tmp/check_file-XXXXXX");
+	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
 	ck_assert_ptr_nonnull(mkdtemp(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 	st = open_store();
@@ -828,6 +845,7 @@ static Suite *file_suite(void)
 	Suite *s = suite_create("file");
 	TCase *tc = tcase_create("writer");
 
+	tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_pool_lifecycle);

@@ -21,7 +21,8 @@
 #include "index.h"
 #include "util.h"
 
-static char tdir[64];
+static char basedir[64]; /* per test case, owned by the parent process */
+static char tdir[96];     /* per test, inside basedir */
 static char ixdir[128];
 
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -32,9 +33,25 @@ static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *
 	return remove(path);
 }
 
+/* Unchecked fixture, run in the parent around each test case: a failed
+ * test exits its forked child before the checked teardown runs, so the
+ * parent removes whatever the tests of the case left behind. */
+static void base_setup(void)
+{
+	strcpy(basedir, "/tmp/check_index-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(basedir));
+}
+
+static void base_teardown(void)
+{
+	if (basedir[0])
+		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	basedir[0] = '\0';
+}
+
 static void setup(void)
 {
-	strcpy(tdir, "/tmp/check_index-XXXXXX");
+	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
 	ck_assert_ptr_nonnull(mkdtemp(tdir));
 	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
 }
@@ -896,6 +913,7 @@ static Suite *index_suite(void)
 	TCase *db = tcase_create("db");
 	TCase *rec = tcase_create("records");
 
+	tcase_add_unchecked_fixture(db, base_setup, base_teardown);
 	tcase_add_checked_fixture(db, setup, teardown);
 	tcase_set_timeout(db, 60);
 	tcase_add_test(db, test_open_missing_no_create);

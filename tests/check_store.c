@@ -33,7 +33,8 @@
 #define RENAME_EXCHANGE (1 << 1)
 #endif
 
-static char tdir[64];
+static char basedir[64]; /* per test case, owned by the parent process */
+static char tdir[96];     /* per test, inside basedir */
 static char spath[128];
 
 static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -44,9 +45,25 @@ static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *
 	return remove(path);
 }
 
+/* Unchecked fixture, run in the parent around each test case: a failed
+ * test exits its forked child before the checked teardown runs, so the
+ * parent removes whatever the tests of the case left behind. */
+static void base_setup(void)
+{
+	strcpy(basedir, "/tmp/check_store-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(basedir));
+}
+
+static void base_teardown(void)
+{
+	if (basedir[0])
+		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	basedir[0] = '\0';
+}
+
 static void setup(void)
 {
-	strcpy(tdir, "/tmp/check_store-XXXXXX");
+	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
 	ck_assert_ptr_nonnull(mkdtemp(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 }
@@ -1665,6 +1682,70 @@ START_TEST(test_gc_same_session)
 }
 END_TEST
 
+/* A mostly-dead pack holding a damaged live chunk is kept (the damaged
+ * chunk is not lost further); its intact live chunks stay readable. */
+START_TEST(test_gc_keeps_damaged_pack)
+{
+	ckpt_store *s = open_rw();
+	uint8_t *dmg = random_buf(50000, 60), *ok = random_buf(50000, 61);
+	uint8_t *dead = random_buf(1u << 20, 62);
+	uint64_t fd, fo, fx;
+	ckpt_digest dd;
+	struct ckpt_chunk_loc loc;
+	struct ckpt_gc_stats gs;
+	struct ckpt_store_stats st;
+	struct problems p;
+	char pack[512];
+
+	fd = mkfile(s, CKPT_ROOT_INO, "damaged");
+	fo = mkfile(s, CKPT_ROOT_INO, "ok");
+	fx = mkfile(s, CKPT_ROOT_INO, "dead");
+	{
+		uint8_t *b1[] = { dmg }, *b2[] = { ok }, *b3[] = { dead };
+		size_t l1[] = { 50000 }, l3[] = { 1u << 20 };
+		commit_chunks(s, fd, b1, l1, 1, &dd);
+		commit_chunks(s, fo, b2, l1, 1, NULL);
+		commit_chunks(s, fx, b3, l3, 1, NULL);
+	}
+	ck_assert_int_eq(ckpt_store_chunk_loc(s, &dd, &loc, NULL), 0);
+	ck_assert_uint_eq(loc.offset, CKPT_PACK_HDR_SIZE);
+	ck_assert_int_eq(ckpt_store_unlink(s, CKPT_ROOT_INO, "dead", false), 0);
+	ck_assert_int_eq(ckpt_store_reap(s, fx), 0);
+	ckpt_store_free(s);
+	first_pack(pack, sizeof(pack));
+	flip_byte(pack, CKPT_PACK_HDR_SIZE + CKPT_PACK_REC_HDR_SIZE + 10);
+
+	s = open_rw();
+	ck_assert_int_eq(ckpt_store_gc(s, &gs), 0);
+	ck_assert_uint_eq(gs.chunks_dropped, 1);
+	ck_assert_uint_eq(gs.packs_deleted, 0);
+	ck_assert_int_eq(access(pack, F_OK), 0);
+	st = sstats(s);
+	ck_assert_uint_eq(st.chunks, 2);
+	ck_assert_uint_eq(st.dead_chunks, 0);
+	{
+		size_t len;
+		uint8_t *got = read_file(s, fo, &len);
+		ck_assert_uint_eq(len, 50000);
+		ck_assert_mem_eq(got, ok, 50000);
+		free(got);
+	}
+	{
+		struct ckpt_extent_list *l = NULL;
+		uint8_t buf[64];
+		ck_assert_int_eq(ckpt_store_load_extents(s, fd, &l), 0);
+		ck_assert_int_eq(ckpt_store_read_extents(s, l, buf, sizeof(buf), 0), -EIO);
+		ckpt_extent_list_free(l);
+	}
+	/* still reported by fsck: the chunk and the file naming it */
+	ck_assert_int_eq(fsck(s, &p), 2);
+	free(dmg);
+	free(ok);
+	free(dead);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* A pack that holds only dead chunks is deleted outright. */
 START_TEST(test_gc_deletes_dead_pack)
 {
@@ -1816,6 +1897,7 @@ static Suite *store_suite(void)
 	TCase *all[] = { open, ns, ch, mt };
 
 	for (size_t i = 0; i < CKPT_ARRAY_SIZE(all); i++) {
+		tcase_add_unchecked_fixture(all[i], base_setup, base_teardown);
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 60);
 		suite_add_tcase(s, all[i]);
@@ -1854,6 +1936,7 @@ static Suite *store_suite(void)
 	tcase_add_test(mt, test_gc_after_reopen);
 	tcase_add_test(mt, test_gc_same_session);
 	tcase_add_test(mt, test_gc_deletes_dead_pack);
+	tcase_add_test(mt, test_gc_keeps_damaged_pack);
 	tcase_add_test(mt, test_many_packs);
 	tcase_add_test(mt, test_verify_dedup);
 	return s;

@@ -9,6 +9,7 @@ Commands:
                                    write a safetensors file with NT float32 tensors of TBYTES bytes
                                    each (content from SEED), header padded by PAD metadata bytes
   malformed OUTDIR                 write malformed safetensors files into OUTDIR
+  records PACK                     list the chunk records of a pack: offset codec stored raw
   iofuzz REF FILE SEED NOPS        apply the same random pwrite/truncate/pread sequence to the
                                    local REF and to FILE, checking every read (TAP output)
 """
@@ -203,6 +204,20 @@ def main(argv):
                 return 1
             f.seek(off)
             f.write(bytes([b[0] ^ 0xFF]))
+        return 0
+    if cmd == "records":
+        # records of a pack file: offset codec stored_len raw_len (format of core/pack.h)
+        with open(argv[2], "rb") as f:
+            data = f.read()
+        off = 64
+        while off + 48 <= len(data):
+            if data[off:off + 4] != b"CKRC":
+                off += 8
+                continue
+            codec = data[off + 4]
+            stored, raw = struct.unpack_from("<II", data, off + 8)
+            print(off, codec, stored, raw)
+            off += 48 + (stored + 7) // 8 * 8
         return 0
     if cmd == "manifest":
         for rel, v in sorted(manifest(argv[2]).items()):

@@ -43,6 +43,14 @@ reader() {
 	done
 }
 
+# ckpt stat while the writers run (read-only view of a store in use)
+statter() {
+	local k
+	for k in $(seq 1 10); do
+		"$CKPT" stat "$STORE" >/dev/null || return 1
+	done
+}
+
 declare -A PIDS
 for i in $(seq 0 $((N - 1))); do
 	writer "$i" >"$WORK/writer$i.log" 2>&1 &
@@ -52,12 +60,17 @@ reader >"$WORK/reader0.log" 2>&1 &
 PIDS[r0]=$!
 reader >"$WORK/reader1.log" 2>&1 &
 PIDS[r1]=$!
+statter >"$WORK/statter.log" 2>&1 &
+PIDS[stat]=$!
 for k in "${!PIDS[@]}"; do
 	if wait "${PIDS[$k]}"; then
 		ok "concurrent job $k succeeded"
 	else
 		fail "concurrent job $k succeeded"
-		indent "$WORK/writer${k#w}.log"
+		case $k in
+		w*) indent "$WORK/writer${k#w}.log" ;;
+		stat) indent "$WORK/statter.log" ;;
+		esac
 	fi
 done
 

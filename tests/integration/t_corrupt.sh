@@ -65,6 +65,11 @@ start_daemon || bail "mount $STORE"
 ok "daemon mounted"
 rand_file "$WORK/victim" $((4 * MiB))
 cp "$WORK/victim" "$MNT/victim.bin"
+"$PY" -c 'import sys
+for i in range(60000):
+    sys.stdout.write(f"line {i}: loss={(i * 7919) % 1000 / 1000:.3f} step={i * 13}\n")' \
+	>"$WORK/comp"
+cp "$WORK/comp" "$MNT/comp.txt"
 stop_daemon || fail "unmount"
 start_daemon || bail "remount"
 rand_file "$WORK/bystander" $((2 * MiB))
@@ -79,9 +84,19 @@ note "first pack: $pack ($(stat -c %s "$pack") bytes)"
 check "clean store passes fsck before the damage" "$CKPT" fsck "$STORE"
 cp "$pack" "$WORK/pack.orig"
 check "flip a byte in the first chunk's data" flip_byte "$pack" $((PACK_HDR + REC_HDR + 100))
+"$PY" "$LIB_DIR/helpers.py" records "$pack" >"$WORK/records"
+# a compressed record (stored < raw): flip a byte in the middle of its stored bytes
+crec=$(awk '$3 < $4 {print $1, $3; exit}' "$WORK/records")
+if [ -n "$crec" ]; then
+	check "flip a byte inside a compressed chunk" flip_byte "$pack" \
+		$(( ${crec% *} + REC_HDR + ${crec#* } / 2 ))
+else
+	fail "comp.txt was stored compressed (records: $(wc -l <"$WORK/records"))"
+fi
 
 start_daemon || bail "mount the damaged store"
 read_check "$MNT/victim.bin" "$WORK/victim" "flipped byte"
+read_check "$MNT/comp.txt" "$WORK/comp" "flipped byte in compressed data"
 assert_cmp "$WORK/bystander" "$MNT/dir/bystander.bin" "an undamaged file still reads back"
 assert_eq small "$(cat "$MNT/small.txt")" "an undamaged small file still reads back"
 check "the damaged file can still be stat'ed and listed" stat "$MNT/victim.bin"
@@ -92,6 +107,7 @@ rc=$?
 indent "$WORK/fsck.out"
 assert_nonzero "$rc" "ckpt fsck exits non-zero on a damaged chunk"
 check "ckpt fsck names the damaged file" grep -q "victim.bin" "$WORK/fsck.out"
+check "ckpt fsck names the damaged compressed file" grep -q "comp.txt" "$WORK/fsck.out"
 grep -q "bystander" "$WORK/fsck.out" &&
 	note "fsck output mentions the undamaged dir/bystander.bin (check it is not reported damaged)"
 
@@ -100,6 +116,7 @@ cp "$WORK/pack.orig" "$pack"
 check "fsck passes once the byte is restored" "$CKPT" fsck "$STORE"
 start_daemon || bail "mount the repaired store"
 assert_cmp "$WORK/victim" "$MNT/victim.bin" "repaired file reads back"
+assert_cmp "$WORK/comp" "$MNT/comp.txt" "repaired compressed file reads back"
 
 # ---------------------------------------------------------------- pack cut short
 rand_file "$WORK/tail" $((3 * MiB))
@@ -118,4 +135,27 @@ rc=$?
 indent "$WORK/fsck2.out"
 assert_nonzero "$rc" "ckpt fsck exits non-zero on a short pack"
 check "ckpt fsck names the file in the lost tail" grep -q "tail.bin" "$WORK/fsck2.out"
+
+# ---------------------------------------------------------------- damaged record header
+check "flip a byte in the first record's header" flip_byte "$pack" $((PACK_HDR + 20))
+start_daemon || bail "mount the store with a damaged record header"
+read_check "$MNT/victim.bin" "$WORK/victim" "record header"
+stop_daemon || fail "unmount"
+"$CKPT" fsck "$STORE" >"$WORK/fsck3.out" 2>&1
+assert_nonzero "$?" "ckpt fsck exits non-zero on a damaged record header"
+check "ckpt fsck names the file with the damaged record header" grep -q "victim.bin" \
+	"$WORK/fsck3.out"
+cp "$WORK/pack.orig" "$pack"
+
+# ---------------------------------------------------------------- a pack file gone
+second=$(find "$STORE/packs" -name 'pack-*.ckpk' | sort | sed -n 2p)
+note "removing the second pack: $second"
+check "remove the pack holding dir/bystander.bin" rm "$second"
+start_daemon || bail "mount the store with a missing pack"
+read_check "$MNT/dir/bystander.bin" "$WORK/bystander" "missing pack"
+assert_cmp "$WORK/victim" "$MNT/victim.bin" "missing pack: a file in another pack reads back"
+stop_daemon || fail "unmount"
+"$CKPT" fsck "$STORE" >"$WORK/fsck4.out" 2>&1
+assert_nonzero "$?" "ckpt fsck exits non-zero on a missing pack"
+check "ckpt fsck names the file in the missing pack" grep -q "bystander.bin" "$WORK/fsck4.out"
 finish

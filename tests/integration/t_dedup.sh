@@ -116,8 +116,10 @@ before=$(dir_bytes "$STORE/packs")
 "$CKPT" gc "$STORE" >/dev/null 2>&1 &
 gcpid=$!
 sleep 0.03
-kill -9 "$gcpid" 2>/dev/null
-wait "$gcpid" 2>/dev/null
+{
+	kill -9 "$gcpid"
+	wait "$gcpid"
+} 2>/dev/null
 "$CKPT" fsck "$STORE" >"$WORK/fsck0.out" 2>&1
 assert_eq 0 "$?" "ckpt fsck passes after a gc killed with SIGKILL"
 indent "$WORK/fsck0.out"
@@ -146,6 +148,20 @@ remount || bail "remount"
 assert_eq "$(sha "$WORK/blob")" "$(sha "$MNT/blob_again.bin")" \
 	"content re-added after gc dropped it reads back"
 assert_cmp "$WORK/s2.safetensors" "$MNT/s2_again.safetensors" "s2 re-added after gc reads back"
+
+# compressible data: stored_bytes grows much less than unique_bytes (default compression)
+u0=$(stat_int unique_bytes)
+s0=$(stat_int stored_bytes)
+"$PY" -c 'import sys
+text = "".join(f"step {i} loss {(i * 7919) % 10007} lr 0.0003 grad_norm {i % 97}\n"
+               for i in range(200000))
+sys.stdout.write(text[:8 << 20])' >"$MNT/log.txt"
+wait_committed 10 || fail "ckpt stat sees log.txt"
+u1=$(stat_int unique_bytes)
+s1=$(stat_int stored_bytes)
+note "8 MiB of text: unique +$((u1 - u0)), stored +$((s1 - s0))"
+assert_eq $((8 * MiB)) $((u1 - u0)) "8 MiB of text adds 8 MiB of unique bytes"
+assert_le $((s1 - s0)) $((3 * MiB)) "... and at most 3 MiB of stored bytes (compressed)"
 stop_daemon || fail "unmount"
 check "ckpt fsck at the end" "$CKPT" fsck "$STORE"
 finish
