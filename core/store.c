@@ -949,6 +949,22 @@ static struct commit *overlay_find_locked(ckpt_store *s, uint64_t ino)
 	return c;
 }
 
+/* Reinsert an entry taken out for a commit that failed, unless a newer
+ * one arrived meanwhile (then c is dropped).  Takes ownership of c. */
+static void overlay_put_back(ckpt_store *s, struct commit *c)
+{
+	pthread_mutex_lock(&s->overlay_lock);
+	if (!overlay_find_locked(s, c->ino)) {
+		c->next = s->overlay[c->ino % COMMIT_BUCKETS];
+		s->overlay[c->ino % COMMIT_BUCKETS] = c;
+		s->overlay_n++;
+		s->overlay_bytes += c->list->size;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
+	commit_free(c);
+}
+
 static struct commit *overlay_take(ckpt_store *s, uint64_t ino)
 {
 	struct commit *c;
@@ -1077,9 +1093,15 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 	c->flags = flags;
 	c->mtime_ns = mtime_ns;
 	if (durable) {
+		struct commit *prev;
+
 		pthread_mutex_lock(&s->commit_lock);
-		commit_free(overlay_take(s, ino)); /* superseded */
+		prev = overlay_take(s, ino); /* superseded if this succeeds */
 		r = commit_many(s, &c, 1, true);
+		if (r < 0 && prev)
+			overlay_put_back(s, prev); /* the last close stays visible */
+		else
+			commit_free(prev);
 		pthread_mutex_unlock(&s->commit_lock);
 		commit_free(c);
 		return r;
@@ -1112,16 +1134,8 @@ int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
 	else
 		r = ckpt_index_sync_wal(s->ix);
 	if (r < 0 && c) {
-		/* keep it for the background flush */
-		pthread_mutex_lock(&s->overlay_lock);
-		if (!overlay_find_locked(s, ino)) {
-			c->next = s->overlay[ino % COMMIT_BUCKETS];
-			s->overlay[ino % COMMIT_BUCKETS] = c;
-			s->overlay_n++;
-			s->overlay_bytes += c->list->size;
-			c = NULL;
-		}
-		pthread_mutex_unlock(&s->overlay_lock);
+		overlay_put_back(s, c); /* keep it for the background flush */
+		c = NULL;
 	}
 	pthread_mutex_unlock(&s->commit_lock);
 	commit_free(c);
@@ -1577,49 +1591,56 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 		r = -ENOMEM;
 		goto out;
 	}
-	if (flags & RENAME_EXCHANGE) {
-		batch_dentry(b, parent, name, dino, dst.mode);
-		batch_dentry(b, newparent, newname, sino, src.mode);
-		if (!same_dir) {
+	/* Link-count changes of the two parent directories (one inode when
+	 * same_dir: then both deltas apply to it). */
+	{
+		int pdelta = 0, ndelta = 0;
+
+		if (flags & RENAME_EXCHANGE) {
+			batch_dentry(b, parent, name, dino, dst.mode);
+			batch_dentry(b, newparent, newname, sino, src.mode);
+			if (!same_dir) {
+				if (S_ISDIR(src.mode)) {
+					src.parent = newparent;
+					pdelta--;
+					ndelta++;
+				}
+				if (S_ISDIR(dst.mode)) {
+					dst.parent = parent;
+					ndelta--;
+					pdelta++;
+				}
+			}
+			dst.ctime_ns = now;
+			batch_inode(b, &dst);
+		} else {
+			batch_dentry_delete(b, parent, name);
+			batch_dentry(b, newparent, newname, sino, src.mode);
+			if (have_dst) {
+				drop_link(b, &dst, now);
+				if (S_ISDIR(dst.mode))
+					ndelta--;
+			}
 			if (S_ISDIR(src.mode)) {
 				src.parent = newparent;
-				pdir.nlink--;
-				ndir.nlink++;
-			}
-			if (S_ISDIR(dst.mode)) {
-				dst.parent = parent;
-				ndir.nlink--;
-				pdir.nlink++;
+				pdelta--;
+				ndelta++;
 			}
 		}
-		dst.ctime_ns = now;
-		batch_inode(b, &dst);
-	} else {
-		batch_dentry_delete(b, parent, name);
-		batch_dentry(b, newparent, newname, sino, src.mode);
-		if (have_dst) {
-			drop_link(b, &dst, now);
-			if (S_ISDIR(dst.mode))
-				ndir.nlink--;
+		src.ctime_ns = now;
+		batch_inode(b, &src);
+		if (same_dir) {
+			pdir.nlink = (uint32_t)((int64_t)pdir.nlink + pdelta + ndelta);
+			pdir.mtime_ns = pdir.ctime_ns = now;
+			batch_inode(b, &pdir);
+		} else {
+			pdir.nlink = (uint32_t)((int64_t)pdir.nlink + pdelta);
+			ndir.nlink = (uint32_t)((int64_t)ndir.nlink + ndelta);
+			pdir.mtime_ns = pdir.ctime_ns = now;
+			ndir.mtime_ns = ndir.ctime_ns = now;
+			batch_inode(b, &pdir);
+			batch_inode(b, &ndir);
 		}
-		if (S_ISDIR(src.mode)) {
-			src.parent = newparent;
-			pdir.nlink--;
-			ndir.nlink++;
-		}
-	}
-	src.ctime_ns = now;
-	batch_inode(b, &src);
-	pdir.mtime_ns = pdir.ctime_ns = now;
-	ndir.mtime_ns = ndir.ctime_ns = now;
-	if (same_dir) {
-		/* pdir and ndir are two copies of one inode: merge link counts */
-		pdir.nlink = pdir.nlink + ndir.nlink - pdir.nlink;
-		ndir.nlink = pdir.nlink;
-		batch_inode(b, &ndir);
-	} else {
-		batch_inode(b, &pdir);
-		batch_inode(b, &ndir);
 	}
 	r = ckpt_index_write(s->ix, b, false);
 out:
@@ -2708,8 +2729,9 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 			if (r < 0)
 				goto out;
 			pthread_mutex_lock(&s->pack_lock);
-			if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max)
-				r = roll_pack_locked(s);
+			if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max ||
+			    ckpt_pack_id(s->wpack) == u->id)
+				r = roll_pack_locked(s); /* never copy a pack into itself */
 			pthread_mutex_unlock(&s->pack_lock);
 			if (r < 0)
 				goto out;

@@ -88,8 +88,8 @@ int ckpt_store_compress_level(const ckpt_store *s);
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest);
 /* Copy len bytes at offset off of chunk d into dst.  Goes through the chunk
- * cache.  -EIO if the chunk is damaged (logged with pack and offset),
- * -ENOENT if unknown. */
+ * cache.  -EIO if the chunk is damaged (logged with pack and offset) or
+ * unknown (a file naming a chunk the store lacks is damaged too). */
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
 			  size_t len);
 /* Location of a chunk (pending or indexed). */

@@ -76,6 +76,20 @@ elif mode == "held":
     os.pwrite(fd, v2[MiB:MiB + 4096], MiB)
     open(os.path.join(ref, f"held{rnd}.ready"), "w").close()
     time.sleep(120)
+elif mode == "syncloop":
+    # fsynced writes until killed; a file is logged only after its fsync returned
+    n = 0
+    log = open(os.path.join(ref, f"synced{rnd}"), "a")
+    os.makedirs(os.path.join(mnt, f"sync{rnd}"), exist_ok=True)
+    while True:
+        data = random.Random(1000 + n).randbytes(R.randrange(1, 2 * MiB))
+        try:
+            put(os.path.join(mnt, f"sync{rnd}", f"s{n}"), data, sync=True)
+        except OSError:
+            break
+        log.write(f"{n} {len(data)}\n")
+        log.flush()
+        n += 1
 elif mode == "loop":
     # unsynced churn until killed: files loop<rnd>_<n> of 1 MiB from a known pattern
     n = 0
@@ -105,6 +119,39 @@ check_fsynced() {
 			absent "$MNT/r$r/renamed.tmp"
 	done
 	assert_cmp "$WORK/ref/shared.bin" "$MNT/shared.bin" "fsynced rewrite of shared.bin intact"
+}
+
+# check_syncloop ROUND: every file whose fsync returned before the crash is intact
+check_syncloop() {
+	local r=$1
+	if "$PY" - "$MNT" "$WORK/ref/synced$r" "$r" >"$WORK/synccheck" 2>&1 <<'EOF'
+import os, random, sys
+mnt, log, r = sys.argv[1:4]
+good = bad = 0
+for line in open(log):
+    n, size = map(int, line.split())
+    want = random.Random(1000 + n).randbytes(size)
+    p = os.path.join(mnt, f"sync{r}", f"s{n}")
+    try:
+        got = open(p, "rb").read()
+    except OSError as e:
+        got = e
+    if got == want:
+        good += 1
+    else:
+        bad += 1
+        what = str(got) if isinstance(got, OSError) else f"{len(got)} bytes, want {size}"
+        print(f"s{n}: {what}")
+print(f"{good} intact, {bad} damaged")
+sys.exit(1 if bad or not good else 0)
+EOF
+	then
+		ok "round $r: every file fsynced by the loop before the crash is intact ($(tail -n 1 \
+			"$WORK/synccheck"))"
+	else
+		fail "round $r: every file fsynced by the loop before the crash is intact"
+		indent "$WORK/synccheck"
+	fi
 }
 
 # check_unsynced ROUND: the held file is v1 (fsynced) or v2; loop files are absent, empty or whole
@@ -143,23 +190,29 @@ EOF
 
 # crash_round R: fsynced files + held file + writer loop, then kill -9
 crash_round() {
-	local r=$1 i held loop
+	local r=$1 i held loop sloop
 	check "round $r: write fsynced files" "$PY" "$WORK/crashwriter.py" fsynced "$MNT" "$WORK/ref" "$r"
 	"$PY" "$WORK/crashwriter.py" held "$MNT" "$WORK/ref" "$r" >"$WORK/held$r.log" 2>&1 &
 	held=$!
 	"$PY" "$WORK/crashwriter.py" loop "$MNT" "$WORK/ref" "$r" >"$WORK/loop$r.log" 2>&1 &
 	loop=$!
+	"$PY" "$WORK/crashwriter.py" syncloop "$MNT" "$WORK/ref" "$r" >"$WORK/sloop$r.log" 2>&1 &
+	sloop=$!
 	for ((i = 0; i < 300; i++)); do
-		[ -e "$WORK/ref/held$r.ready" ] && [ "$(cat "$WORK/ref/progress$r" 2>/dev/null)" -ge 5 ] \
-			2>/dev/null && break
+		[ -e "$WORK/ref/held$r.ready" ] &&
+			[ "$(cat "$WORK/ref/progress$r" 2>/dev/null)" -ge 5 ] 2>/dev/null &&
+			[ "$(wc -l <"$WORK/ref/synced$r" 2>/dev/null)" -ge 3 ] 2>/dev/null && break
 		sleep 0.1
 	done
 	[ $i -lt 300 ] || fail "round $r: writers did not get going within 30 s"
-	note "round $r: writer loop wrote $(cat "$WORK/ref/progress$r" 2>/dev/null) files before kill -9"
 	check "round $r: kill -9 the daemon and detach the dead mount" kill9_daemon
-	kill "$held" "$loop" 2>/dev/null
-	wait_pids_gone 10 "$held" "$loop" || kill -9 "$held" "$loop" 2>/dev/null
-	wait "$held" "$loop" 2>/dev/null
+	note "round $r: before kill -9 the loops wrote $(cat "$WORK/ref/progress$r" 2>/dev/null)" \
+		"unsynced and $(wc -l <"$WORK/ref/synced$r") fsynced files"
+	{
+		kill "$held" "$loop" "$sloop"
+		wait_pids_gone 10 "$held" "$loop" "$sloop" || kill -9 "$held" "$loop" "$sloop"
+		wait "$held" "$loop" "$sloop"
+	} 2>/dev/null
 	if "$CKPT" fsck "$STORE" >"$WORK/fsck.crash$r" 2>&1; then
 		note "round $r: ckpt fsck passes right after the crash, before any remount"
 	else
@@ -174,6 +227,7 @@ crash_round 1
 start_daemon || bail "remount after the first crash"
 ok "remounted after kill -9"
 check_fsynced 1
+check_syncloop 1
 check_unsynced 1
 echo "after crash 1" >"$MNT/after1.txt"
 assert_eq "after crash 1" "$(cat "$MNT/after1.txt")" "store writable after recovery"
@@ -182,6 +236,8 @@ crash_round 2
 start_daemon || bail "remount after the second crash"
 ok "remounted after the second kill -9"
 check_fsynced 1 2
+check_syncloop 1
+check_syncloop 2
 check_unsynced 2
 assert_cmp "$WORK/ref/r1__a.bin" "$MNT/r1/a.bin" "round 1 data survives the second crash"
 stop_daemon || fail "unmount"

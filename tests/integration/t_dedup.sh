@@ -140,7 +140,8 @@ assert_eq $((NT * TBYTES + h1 + 12 * MiB)) "$(stat_int logical_bytes)" "logical_
 start_daemon -o verify_dedup || bail "remount after gc"
 assert_cmp "$WORK/s1.safetensors" "$MNT/s1.safetensors" "s1.safetensors intact after gc"
 assert_cmp "$WORK/keep" "$MNT/keep.bin" "keep.bin intact after gc"
-assert_cmp "$WORK/revive" "$MNT/revive_again.bin" "content deleted and re-written before gc survives gc"
+assert_cmp "$WORK/revive" "$MNT/revive_again.bin" \
+	"content deleted and re-written before gc survives gc"
 # content whose chunks gc dropped must be stored again, not deduped against dropped chunks
 cp "$WORK/blob" "$MNT/blob_again.bin"
 cp "$WORK/s2.safetensors" "$MNT/s2_again.safetensors"

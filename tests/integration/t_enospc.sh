@@ -42,7 +42,8 @@ except OSError as e:
         err, where = e.errno, "close"
 name = errno.errorcode.get(err, str(err)) if err is not None else "no error"
 print(f"wrote {written} MiB; first error: {name} at {where}")
-tap(err == errno.ENOSPC, f"writing 256 MiB into a 64 MiB store fails with ENOSPC ({name} at {where})")
+tap(err == errno.ENOSPC,
+    f"writing 256 MiB into a 64 MiB store fails with ENOSPC ({name} at {where})")
 EOF
 
 check "mount still answers after ENOSPC (ls)" ls "$MNT"

@@ -47,7 +47,7 @@ assert_eq "$(stat -c %s "$WORK/big")" "$(stat -c %s "$MNT/big.bin")" "9 MiB file
 assert_eq "" "$(ls -A "$MNT/empty")" "empty dir persisted empty"
 assert_eq 1 "$(find "$MNT" -name deep.bin | wc -l)" "find walks into the deep dir"
 
-# ---------------------------------------------------------------- modify, remount with other options
+# ---------------------------------------------------------------- modify, remount, other options
 dd if=/dev/urandom of="$MNT/big.bin" bs=4096 seek=1000 count=10 conv=notrunc status=none
 truncate -s $((4 * MiB + 3)) "$MNT/tree/a/f_3000000"
 mv "$MNT/tree/d2" "$MNT/d2_moved"

@@ -132,7 +132,8 @@ def sec_3():
     os.pwrite(fd, b"WRITE", 0)
     tap(os.pread(fd, 10, 0) == b"WRITE here", "unlinked open file writable by fd")
     wfile(j("doomed"), b"new file")
-    tap(os.pread(fd, 10, 0) == b"WRITE here", "new file with the same name does not alias the old fd")
+    tap(os.pread(fd, 10, 0) == b"WRITE here",
+        "new file with the same name does not alias the old fd")
     os.close(fd)
     tap(rfile(j("doomed")) == b"new file", "new file with the reused name is intact")
     tap(sorted(x for x in os.listdir(M) if x.startswith("doomed")) == ["doomed"],
@@ -146,7 +147,8 @@ def sec_4():
     os.rename(j("moving"), j("moved"))
     os.pwrite(fd, b"AB", 3)
     os.close(fd)
-    tap(rfile(j("moved")) == b"012AB56789", "write through an fd after rename lands in the new name")
+    tap(rfile(j("moved")) == b"012AB56789",
+        "write through an fd after rename lands in the new name")
 
 
 def sec_5():
@@ -160,10 +162,12 @@ def sec_5():
     expect_errno(errno.ENOENT, lambda: os.open(j("nope"), os.O_RDONLY), "open missing file")
     expect_errno(errno.ENOENT, lambda: os.open(j("nodir", "f"), os.O_CREAT | os.O_WRONLY),
                  "create in missing dir")
-    expect_errno(errno.EEXIST, lambda: os.open(j("dir1", "x"), os.O_CREAT | os.O_EXCL | os.O_WRONLY),
+    expect_errno(errno.EEXIST,
+                 lambda: os.open(j("dir1", "x"), os.O_CREAT | os.O_EXCL | os.O_WRONLY),
                  "O_EXCL on existing file")
     expect_errno(errno.EISDIR, lambda: os.open(j("dir1"), os.O_WRONLY), "open dir for write")
-    expect_errno(errno.ENOTDIR, lambda: os.open(j("dir1", "x", "y"), os.O_RDONLY), "path through a file")
+    expect_errno(errno.ENOTDIR, lambda: os.open(j("dir1", "x", "y"), os.O_RDONLY),
+                 "path through a file")
     os.unlink(j("dir1", "x"))
     os.rmdir(j("dir1"))
     tap(not os.path.exists(j("dir1")), "rmdir of an emptied dir")
@@ -337,7 +341,8 @@ def sec_11():
     tap(os.stat(j("dm", "s1")).st_nlink in (2, 1), "empty dir nlink 2 (or 1)")
     os.symlink("st", j("lnk_t"))
     os.utime(j("lnk_t"), ns=(1_200_000_000 * 10**9, 1_200_000_000 * 10**9), follow_symlinks=False)
-    tap(os.lstat(j("lnk_t")).st_mtime_ns == 1_200_000_000 * 10**9, "utimens on a symlink (nofollow)")
+    tap(os.lstat(j("lnk_t")).st_mtime_ns == 1_200_000_000 * 10**9,
+        "utimens on a symlink (nofollow)")
 
 
 def sec_vis():
@@ -374,7 +379,8 @@ def sec_vis():
     consistent(view(j("vis")), "new reader while a writer has uncommitted data")
     consistent(view(fd=early), "reader opened earlier, while the writer has uncommitted data")
     os.close(w)
-    tap(view(j("vis")) == (len(new), new), "new reader after the writer closed sees the new content")
+    tap(view(j("vis")) == (len(new), new),
+        "new reader after the writer closed sees the new content")
     consistent(view(fd=early), "reader opened before the writer's close, after the close")
     os.close(early)
 
@@ -413,7 +419,8 @@ def sec_14():
     tap(rfile(j(long_name)) == b"long name", "255-byte file name")
     expect_errno(errno.ENAMETOOLONG, lambda: wfile(j("n" * 256), b"x"), "256-byte file name")
 
-for fn in [sec_0, sec_1, sec_2, sec_3, sec_4, sec_5, sec_6, sec_7, sec_8, sec_9, sec_10, sec_11, sec_vis, sec_12, sec_13, sec_14]:
+for fn in [sec_0, sec_1, sec_2, sec_3, sec_4, sec_5, sec_6, sec_7, sec_8, sec_9, sec_10, sec_11,
+           sec_vis, sec_12, sec_13, sec_14]:
     try:
         fn()
     except Exception as e:
@@ -499,7 +506,8 @@ p = os.path.join(M, "ckpt.pt")
 torch.save(sd, p)
 back = torch.load(p)
 tap(set(back) == set(sd), "torch.load keys")
-tap(all(torch.equal(back[k], v) for k, v in sd.items() if torch.is_tensor(v)) and back["step"] == 1234,
+tap(all(torch.equal(back[k], v) for k, v in sd.items() if torch.is_tensor(v))
+    and back["step"] == 1234,
     "torch.save/load round trip")
 torch.save(sd, p + ".tmp")
 os.replace(p + ".tmp", p)
@@ -513,10 +521,12 @@ fi
 rand_file "$WORK/big" $((20 * MiB))
 check "cp 20 MiB random file in" cp "$WORK/big" "$M/big.bin"
 assert_eq "$(sha "$WORK/big")" "$(sha "$M/big.bin")" "20 MiB random file sha256"
-assert_eq "$(sha "$WORK/big")" "$(dd if="$M/big.bin" bs=1M status=none | sha256sum | cut -d' ' -f1)" \
+assert_eq "$(sha "$WORK/big")" \
+	"$(dd if="$M/big.bin" bs=1M status=none | sha256sum | cut -d' ' -f1)" \
 	"20 MiB random file sha256 via dd bs=1M"
 check "df works on the mount" df "$M"
-assert_eq 1 "$(stat -f -c '%S %b' "$M" | awk '{print ($1 > 0 && $2 > 0)}')" "stat -f: bsize, blocks > 0"
+assert_eq 1 "$(stat -f -c '%S %b' "$M" | awk '{print ($1 > 0 && $2 > 0)}')" \
+	"stat -f: bsize, blocks > 0"
 
 # ---------------------------------------------------------------- everything survives a remount
 "$PY" "$LIB_DIR/helpers.py" manifest "$M" >"$WORK/manifest.before" 2>&1
