@@ -7,10 +7,13 @@ status=0
 make -j"$(nproc)" check || status=$?
 # One summary line for humans and CI.
 if [ -f test-suite.log ]; then
-	pass=$(grep -h '^:test-result: PASS' tests/*.trs tests/integration/*.trs 2>/dev/null | wc -l)
-	fail=$(grep -h '^:test-result: \(FAIL\|ERROR\|XPASS\)' tests/*.trs tests/integration/*.trs 2>/dev/null | wc -l)
-	skip=$(grep -h '^:test-result: SKIP' tests/*.trs tests/integration/*.trs 2>/dev/null | wc -l)
-	[ "$status" -ne 0 ] && cat test-suite.log
+	count() { cat tests/*.trs tests/integration/*.trs 2>/dev/null | grep -c "^:test-result: $1" || true; }
+	pass=$(count PASS)
+	fail=$(( $(count FAIL) + $(count ERROR) + $(count XPASS) ))
+	skip=$(count SKIP)
+	if [ "$status" -ne 0 ]; then
+		cat test-suite.log
+	fi
 	echo "$pass passed, $fail failed, $skip skipped"
 fi
 exit "$status"

@@ -356,7 +356,9 @@ def sec_vis():
     old, new = b"old" * 1000, b"new" * 100000
 
     def state(data):
-        return "old" if data == old else "new" if data == new else f"mixed/partial ({len(data)} bytes)"
+        if data in (old, new):
+            return "old" if data == old else "new"
+        return f"mixed/partial ({len(data)} bytes)"
 
     # an fd opened (and read) before another fd rewrites and closes the file
     wfile(j("vis0"), old)
@@ -377,7 +379,8 @@ def sec_vis():
     w = os.open(j("vis"), os.O_WRONLY | os.O_TRUNC)
     os.write(w, new)
     st = state(rfile(j("vis")))
-    tap(st == "old", f"new reader while a writer has uncommitted data reads the committed content ({st})")
+    tap(st == "old",
+        f"new reader while a writer has uncommitted data reads the committed content ({st})")
     st = state(os.pread(early, 10 * len(new), 0))
     tap(st == "old", f"reader opened earlier, while the writer has uncommitted data ({st})")
     os.close(w)
