@@ -40,8 +40,10 @@
 #include <unistd.h>
 
 #include "file.h"
+#include "shardmeta.h"
 #include "store.h"
 #include "util.h"
+#include "vtree.h"
 
 #define ATTR_TIMEOUT 1.0
 #define ENTRY_TIMEOUT 1.0
@@ -60,9 +62,10 @@ struct node {
 };
 
 struct handle {
-	struct node *node;
+	struct node *node; /* NULL for files of the virtual view trees */
 	bool writable;
 	struct ckpt_extent_list *snap; /* read-only handles */
+	struct vtree_file *vf;         /* files of the virtual view trees */
 };
 
 struct dir_handle {
@@ -339,11 +342,36 @@ static void op_destroy(void *userdata)
 	pthread_mutex_unlock(&fs.nodes_lock);
 }
 
+/* Entry for a virtual inode (no lookup counting: vnodes live until unmount). */
+static void reply_ventry(fuse_req_t req, int r, const struct ckpt_inode *in)
+{
+	struct fuse_entry_param e;
+
+	if (r < 0) {
+		reply_err(req, r);
+		return;
+	}
+	memset(&e, 0, sizeof(e));
+	e.ino = in->ino;
+	e.generation = 1;
+	e.attr_timeout = ATTR_TIMEOUT;
+	e.entry_timeout = ENTRY_TIMEOUT;
+	inode_to_stat(in, &e.attr);
+	fuse_reply_entry(req, &e);
+}
+
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct fuse_entry_param e;
 	struct ckpt_inode in;
-	int r = ckpt_store_lookup(fs.store, parent, name, &in);
+	int r;
+
+	if (vtree_is_virtual(parent) || vtree_is_view_name(parent, name)) {
+		r = vtree_lookup(parent, name, &in);
+		reply_ventry(req, r, &in);
+		return;
+	}
+	r = ckpt_store_lookup(fs.store, parent, name, &in);
 
 	if (r == 0)
 		r = make_entry(parent, name, &in, &e);
@@ -385,7 +413,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	struct ckpt_inode in;
 	struct stat st;
-	int r = get_attr(ino, &in);
+	int r = vtree_is_virtual(ino) ? vtree_getattr(ino, &in) : get_attr(ino, &in);
 
 	(void)fi;
 	if (r < 0) {
@@ -443,6 +471,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	int r = 0;
 
 	(void)fi;
+	if (vtree_is_virtual(ino)) {
+		r = -EROFS;
+		goto out;
+	}
 	if (to_set & FUSE_SET_ATTR_SIZE) {
 		r = ckpt_store_getattr(fs.store, ino, &cur);
 		if (r == 0 && S_ISDIR(cur.mode))
@@ -503,7 +535,8 @@ out:
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	char *target = NULL;
-	int r = ckpt_store_readlink(fs.store, ino, &target);
+	int r = vtree_is_virtual(ino) ? vtree_readlink(ino, &target) :
+					ckpt_store_readlink(fs.store, ino, &target);
 
 	if (r < 0)
 		reply_err(req, r);
@@ -525,6 +558,24 @@ static void reply_new_node(fuse_req_t req, int r, fuse_ino_t parent, const char 
 		fuse_reply_entry(req, &e);
 }
 
+/* Names in the view trees, and the view roots themselves, cannot be made. */
+static int check_new_name(fuse_ino_t parent, const char *name)
+{
+	if (vtree_is_virtual(parent))
+		return -EROFS;
+	if (vtree_is_view_name(parent, name))
+		return -EEXIST;
+	return 0;
+}
+
+/* Names in the view trees, and the view roots themselves, cannot be removed. */
+static int check_old_name(fuse_ino_t parent, const char *name)
+{
+	if (vtree_is_virtual(parent) || vtree_is_view_name(parent, name))
+		return -EROFS;
+	return 0;
+}
+
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		     dev_t rdev)
 {
@@ -533,6 +584,10 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	int r;
 
 	(void)rdev;
+	if ((r = check_new_name(parent, name)) < 0) {
+		reply_err(req, r);
+		return;
+	}
 	if (!S_ISREG(mode)) {
 		reply_err(req, -EPERM); /* devices, fifos and sockets are not stored */
 		return;
@@ -546,8 +601,11 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct ckpt_inode in;
-	int r = ckpt_store_mknode(fs.store, parent, name, S_IFDIR | (mode & ~ctx->umask & 07777),
-				  ctx->uid, ctx->gid, NULL, &in);
+	int r = check_new_name(parent, name);
+
+	if (r == 0)
+		r = ckpt_store_mknode(fs.store, parent, name, S_IFDIR | (mode & ~ctx->umask & 07777),
+				      ctx->uid, ctx->gid, NULL, &in);
 
 	reply_new_node(req, r, parent, name, &in);
 }
@@ -556,8 +614,11 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, cons
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct ckpt_inode in;
-	int r = ckpt_store_mknode(fs.store, parent, name, S_IFLNK | 0777, ctx->uid, ctx->gid, link,
-				  &in);
+	int r = check_new_name(parent, name);
+
+	if (r == 0)
+		r = ckpt_store_mknode(fs.store, parent, name, S_IFLNK | 0777, ctx->uid, ctx->gid,
+				      link, &in);
 
 	reply_new_node(req, r, parent, name, &in);
 }
@@ -565,7 +626,10 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, cons
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
 	struct ckpt_inode in;
-	int r = ckpt_store_link(fs.store, ino, newparent, newname, &in);
+	int r = vtree_is_virtual(ino) ? -EROFS : check_new_name(newparent, newname);
+
+	if (r == 0)
+		r = ckpt_store_link(fs.store, ino, newparent, newname, &in);
 
 	if (r == 0)
 		r = get_attr(ino, &in);
@@ -574,18 +638,28 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	reply_err(req, ckpt_store_unlink(fs.store, parent, name, false));
+	int r = check_old_name(parent, name);
+
+	reply_err(req, r < 0 ? r : ckpt_store_unlink(fs.store, parent, name, false));
 }
 
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
-	reply_err(req, ckpt_store_unlink(fs.store, parent, name, true));
+	int r = check_old_name(parent, name);
+
+	reply_err(req, r < 0 ? r : ckpt_store_unlink(fs.store, parent, name, true));
 }
 
 static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
 		      const char *newname, unsigned int flags)
 {
-	reply_err(req, ckpt_store_rename(fs.store, parent, name, newparent, newname, flags));
+	int r = check_old_name(parent, name);
+
+	if (r == 0)
+		r = check_new_name(newparent, newname);
+	if (r == 0)
+		r = ckpt_store_rename(fs.store, parent, name, newparent, newname, flags);
+	reply_err(req, r);
 }
 
 /* Attach a handle to ino; writable handles share the node's writer. */
@@ -656,8 +730,30 @@ static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct handle *h;
-	int r = open_handle(ino, fi->flags, &h);
+	struct handle *h = NULL;
+	int r;
+
+	if (vtree_is_virtual(ino)) {
+		if ((fi->flags & O_ACCMODE) != O_RDONLY || (fi->flags & O_TRUNC))
+			r = -EROFS;
+		else if (!(h = calloc(1, sizeof(*h))))
+			r = -ENOMEM;
+		else
+			r = vtree_open(ino, &h->vf);
+		if (r < 0) {
+			free(h);
+			reply_err(req, r);
+			return;
+		}
+		fi->fh = (uint64_t)(uintptr_t)h;
+		fi->keep_cache = 0;
+		if (fuse_reply_open(req, fi) == -ENOENT) {
+			vtree_close(h->vf);
+			free(h);
+		}
+		return;
+	}
+	r = open_handle(ino, fi->flags, &h);
 
 	if (r < 0) {
 		reply_err(req, r);
@@ -677,8 +773,11 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct handle *h = NULL;
 	int r;
 
-	r = ckpt_store_mknode(fs.store, parent, name, S_IFREG | (mode & ~ctx->umask & 07777),
-			      ctx->uid, ctx->gid, NULL, &in);
+	r = check_new_name(parent, name);
+	if (r == 0)
+		r = ckpt_store_mknode(fs.store, parent, name,
+				      S_IFREG | (mode & ~ctx->umask & 07777), ctx->uid, ctx->gid,
+				      NULL, &in);
 	if (r == 0)
 		r = open_handle(in.ino, fi->flags | O_TRUNC, &h);
 	if (r == 0)
@@ -707,7 +806,9 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		reply_err(req, -ENOMEM);
 		return;
 	}
-	if (h->writable)
+	if (h->vf)
+		r = vtree_read(h->vf, buf, size, (uint64_t)off);
+	else if (h->writable)
 		r = ckpt_writer_read(h->node->writer, buf, size, (uint64_t)off);
 	else
 		r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
@@ -751,6 +852,8 @@ static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
 {
 	int r;
 
+	if (h->vf)
+		return 0;
 	if (!h->writable)
 		return durable ? ckpt_store_sync_file(fs.store, ino) : 0;
 	r = commit_writer(ino, h->node->writer, durable);
@@ -803,7 +906,14 @@ static void handle_close(fuse_ino_t ino, struct handle *h)
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	handle_close(ino, fh_of(fi));
+	struct handle *h = fh_of(fi);
+
+	if (h->vf) {
+		vtree_close(h->vf);
+		free(h);
+	} else {
+		handle_close(ino, h);
+	}
 	fuse_reply_err(req, 0);
 }
 
@@ -813,12 +923,17 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct ckpt_inode in;
 	int r = d ? 0 : -ENOMEM;
 
+	if (r == 0 && vtree_is_virtual(ino)) {
+		r = vtree_readdir(ino, &d->ents, &d->n);
+		goto done;
+	}
 	if (r == 0)
 		r = ckpt_store_getattr(fs.store, ino, &in);
 	if (r == 0 && !S_ISDIR(in.mode))
 		r = -ENOTDIR;
 	if (r == 0)
 		r = ckpt_store_readdir(fs.store, ino, &d->ents, &d->n);
+done:
 	if (r < 0) {
 		free(d);
 		reply_err(req, r);
@@ -941,6 +1056,7 @@ struct options {
 	char *cache_size;
 	int verify_dedup;
 	char *log_level;
+	char *tp_rules;
 	unsigned workers;
 	int nonopt;
 };
@@ -952,6 +1068,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("verify_dedup", verify_dedup),
 	OPT("log_level=%s", log_level),
 	OPT("workers=%u", workers),
+	OPT("tp_rules=%s", tp_rules),
 	FUSE_OPT_END
 };
 
@@ -998,6 +1115,7 @@ static void usage(const char *prog)
 	       "  -o verify_dedup      compare bytes on every dedup hit\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
+	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1091,6 +1209,7 @@ int main(int argc, char **argv)
 	struct ckpt_store_opts so;
 	struct fuse_session *se = NULL;
 	struct fuse_loop_config *lcfg = NULL;
+	ckpt_tp_rules *rules = NULL;
 	char err[512];
 	int ret = 1, r;
 
@@ -1155,6 +1274,11 @@ int main(int argc, char **argv)
 		}
 		ckpt_log_set_level((enum ckpt_log_level)i);
 	}
+	r = ckpt_tp_rules_new(o.tp_rules, &rules, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "ckptfs: tp_rules: %s\n", err);
+		goto out;
+	}
 	if (!cmd.foreground && detach() < 0) {
 		fprintf(stderr, "ckptfs: cannot detach: %s\n", strerror(errno));
 		goto out;
@@ -1170,6 +1294,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	pthread_mutex_init(&fs.nodes_lock, NULL);
+	vtree_init(fs.store, rules);
 	se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
 	if (!se) {
 		report("ckptfs: cannot create FUSE session (bad -o option?)\n");
@@ -1228,7 +1353,11 @@ out:
 		fuse_session_destroy(se);
 	fuse_loop_cfg_destroy(lcfg);
 	ckpt_pool_free(fs.pool);
+	if (fs.store)
+		vtree_fini();
 	ckpt_store_free(fs.store);
+	ckpt_tp_rules_free(rules);
+	free(o.tp_rules);
 	free(cmd.mountpoint);
 	free((char *)o.store);
 	free(o.cache_size);

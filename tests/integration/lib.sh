@@ -38,6 +38,8 @@ _FG_PIDS=()		# foreground (-f) daemons started by start_daemon_fg
 _DAEMON_SEQ=0
 DAEMON_ARGS=()
 DAEMON_LOG=
+# shellcheck disable=SC2034 # read by the tests
+MOUNTED_AT_RETURN=0
 
 if [ ! -c /dev/fuse ]; then
 	echo "# SKIP: /dev/fuse is missing"
@@ -308,9 +310,11 @@ wait_pids_gone() {
 
 # start_daemon [ARGS...]: start "$CKPTFS $STORE $MNT ARGS..." (daemonizing) and wait for the
 # mount. Returns non-zero (after printing the daemon log) when it does not come up.
-# The daemon's output goes to $DAEMON_LOG.
+# The daemon's output goes to $DAEMON_LOG. MOUNTED_AT_RETURN is 1 if the mount was already in
+# place when the command returned (it should daemonize only once the mount is ready).
 start_daemon() {
 	local rc
+	MOUNTED_AT_RETURN=0
 	DAEMON_ARGS=("$@")
 	DAEMON_LOG=$T_DIR/daemon.$((++_DAEMON_SEQ)).log
 	mkdir -p "$MNT"
@@ -322,6 +326,8 @@ start_daemon() {
 		indent "$DAEMON_LOG"
 		return 1
 	fi
+	# shellcheck disable=SC2034 # read by the tests
+	mountpoint -q "$MNT" && MOUNTED_AT_RETURN=1
 	if ! wait_mounted "$MNT" 10; then
 		note "ckptfs $STORE $MNT $*: not mounted after 10 s"
 		indent "$DAEMON_LOG"

@@ -10,6 +10,7 @@ manifest() {
 
 start_daemon -o compress=3 || bail "mount $STORE"
 ok "daemon mounted (compress=3)"
+assert_eq 1 "$MOUNTED_AT_RETURN" "the mount is ready when ckptfs returns (daemonizes after it)"
 check "store marker created" test -e "$STORE/ckptfs-store"
 
 make_tree "$WORK/tree"

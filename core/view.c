@@ -1,0 +1,1130 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * view.c - resharded views (see view.h).
+ *
+ * Build: sources (safetensors files of the directory) -> pieces (one per
+ * stored tensor) -> global tensors (pieces of one group with one name,
+ * sorted by group then name) -> view files (per group, stage p and TP rank
+ * t: the global tensors placed on p, each cut to part t).
+ *
+ * Open: for every tensor of the file, the pieces are reduced to distinct
+ * geometries (replicas with identical geometry must have identical chunk
+ * digests, which tensor-aligned chunking guarantees for identical bytes),
+ * each distinct piece contributes byte runs (layout.c), and a sweep over the
+ * runs in target order checks coverage and compares the bytes where pieces
+ * of different geometry overlap.
+ *
+ * Invariants:
+ *  V1. A view never changes after ckpt_view_build() returns.
+ *  V2. The runs of an open file are sorted by dst and tile [hdr_len, size)
+ *      exactly (no gap, no overlap).
+ */
+#include "view.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "safetensors.h"
+#include "util.h"
+
+struct src {
+	uint64_t ino;
+	char *name;
+	struct ckpt_extent_list *ext;
+	ckpt_st_header *hdr;
+	ckpt_shardmeta *meta;
+	uint64_t data_start; /* 8 + N */
+	int64_t mtime_ns;
+	bool source; /* consumed by the view (reshardable) */
+};
+
+struct piece {
+	size_t src;
+	const struct ckpt_st_tensor *t;
+	struct ckpt_tensor_meta m;
+	const char *group;
+};
+
+struct gtensor {
+	const char *name;
+	size_t group;
+	size_t p0, p1; /* pieces[p0..p1) */
+	enum ckpt_dtype dtype;
+	unsigned elem_bytes;
+	unsigned ndim;
+	uint64_t gshape[CKPT_MAX_DIMS];
+	int tp_dim;
+	struct ckpt_pp pp;
+	char *problem; /* non-NULL: every file holding it fails to open */
+};
+
+struct vgroup {
+	char *name;
+	size_t g0, g1; /* gtensors[g0..g1) */
+	uint64_t num_layers;
+	size_t nfiles;
+	unsigned saved_tp, saved_pp;
+};
+
+struct vtensor {
+	size_t g;          /* global tensor */
+	struct ckpt_box box; /* part in global coordinates */
+	uint64_t data_off;   /* in the file's data area */
+	uint64_t nbytes;
+};
+
+struct vfile_plan {
+	char *name;
+	size_t group;
+	uint8_t *hdr;
+	size_t hdr_len;
+	uint64_t size;
+	struct vtensor *t;
+	size_t nt;
+};
+
+struct ckpt_view {
+	atomic_int refs;
+	ckpt_store *s;
+	struct ckpt_layout layout;
+	uint64_t sig;
+	int64_t mtime_ns;
+	struct src *srcs;
+	size_t nsrcs;
+	struct piece *pieces;
+	size_t npieces;
+	struct gtensor *gts;
+	size_t ngts;
+	struct vgroup *groups;
+	size_t ngroups;
+	struct vfile_plan *files;
+	size_t nfiles;
+};
+
+struct run {
+	uint64_t dst; /* offset in the view file */
+	uint64_t len;
+	size_t src;   /* index into view->srcs */
+	uint64_t src_off; /* offset in the source file */
+};
+
+struct ckpt_vfile {
+	ckpt_view *v;
+	const struct vfile_plan *plan;
+	struct run *runs;
+	size_t nruns;
+};
+
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !errlen)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+}
+
+/* ------------------------------------------------------------ lifetime */
+
+void ckpt_view_ref(ckpt_view *v)
+{
+	atomic_fetch_add(&v->refs, 1);
+}
+
+static void view_destroy(ckpt_view *v)
+{
+	for (size_t i = 0; i < v->nsrcs; i++) {
+		free(v->srcs[i].name);
+		ckpt_extent_list_free(v->srcs[i].ext);
+		ckpt_st_header_free(v->srcs[i].hdr);
+		ckpt_shardmeta_free(v->srcs[i].meta);
+	}
+	free(v->srcs);
+	free(v->pieces);
+	for (size_t i = 0; i < v->ngts; i++)
+		free(v->gts[i].problem);
+	free(v->gts);
+	for (size_t i = 0; i < v->ngroups; i++)
+		free(v->groups[i].name);
+	free(v->groups);
+	for (size_t i = 0; i < v->nfiles; i++) {
+		free(v->files[i].name);
+		free(v->files[i].hdr);
+		free(v->files[i].t);
+	}
+	free(v->files);
+	free(v);
+}
+
+void ckpt_view_unref(ckpt_view *v)
+{
+	if (v && atomic_fetch_sub(&v->refs, 1) == 1)
+		view_destroy(v);
+}
+
+/* ------------------------------------------------------------- sources */
+
+int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
+{
+	struct ckpt_dirent *ents = NULL;
+	size_t n = 0;
+	uint64_t *buf;
+	size_t k = 0;
+	int r = ckpt_store_readdir(s, dir, &ents, &n);
+
+	if (r < 0)
+		return r;
+	buf = malloc((n * 4 + 1) * sizeof(*buf));
+	if (!buf) {
+		ckpt_dirents_free(ents, n);
+		return -ENOMEM;
+	}
+	buf[k++] = dir;
+	for (size_t i = 0; i < n; i++) {
+		struct ckpt_inode in;
+		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(s, ents[i].ino, &in) < 0)
+			continue;
+		buf[k++] = in.ino;
+		buf[k++] = in.size;
+		buf[k++] = (uint64_t)in.mtime_ns;
+		buf[k++] = in.flags;
+	}
+	*ret_sig = ckpt_checksum(buf, k * sizeof(*buf));
+	free(buf);
+	ckpt_dirents_free(ents, n);
+	return 0;
+}
+
+/* Read and parse the header of a safetensors source. */
+static int load_source(ckpt_store *s, struct src *src, char *err, size_t errlen)
+{
+	uint8_t prefix[8], *json = NULL;
+	uint64_t n;
+	ssize_t got;
+	char why[256];
+	int r;
+
+	r = ckpt_store_load_extents(s, src->ino, &src->ext);
+	if (r < 0)
+		goto fail;
+	got = ckpt_store_read_extents(s, src->ext, prefix, 8, 0);
+	if (got != 8 || ckpt_st_header_len(prefix, &n) < 0) {
+		r = got < 0 ? (int)got : -EIO;
+		goto fail;
+	}
+	json = malloc(n);
+	if (!json) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	got = ckpt_store_read_extents(s, src->ext, json, n, 8);
+	if (got != (ssize_t)n) {
+		r = got < 0 ? (int)got : -EIO;
+		goto fail;
+	}
+	r = ckpt_st_parse(json, n, &src->hdr, why, sizeof(why));
+	free(json);
+	json = NULL;
+	if (r < 0) {
+		/* flagged at commit as valid: the store changed under us */
+		seterr(err, errlen, "%s: header no longer parses: %s", src->name, why);
+		return -EIO;
+	}
+	src->data_start = 8 + n;
+	r = ckpt_shardmeta_parse(src->hdr, &src->meta, why, sizeof(why));
+	if (r < 0) {
+		ckpt_warn("%s: ckptfs metadata not usable (%s); served as an ordinary file",
+			  src->name, why);
+		src->meta = NULL;
+		src->source = false;
+		return 0;
+	}
+	src->source = true;
+	for (size_t i = 0; i < ckpt_st_tensor_count(src->hdr); i++) {
+		unsigned bits = ckpt_dtype_bits(ckpt_st_tensor_at(src->hdr, i)->dtype);
+		if (bits % 8) {
+			ckpt_warn("%s: sub-byte dtype %s cannot be resharded; served as an ordinary "
+				  "file", src->name, ckpt_dtype_name(ckpt_st_tensor_at(src->hdr, i)->dtype));
+			src->source = false;
+			break;
+		}
+	}
+	return 0;
+fail:
+	free(json);
+	seterr(err, errlen, "%s: cannot read safetensors header: %s", src->name, strerror(-r));
+	return r < 0 ? r : -EIO;
+}
+
+static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
+{
+	struct ckpt_dirent *ents = NULL;
+	size_t n = 0;
+	int r = ckpt_store_readdir(v->s, dir, &ents, &n);
+
+	if (r < 0) {
+		seterr(err, errlen, "cannot list directory: %s", strerror(-r));
+		return r;
+	}
+	v->srcs = calloc(n ? n : 1, sizeof(*v->srcs));
+	if (!v->srcs) {
+		ckpt_dirents_free(ents, n);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct ckpt_inode in;
+		struct src *src;
+
+		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(v->s, ents[i].ino, &in) < 0)
+			continue;
+		if (in.mtime_ns > v->mtime_ns)
+			v->mtime_ns = in.mtime_ns;
+		if (!(in.flags & CKPT_INODE_F_SAFETENSORS))
+			continue;
+		src = &v->srcs[v->nsrcs++];
+		src->ino = in.ino;
+		src->mtime_ns = in.mtime_ns;
+		src->name = strdup(ents[i].name);
+		if (!src->name) {
+			r = -ENOMEM;
+			break;
+		}
+		r = load_source(v->s, src, err, errlen);
+		if (r < 0)
+			break;
+	}
+	ckpt_dirents_free(ents, n);
+	return r;
+}
+
+/* -------------------------------------------------------------- tensors */
+
+static int piece_cmp(const void *a, const void *b)
+{
+	const struct piece *x = a, *y = b;
+	int c = strcmp(x->group, y->group);
+
+	if (c)
+		return c;
+	c = strcmp(x->t->name, y->t->name);
+	if (c)
+		return c;
+	return x->src < y->src ? -1 : x->src > y->src;
+}
+
+static int collect_pieces(ckpt_view *v)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < v->nsrcs; i++)
+		if (v->srcs[i].source)
+			n += ckpt_st_tensor_count(v->srcs[i].hdr);
+	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
+	if (!v->pieces)
+		return -ENOMEM;
+	for (size_t i = 0; i < v->nsrcs; i++) {
+		struct src *src = &v->srcs[i];
+		if (!src->source)
+			continue;
+		for (size_t k = 0; k < ckpt_st_tensor_count(src->hdr); k++) {
+			struct piece *p = &v->pieces[v->npieces];
+			p->src = i;
+			p->t = ckpt_st_tensor_at(src->hdr, k);
+			p->group = ckpt_shardmeta_group(src->meta);
+			if (ckpt_shardmeta_tensor(src->meta, p->t, &p->m) < 0)
+				continue; /* validated by parse; cannot happen */
+			v->npieces++;
+		}
+	}
+	qsort(v->pieces, v->npieces, sizeof(*v->pieces), piece_cmp);
+	return 0;
+}
+
+static void problem(struct gtensor *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(struct gtensor *g, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (g->problem)
+		return; /* keep the first */
+	va_start(ap, fmt);
+	if (vasprintf(&g->problem, fmt, ap) < 0)
+		g->problem = NULL;
+	va_end(ap);
+}
+
+static void fmt_shape(char *buf, size_t len, const uint64_t *shape, unsigned ndim)
+{
+	size_t k = (size_t)snprintf(buf, len, "[");
+
+	for (unsigned i = 0; i < ndim && k < len; i++)
+		k += (size_t)snprintf(buf + k, len - k, "%s%" PRIu64, i ? ", " : "", shape[i]);
+	if (k < len)
+		snprintf(buf + k, len - k, "]");
+}
+
+/* Resolve dtype, shape, tp_dim and pp of one global tensor. */
+static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
+{
+	const struct piece *p0 = &v->pieces[g->p0];
+	unsigned split_dims = 0;
+	int split = -1, tp = CKPT_TP_DIM_UNSET;
+	bool have_pp = false;
+
+	g->name = p0->t->name;
+	g->dtype = p0->t->dtype;
+	g->elem_bytes = ckpt_dtype_bits(g->dtype) / 8;
+	g->ndim = p0->m.ndim;
+	memcpy(g->gshape, p0->m.global_shape, sizeof(g->gshape));
+	for (size_t i = g->p0; i < g->p1; i++) {
+		const struct piece *p = &v->pieces[i];
+		if (p->t->dtype != g->dtype) {
+			problem(g, "pieces disagree on dtype: %s in %s, %s in %s",
+				ckpt_dtype_name(g->dtype), v->srcs[p0->src].name,
+				ckpt_dtype_name(p->t->dtype), v->srcs[p->src].name);
+		}
+		if (p->m.ndim != g->ndim ||
+		    memcmp(p->m.global_shape, g->gshape, sizeof(g->gshape)) != 0) {
+			char a[128], b[128];
+			fmt_shape(a, sizeof(a), g->gshape, g->ndim);
+			fmt_shape(b, sizeof(b), p->m.global_shape, p->m.ndim);
+			problem(g, "pieces disagree on global shape: %s in %s, %s in %s", a,
+				v->srcs[p0->src].name, b, v->srcs[p->src].name);
+		}
+		if (p->m.tp_dim != CKPT_TP_DIM_UNSET) {
+			if (tp != CKPT_TP_DIM_UNSET && tp != p->m.tp_dim)
+				problem(g, "pieces disagree on tp_dim (%d in %s, %d in %s)", tp,
+					v->srcs[p0->src].name, p->m.tp_dim, v->srcs[p->src].name);
+			tp = p->m.tp_dim;
+		}
+		if (p->m.has_pp && !have_pp) {
+			g->pp = p->m.pp;
+			have_pp = true;
+		}
+		for (unsigned d = 0; d < p->m.ndim && d < CKPT_MAX_DIMS; d++) {
+			if (p->m.geom.box.shape[d] != p->m.global_shape[d] && !(split_dims & (1u << d))) {
+				split_dims |= 1u << d;
+				split = (int)d;
+			}
+		}
+	}
+	if (tp == CKPT_TP_DIM_UNSET) {
+		if (split_dims && !(split_dims & (split_dims - 1)))
+			tp = split; /* exactly one split dim */
+		else
+			tp = ckpt_tp_rules_dim(rules, g->name, g->ndim);
+	}
+	if (tp >= (int)g->ndim)
+		tp = -1;
+	g->tp_dim = tp;
+	if (!have_pp)
+		ckpt_pp_from_name(g->name, &g->pp);
+}
+
+/* Infer the layout the sources of a group were saved in. */
+static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
+{
+	uint64_t *firsts = NULL;
+	size_t nf = 0;
+
+	grp->saved_tp = 1;
+	grp->saved_pp = 1;
+	for (size_t gi = grp->g0; gi < grp->g1; gi++) {
+		const struct gtensor *g = &v->gts[gi];
+		unsigned parts = 0;
+		uint64_t seen[64];
+		size_t nseen = 0;
+		if (g->tp_dim < 0)
+			continue;
+		for (size_t i = g->p0; i < g->p1; i++) {
+			const struct piece *p = &v->pieces[i];
+			uint64_t off = p->m.geom.box.off[g->tp_dim];
+			size_t k;
+			if (p->m.geom.box.shape[g->tp_dim] == g->gshape[g->tp_dim])
+				continue;
+			for (k = 0; k < nseen && seen[k] != off; k++)
+				;
+			if (k == nseen && nseen < CKPT_ARRAY_SIZE(seen))
+				seen[nseen++] = off;
+		}
+		parts = (unsigned)nseen;
+		if (parts > grp->saved_tp)
+			grp->saved_tp = parts;
+	}
+	/* pipeline stages: distinct first layers among the group's files */
+	firsts = calloc(v->nsrcs ? v->nsrcs : 1, sizeof(*firsts));
+	if (!firsts)
+		return;
+	for (size_t si = 0; si < v->nsrcs; si++) {
+		const struct src *src = &v->srcs[si];
+		uint64_t first = UINT64_MAX;
+		size_t k;
+		if (!src->source || strcmp(ckpt_shardmeta_group(src->meta), grp->name))
+			continue;
+		for (size_t i = 0; i < ckpt_st_tensor_count(src->hdr); i++) {
+			struct ckpt_tensor_meta m;
+			struct ckpt_pp pp;
+			const struct ckpt_st_tensor *t = ckpt_st_tensor_at(src->hdr, i);
+			if (ckpt_shardmeta_tensor(src->meta, t, &m) < 0)
+				continue;
+			if (m.has_pp)
+				pp = m.pp;
+			else
+				ckpt_pp_from_name(t->name, &pp);
+			if (pp.kind == CKPT_PP_LAYER && pp.layer < first)
+				first = pp.layer;
+		}
+		if (first == UINT64_MAX)
+			continue;
+		for (k = 0; k < nf && firsts[k] != first; k++)
+			;
+		if (k == nf)
+			firsts[nf++] = first;
+	}
+	if (nf > 1)
+		grp->saved_pp = (unsigned)nf;
+	free(firsts);
+}
+
+static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
+{
+	v->gts = calloc(v->npieces ? v->npieces : 1, sizeof(*v->gts));
+	v->groups = calloc(v->npieces ? v->npieces : 1, sizeof(*v->groups));
+	if (!v->gts || !v->groups)
+		return -ENOMEM;
+	for (size_t i = 0; i < v->npieces;) {
+		const struct piece *p = &v->pieces[i];
+		struct gtensor *g = &v->gts[v->ngts];
+		size_t j = i + 1;
+
+		while (j < v->npieces && !strcmp(v->pieces[j].group, p->group) &&
+		       !strcmp(v->pieces[j].t->name, p->t->name))
+			j++;
+		if (v->ngroups == 0 || strcmp(v->groups[v->ngroups - 1].name, p->group)) {
+			struct vgroup *grp = &v->groups[v->ngroups++];
+			grp->name = strdup(p->group);
+			if (!grp->name)
+				return -ENOMEM;
+			grp->g0 = v->ngts;
+		}
+		g->p0 = i;
+		g->p1 = j;
+		g->group = v->ngroups - 1;
+		resolve(v, g, rules);
+		v->ngts++;
+		v->groups[v->ngroups - 1].g1 = v->ngts;
+		i = j;
+	}
+	for (size_t gi = 0; gi < v->ngroups; gi++) {
+		struct vgroup *grp = &v->groups[gi];
+		bool explicit = false;
+		uint64_t n = 0;
+
+		for (size_t si = 0; si < v->nsrcs; si++) {
+			uint64_t x;
+			if (!v->srcs[si].source ||
+			    strcmp(ckpt_shardmeta_group(v->srcs[si].meta), grp->name))
+				continue;
+			grp->nfiles++;
+			if (ckpt_shardmeta_num_layers(v->srcs[si].meta, &x)) {
+				if (!explicit || x > n)
+					n = x;
+				explicit = true;
+			}
+		}
+		if (!explicit) {
+			for (size_t k = grp->g0; k < grp->g1; k++)
+				if (v->gts[k].pp.kind == CKPT_PP_LAYER && v->gts[k].pp.layer + 1 > n)
+					n = v->gts[k].pp.layer + 1;
+		}
+		grp->num_layers = n;
+		infer_saved_layout(v, grp);
+	}
+	return 0;
+}
+
+/* ----------------------------------------------------------- view files */
+
+struct order {
+	size_t g;
+	unsigned bits;
+	const char *name;
+};
+
+static int order_cmp(const void *a, const void *b)
+{
+	const struct order *x = a, *y = b;
+
+	if (x->bits != y->bits)
+		return x->bits > y->bits ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+static int plan_file(ckpt_view *v, struct vfile_plan *f, size_t group, unsigned t, unsigned p)
+{
+	const struct vgroup *grp = &v->groups[group];
+	size_t n = grp->g1 - grp->g0, k = 0;
+	struct order *ord = calloc(n ? n : 1, sizeof(*ord));
+	struct ckpt_st_tensor_spec *specs = NULL;
+	struct ckpt_tensor_meta *metas = NULL;
+	struct ckpt_shardmeta_out *outs = NULL;
+	char *meta_json = NULL;
+	uint64_t off = 0;
+	int r = -ENOMEM;
+
+	if (!ord)
+		goto out;
+	for (size_t gi = grp->g0; gi < grp->g1; gi++) {
+		const struct gtensor *g = &v->gts[gi];
+		if (!ckpt_pp_on_stage(&g->pp, grp->num_layers, v->layout.pp, p))
+			continue;
+		ord[k].g = gi;
+		ord[k].bits = ckpt_dtype_bits(g->dtype);
+		ord[k].name = g->name;
+		k++;
+	}
+	qsort(ord, k, sizeof(*ord), order_cmp);
+	f->t = calloc(k ? k : 1, sizeof(*f->t));
+	specs = calloc(k ? k : 1, sizeof(*specs));
+	metas = calloc(k ? k : 1, sizeof(*metas));
+	outs = calloc(k ? k : 1, sizeof(*outs));
+	if (!f->t || !specs || !metas || !outs)
+		goto out;
+	f->nt = k;
+	f->group = group;
+	for (size_t i = 0; i < k; i++) {
+		const struct gtensor *g = &v->gts[ord[i].g];
+		struct vtensor *vt = &f->t[i];
+		vt->g = ord[i].g;
+		vt->box.ndim = g->ndim;
+		for (unsigned d = 0; d < g->ndim; d++) {
+			vt->box.off[d] = 0;
+			vt->box.shape[d] = g->gshape[d];
+		}
+		if (g->tp_dim >= 0) {
+			uint64_t b, e;
+			ckpt_tp_bounds(g->gshape[g->tp_dim], v->layout.tp, t, &b, &e);
+			vt->box.off[g->tp_dim] = b;
+			vt->box.shape[g->tp_dim] = e - b;
+		}
+		vt->nbytes = ckpt_box_elems(&vt->box) * g->elem_bytes;
+		vt->data_off = off;
+		off += vt->nbytes;
+		specs[i].name = g->name;
+		specs[i].dtype = g->dtype;
+		specs[i].ndim = g->ndim;
+		specs[i].shape = vt->box.shape;
+		metas[i].geom.box = vt->box;
+		metas[i].ndim = g->ndim;
+		memcpy(metas[i].global_shape, g->gshape, sizeof(g->gshape));
+		metas[i].tp_dim = g->tp_dim;
+		metas[i].has_pp = true;
+		metas[i].pp = g->pp;
+		outs[i].name = g->name;
+		outs[i].meta = &metas[i];
+	}
+	r = ckpt_shardmeta_serialize(grp->name, true, grp->num_layers, outs, k, &meta_json);
+	if (r < 0)
+		goto out;
+	{
+		const char *keys[] = { "format", CKPT_SHARDMETA_KEY };
+		const char *vals[] = { "pt", meta_json };
+		r = ckpt_st_serialize(specs, k, keys, vals, 2, &f->hdr, &f->hdr_len);
+	}
+	if (r < 0)
+		goto out;
+	f->size = f->hdr_len + off;
+	if (v->layout.tp == 1 && v->layout.pp == 1)
+		r = asprintf(&f->name, "%s.safetensors", grp->name);
+	else
+		r = asprintf(&f->name, "%s_tp%u_pp%u.safetensors", grp->name, t, p);
+	r = r < 0 ? -ENOMEM : 0;
+out:
+	free(ord);
+	free(specs);
+	free(metas);
+	free(outs);
+	free(meta_json);
+	return r;
+}
+
+static int plan_files(ckpt_view *v)
+{
+	size_t per = (size_t)v->layout.tp * v->layout.pp;
+
+	v->files = calloc(v->ngroups * per + 1, sizeof(*v->files));
+	if (!v->files)
+		return -ENOMEM;
+	for (size_t gi = 0; gi < v->ngroups; gi++) {
+		for (unsigned p = 0; p < v->layout.pp; p++) {
+			for (unsigned t = 0; t < v->layout.tp; t++) {
+				int r = plan_file(v, &v->files[v->nfiles], gi, t, p);
+				v->nfiles++;
+				if (r < 0)
+					return r;
+			}
+		}
+	}
+	return 0;
+}
+
+int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
+		    const ckpt_tp_rules *rules, ckpt_view **ret_view, char *err, size_t errlen)
+{
+	ckpt_view *v;
+	struct ckpt_inode din;
+	int r;
+
+	if (l->tp < 1 || l->pp < 1 || l->tp > CKPT_LAYOUT_MAX || l->pp > CKPT_LAYOUT_MAX)
+		return -EINVAL;
+	r = ckpt_store_getattr(s, dir, &din);
+	if (r < 0)
+		return r;
+	if (!S_ISDIR(din.mode))
+		return -ENOTDIR;
+	v = calloc(1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	atomic_init(&v->refs, 1);
+	v->s = s;
+	v->layout = *l;
+	v->mtime_ns = din.mtime_ns;
+	r = ckpt_view_signature(s, dir, &v->sig);
+	if (r == 0)
+		r = collect_sources(v, dir, err, errlen);
+	if (r == 0)
+		r = collect_pieces(v);
+	if (r == 0)
+		r = build_groups(v, rules);
+	if (r == 0)
+		r = plan_files(v);
+	if (r < 0) {
+		if (r == -ENOMEM)
+			seterr(err, errlen, "out of memory");
+		view_destroy(v);
+		return r;
+	}
+	*ret_view = v;
+	return 0;
+}
+
+uint64_t ckpt_view_sig(const ckpt_view *v)
+{
+	return v->sig;
+}
+
+size_t ckpt_view_nfiles(const ckpt_view *v)
+{
+	return v->nfiles;
+}
+
+const char *ckpt_view_file_name(const ckpt_view *v, size_t i)
+{
+	return v->files[i].name;
+}
+
+uint64_t ckpt_view_file_size(const ckpt_view *v, size_t i)
+{
+	return v->files[i].size;
+}
+
+int ckpt_view_find(const ckpt_view *v, const char *name)
+{
+	for (size_t i = 0; i < v->nfiles; i++)
+		if (!strcmp(v->files[i].name, name))
+			return (int)i;
+	return -ENOENT;
+}
+
+int64_t ckpt_view_mtime(const ckpt_view *v)
+{
+	return v->mtime_ns;
+}
+
+bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino)
+{
+	for (size_t i = 0; i < v->nsrcs; i++)
+		if (v->srcs[i].ino == ino)
+			return v->srcs[i].source;
+	return false;
+}
+
+size_t ckpt_view_ngroups(const ckpt_view *v)
+{
+	return v->ngroups;
+}
+
+void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_info *ret)
+{
+	const struct vgroup *g = &v->groups[i];
+
+	memset(ret, 0, sizeof(*ret));
+	ret->name = g->name;
+	ret->tensors = g->g1 - g->g0;
+	ret->files = g->nfiles;
+	ret->saved_tp = g->saved_tp;
+	ret->saved_pp = g->saved_pp;
+	ret->num_layers = g->num_layers;
+	for (size_t k = g->g0; k < g->g1; k++)
+		if (v->gts[k].problem)
+			ret->problems++;
+}
+
+/* ------------------------------------------------------------- opening */
+
+struct runvec {
+	struct run *v;
+	size_t n, cap;
+};
+
+static int runvec_push(struct runvec *rv, const struct run *r)
+{
+	if (rv->n > 0) {
+		/* merge with the previous run when contiguous in both files */
+		struct run *last = &rv->v[rv->n - 1];
+		if (last->src == r->src && last->dst + last->len == r->dst &&
+		    last->src_off + last->len == r->src_off) {
+			last->len += r->len;
+			return 0;
+		}
+	}
+	if (rv->n == rv->cap) {
+		size_t nc = rv->cap ? rv->cap * 2 : 64;
+		struct run *nv = realloc(rv->v, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		rv->v = nv;
+		rv->cap = nc;
+	}
+	rv->v[rv->n++] = *r;
+	return 0;
+}
+
+struct run_ctx {
+	struct runvec *rv;
+	size_t src;
+	uint64_t src_base;
+};
+
+static int run_cb(void *ud, uint64_t dst, uint64_t src_off, uint64_t len)
+{
+	struct run_ctx *c = ud;
+	struct run r = { dst, len, c->src, c->src_base + src_off };
+
+	return runvec_push(c->rv, &r);
+}
+
+static int run_cmp(const void *a, const void *b)
+{
+	const struct run *x = a, *y = b;
+
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	return x->len > y->len ? -1 : x->len < y->len;
+}
+
+/* Do two pieces have the same geometry? */
+static bool same_geom(const struct piece *a, const struct piece *b)
+{
+	const struct ckpt_piece_geom *x = &a->m.geom, *y = &b->m.geom;
+
+	if (x->flat != y->flat || x->box.ndim != y->box.ndim)
+		return false;
+	if (x->flat && (x->flat_begin != y->flat_begin || x->flat_end != y->flat_end))
+		return false;
+	for (unsigned d = 0; d < x->box.ndim; d++)
+		if (x->box.off[d] != y->box.off[d] || x->box.shape[d] != y->box.shape[d])
+			return false;
+	return true;
+}
+
+/* Compare bytes [off, off+len) of two sources by their chunk digests when
+ * both are chunked identically, else by reading.  1 equal, 0 different,
+ * <0 error. */
+static int same_bytes(ckpt_view *v, size_t sa, uint64_t oa, size_t sb, uint64_t ob,
+		      uint64_t len)
+{
+	const struct ckpt_extent_list *la = v->srcs[sa].ext, *lb = v->srcs[sb].ext;
+	size_t ia = ckpt_extent_list_find(la, oa), ib = ckpt_extent_list_find(lb, ob);
+	uint8_t *ba = NULL, *bb = NULL;
+	int r = 1;
+
+	/* fast path: extents start at the same relative offsets with equal
+	 * digests (what tensor-aligned chunking gives for equal tensors) */
+	if (ia < la->n && ib < lb->n && la->v[ia].off == oa && lb->v[ib].off == ob) {
+		uint64_t done = 0;
+		while (done < len && ia < la->n && ib < lb->n) {
+			const struct ckpt_extent *x = &la->v[ia], *y = &lb->v[ib];
+			uint64_t nx = CKPT_MIN((uint64_t)x->len, len - done);
+			if (x->len != y->len && !(nx == len - done && y->len >= nx))
+				break;
+			if (x->kind != y->kind ||
+			    (x->kind == CKPT_EXT_CHUNK &&
+			     memcmp(x->digest.bytes, y->digest.bytes, CKPT_DIGEST_LEN)))
+				break;
+			done += nx;
+			ia++;
+			ib++;
+		}
+		if (done >= len)
+			return 1;
+	}
+	ba = malloc(1u << 20);
+	bb = malloc(1u << 20);
+	if (!ba || !bb) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (uint64_t done = 0; done < len && r == 1;) {
+		size_t n = (size_t)CKPT_MIN((uint64_t)(1u << 20), len - done);
+		ssize_t x = ckpt_store_read_extents(v->s, la, ba, n, oa + done);
+		ssize_t y = ckpt_store_read_extents(v->s, lb, bb, n, ob + done);
+		if (x < 0 || y < 0)
+			r = x < 0 ? (int)x : (int)y;
+		else if ((size_t)x != n || (size_t)y != n)
+			r = -EIO;
+		else if (memcmp(ba, bb, n))
+			r = 0;
+		done += n;
+	}
+out:
+	free(ba);
+	free(bb);
+	return r;
+}
+
+/* Global multi-index of element e (row-major) of box b. */
+static void fmt_index(char *buf, size_t len, const struct ckpt_box *b, uint64_t e)
+{
+	uint64_t idx[CKPT_MAX_DIMS];
+
+	for (int d = (int)b->ndim - 1; d >= 0; d--) {
+		uint64_t ext = b->shape[d] ? b->shape[d] : 1;
+		idx[d] = b->off[d] + e % ext;
+		e /= ext;
+	}
+	fmt_shape(buf, len, idx, b->ndim);
+}
+
+/* Runs of one tensor of a view file, appended to out (dst relative to the
+ * file).  Returns -EIO with err set when the tensor cannot be served. */
+static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vtensor *vt,
+		       struct runvec *out, char *err, size_t errlen)
+{
+	const struct gtensor *g = &v->gts[vt->g];
+	const char *gname = v->groups[g->group].name;
+	struct runvec rv = { 0 };
+	size_t *uniq = NULL, nu = 0;
+	uint64_t cur = 0, base = f->hdr_len + vt->data_off;
+	char idx[256];
+	int r = 0;
+
+	if (g->problem) {
+		seterr(err, errlen, "group '%s', tensor '%s': %s", gname, g->name, g->problem);
+		return -EIO;
+	}
+	if (vt->nbytes == 0)
+		return 0;
+	uniq = calloc(g->p1 - g->p0, sizeof(*uniq));
+	if (!uniq)
+		return -ENOMEM;
+	/* replicas of one geometry must be identical; keep one */
+	for (size_t i = g->p0; i < g->p1; i++) {
+		const struct piece *p = &v->pieces[i];
+		size_t k;
+		for (k = 0; k < nu; k++)
+			if (same_geom(&v->pieces[uniq[k]], p))
+				break;
+		if (k == nu) {
+			uniq[nu++] = i;
+			continue;
+		}
+		{
+			const struct piece *q = &v->pieces[uniq[k]];
+			r = same_bytes(v, q->src, v->srcs[q->src].data_start + q->t->begin, p->src,
+				       v->srcs[p->src].data_start + p->t->begin, p->t->end - p->t->begin);
+			if (r < 0)
+				goto out;
+			if (r == 0) {
+				seterr(err, errlen,
+				       "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
+				       "same piece with different bytes)",
+				       gname, g->name, v->srcs[q->src].name, v->srcs[p->src].name);
+				r = -EIO;
+				goto out;
+			}
+			r = 0;
+		}
+	}
+	for (size_t k = 0; k < nu; k++) {
+		const struct piece *p = &v->pieces[uniq[k]];
+		struct run_ctx c = { &rv, p->src, v->srcs[p->src].data_start + p->t->begin };
+		r = ckpt_box_runs(&vt->box, &p->m.geom, g->elem_bytes, run_cb, &c);
+		if (r != 0) {
+			r = r < 0 ? r : -EIO;
+			seterr(err, errlen, "group '%s', tensor '%s': bad piece geometry in %s",
+			       gname, g->name, v->srcs[p->src].name);
+			goto out;
+		}
+	}
+	qsort(rv.v, rv.n, sizeof(*rv.v), run_cmp);
+	for (size_t i = 0; i < rv.n; i++) {
+		struct run r2 = rv.v[i];
+		uint64_t end = r2.dst + r2.len;
+
+		if (r2.dst > cur) {
+			fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+			seterr(err, errlen,
+			       "group '%s', tensor '%s': no stored piece covers %" PRIu64
+			       " elements starting at index %s",
+			       gname, g->name, (r2.dst - cur) / g->elem_bytes, idx);
+			r = -EIO;
+			goto out;
+		}
+		if (r2.dst < cur) {
+			/* overlap with earlier runs: compare the overlapping bytes */
+			uint64_t ov = CKPT_MIN(end, cur) - r2.dst;
+			for (size_t j = 0; j < out->n && ov > 0; j++) {
+				const struct run *e = &out->v[j];
+				uint64_t edst = e->dst - base;
+				uint64_t lo = CKPT_MAX(edst, r2.dst), hi = CKPT_MIN(edst + e->len, r2.dst + ov);
+				int same;
+				if (e->dst < base || lo >= hi)
+					continue;
+				same = same_bytes(v, e->src, e->src_off + (lo - edst), r2.src,
+						  r2.src_off + (lo - r2.dst), hi - lo);
+				if (same < 0) {
+					r = same;
+					goto out;
+				}
+				if (!same) {
+					fmt_index(idx, sizeof(idx), &vt->box, lo / g->elem_bytes);
+					seterr(err, errlen,
+					       "group '%s', tensor '%s': overlapping pieces in %s and %s "
+					       "disagree (from index %s)",
+					       gname, g->name, v->srcs[e->src].name,
+					       v->srcs[r2.src].name, idx);
+					r = -EIO;
+					goto out;
+				}
+			}
+			if (end <= cur)
+				continue;
+			r2.src_off += cur - r2.dst;
+			r2.len = end - cur;
+			r2.dst = cur;
+		}
+		r2.dst += base;
+		r = runvec_push(out, &r2);
+		if (r < 0)
+			goto out;
+		cur = end;
+	}
+	if (cur < vt->nbytes) {
+		fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+		seterr(err, errlen,
+		       "group '%s', tensor '%s': no stored piece covers %" PRIu64
+		       " elements starting at index %s",
+		       gname, g->name, (vt->nbytes - cur) / g->elem_bytes, idx);
+		r = -EIO;
+	}
+out:
+	free(rv.v);
+	free(uniq);
+	return r;
+}
+
+int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen)
+{
+	const struct vfile_plan *f;
+	struct runvec out = { 0 };
+	ckpt_vfile *vf;
+	int r = 0;
+
+	if (i >= v->nfiles)
+		return -ENOENT;
+	f = &v->files[i];
+	for (size_t k = 0; k < f->nt && r == 0; k++)
+		r = tensor_runs(v, f, &f->t[k], &out, err, errlen);
+	if (r < 0) {
+		free(out.v);
+		return r;
+	}
+	vf = calloc(1, sizeof(*vf));
+	if (!vf) {
+		free(out.v);
+		return -ENOMEM;
+	}
+	ckpt_view_ref(v);
+	vf->v = v;
+	vf->plan = f;
+	vf->runs = out.v;
+	vf->nruns = out.n;
+	*ret_file = vf;
+	return 0;
+}
+
+void ckpt_vfile_free(ckpt_vfile *f)
+{
+	if (!f)
+		return;
+	free(f->runs);
+	ckpt_view_unref(f->v);
+	free(f);
+}
+
+uint64_t ckpt_vfile_size(const ckpt_vfile *f)
+{
+	return f->plan->size;
+}
+
+ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
+{
+	const struct vfile_plan *p = f->plan;
+	uint8_t *out = buf;
+	size_t done = 0, lo = 0, hi = f->nruns;
+
+	if (off >= p->size)
+		return 0;
+	len = (size_t)CKPT_MIN((uint64_t)len, p->size - off);
+	if (off < p->hdr_len) {
+		size_t n = (size_t)CKPT_MIN((uint64_t)len, p->hdr_len - off);
+		memcpy(out, p->hdr + off, n);
+		done = n;
+	}
+	/* first run ending after off + done */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (f->runs[mid].dst + f->runs[mid].len <= off + done)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (size_t k = lo; done < len && k < f->nruns; k++) {
+		const struct run *r = &f->runs[k];
+		uint64_t pos = off + done, in = pos - r->dst;
+		size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), r->len - in);
+		ssize_t got;
+
+		if (pos < r->dst)
+			return -EIO; /* V2 broken */
+		got = ckpt_store_read_extents(f->v->s, f->v->srcs[r->src].ext, out + done, n,
+					      r->src_off + in);
+		if (got < 0)
+			return got;
+		if ((size_t)got != n)
+			return -EIO;
+		done += n;
+	}
+	return (ssize_t)done;
+}

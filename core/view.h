@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * view.h - resharded views: the safetensors files of one stored directory
+ * as they would be for another tensor/pipeline-parallel layout.
+ *
+ * A view is built from the safetensors files directly inside a store
+ * directory (inodes flagged CKPT_INODE_F_SAFETENSORS).  Their tensors are
+ * pieces of global tensors (see shardmeta.h); files are grouped by their
+ * metadata "group" (default "model").  For layout tpT_ppP each group yields
+ * the files "{group}_tp{t}_pp{p}.safetensors" (t < T, p < P), or
+ * "{group}.safetensors" for tp1_pp1; see docs/views.md for the rules.
+ *
+ * Sizes and headers of all view files are computed when the view is built;
+ * tensor data is mapped to byte runs of the source files when a file is
+ * opened (ckpt_vfile_open), which is also where missing or inconsistent
+ * pieces are detected (-EIO with the reason).  Reads decompress only the
+ * chunks that cover the requested bytes (through the store's chunk cache).
+ *
+ * Snapshot semantics: a view holds the extent lists of its sources as they
+ * were at build time, and an open file holds a reference on its view, so it
+ * keeps serving the same bytes whatever happens to the sources (chunks are
+ * only removed by `ckpt gc`, which needs the store unmounted).
+ *
+ * Source safetensors files whose ckptfs metadata is invalid or of a newer
+ * version are not reshardable: they are not consumed by the view and appear
+ * in it as ordinary files (ckpt_view_is_source() is false for them).
+ *
+ * Thread-safety: a built view is immutable; ckpt_view_ref/unref are atomic;
+ * a vfile may be read from several threads at once.
+ */
+#ifndef CKPT_VIEW_H
+#define CKPT_VIEW_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "layout.h"
+#include "shardmeta.h"
+#include "store.h"
+
+typedef struct ckpt_view ckpt_view;
+typedef struct ckpt_vfile ckpt_vfile;
+
+/* Build the view of store directory dir for layout l.  rules: tp rules
+ * (NULL: built-in rules only).  The view holds a reference; release it with
+ * ckpt_view_unref().  Errors: -ENOTDIR, -ENOENT, -EIO (reading a source
+ * header failed), -ENOMEM; err gets a message. */
+int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
+		    const ckpt_tp_rules *rules, ckpt_view **ret_view, char *err, size_t errlen);
+void ckpt_view_ref(ckpt_view *v);
+void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
+
+/* A cheap fingerprint of the sources of dir's view (inode, size, mtime and
+ * flags of every regular file in dir): equal fingerprints => equal views. */
+int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig);
+uint64_t ckpt_view_sig(const ckpt_view *v); /* the fingerprint at build time */
+
+size_t ckpt_view_nfiles(const ckpt_view *v);
+const char *ckpt_view_file_name(const ckpt_view *v, size_t i);
+uint64_t ckpt_view_file_size(const ckpt_view *v, size_t i);
+/* Index of the file called name, or -ENOENT. */
+int ckpt_view_find(const ckpt_view *v, const char *name);
+/* Latest mtime of the sources (ns); the directory's if there are none. */
+int64_t ckpt_view_mtime(const ckpt_view *v);
+/* True if store inode ino is a safetensors source consumed by this view
+ * (and so hidden from it). */
+bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino);
+
+/* Summary of a view's groups, for `ckpt ls`. */
+struct ckpt_view_group_info {
+	const char *name;
+	size_t tensors;        /* global tensors */
+	size_t files;          /* source files */
+	unsigned saved_tp;     /* inferred layout the sources were saved in */
+	unsigned saved_pp;
+	uint64_t num_layers;
+	size_t problems;       /* tensors with missing or inconsistent pieces */
+};
+size_t ckpt_view_ngroups(const ckpt_view *v);
+void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_info *ret);
+
+/* Open view file i: map its tensors to source bytes.  -EIO when a tensor
+ * of the file is not covered by stored pieces, overlapping pieces disagree,
+ * or pieces disagree on dtype or global shape; err then names the group,
+ * tensor and range. */
+int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen);
+void ckpt_vfile_free(ckpt_vfile *f); /* accepts NULL */
+uint64_t ckpt_vfile_size(const ckpt_vfile *f);
+/* Read up to len bytes at off; returns bytes read (short only at EOF) or
+ * -errno (-EIO: a damaged chunk). */
+ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off);
+
+#endif

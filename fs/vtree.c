@@ -1,0 +1,478 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * vtree.c - virtual /tpT_ppP/ trees (see vtree.h).
+ *
+ * Invariants (under vt.lock):
+ *  T1. Every vnode is in both hash tables (by key and by ino) and is never
+ *      freed before vtree_fini(); a vino handed to the kernel stays valid.
+ *  T2. A cache entry's view was built for (layout, dir) and had signature
+ *      sig; it is rechecked at most every VIEW_RECHECK_NS.
+ */
+#include "vtree.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "layout.h"
+#include "util.h"
+#include "view.h"
+
+enum vkind {
+	V_DIR = 1,  /* mirror of store directory ino */
+	V_PASS = 2, /* store file or symlink ino, read-only */
+	V_FILE = 3, /* view file `name` of store directory ino */
+};
+
+struct vnode {
+	uint64_t vino;
+	enum vkind kind;
+	struct ckpt_layout layout;
+	uint64_t ino;
+	char *name; /* V_FILE only */
+	struct vnode *next_key, *next_ino;
+};
+
+struct vcache {
+	struct ckpt_layout layout;
+	uint64_t dir;
+	ckpt_view *view;
+	int64_t checked_ns;
+	struct vcache *next;
+};
+
+#define VT_BUCKETS 4096
+#define VIEW_RECHECK_NS 1000000000ll
+
+static struct {
+	ckpt_store *s;
+	const ckpt_tp_rules *rules;
+	pthread_mutex_t lock;
+	/* Protected by lock: */
+	struct vnode *by_key[VT_BUCKETS], *by_ino[VT_BUCKETS];
+	uint64_t next_vino;
+	struct vcache *cache;
+} vt;
+
+struct vtree_file {
+	ckpt_vfile *vf;                /* view file, or */
+	struct ckpt_extent_list *snap; /* passthrough file */
+};
+
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
+{
+	memset(&vt, 0, sizeof(vt));
+	vt.s = s;
+	vt.rules = rules;
+	vt.next_vino = VTREE_INO_BASE;
+	pthread_mutex_init(&vt.lock, NULL);
+	return 0;
+}
+
+void vtree_fini(void)
+{
+	for (size_t i = 0; i < VT_BUCKETS; i++) {
+		struct vnode *n = vt.by_ino[i], *next;
+		for (; n; n = next) {
+			next = n->next_ino;
+			free(n->name);
+			free(n);
+		}
+	}
+	while (vt.cache) {
+		struct vcache *c = vt.cache;
+		vt.cache = c->next;
+		ckpt_view_unref(c->view);
+		free(c);
+	}
+	pthread_mutex_destroy(&vt.lock);
+}
+
+static uint64_t key_hash(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
+			 const char *name)
+{
+	uint64_t h = (uint64_t)kind * 0x9e3779b97f4a7c15ull ^ ((uint64_t)l->tp << 32 | l->pp);
+
+	h = (h ^ ino) * 0xbf58476d1ce4e5b9ull;
+	for (; name && *name; name++)
+		h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+	return h ^ (h >> 31);
+}
+
+/* Find or create the vnode for a key.  Returns NULL only on ENOMEM. */
+static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
+			       const char *name)
+{
+	size_t b = key_hash(kind, l, ino, name) % VT_BUCKETS;
+	struct vnode *n;
+
+	pthread_mutex_lock(&vt.lock);
+	for (n = vt.by_key[b]; n; n = n->next_key) {
+		if (n->kind == kind && n->ino == ino && n->layout.tp == l->tp &&
+		    n->layout.pp == l->pp &&
+		    (!name ? !n->name : (n->name && !strcmp(n->name, name))))
+			goto out;
+	}
+	n = calloc(1, sizeof(*n));
+	if (!n)
+		goto out;
+	if (name && !(n->name = strdup(name))) {
+		free(n);
+		n = NULL;
+		goto out;
+	}
+	n->kind = kind;
+	n->layout = *l;
+	n->ino = ino;
+	n->vino = vt.next_vino++;
+	n->next_key = vt.by_key[b];
+	vt.by_key[b] = n;
+	n->next_ino = vt.by_ino[n->vino % VT_BUCKETS];
+	vt.by_ino[n->vino % VT_BUCKETS] = n;
+out:
+	pthread_mutex_unlock(&vt.lock);
+	return n;
+}
+
+/* Copy of the vnode with vino (name not copied: vnodes are immutable and
+ * never freed while mounted, T1). */
+static int vnode_find(uint64_t vino, struct vnode **ret)
+{
+	struct vnode *n;
+
+	pthread_mutex_lock(&vt.lock);
+	for (n = vt.by_ino[vino % VT_BUCKETS]; n && n->vino != vino; n = n->next_ino)
+		;
+	pthread_mutex_unlock(&vt.lock);
+	if (!n)
+		return -ESTALE;
+	*ret = n;
+	return 0;
+}
+
+/* The view of (layout, dir), rebuilt if its sources changed.  Returns a
+ * reference. */
+static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
+{
+	struct vcache *c;
+	ckpt_view *v = NULL;
+	uint64_t sig = 0;
+	int64_t now = mono_ns();
+	char err[512];
+	int r;
+
+	pthread_mutex_lock(&vt.lock);
+	for (c = vt.cache; c; c = c->next)
+		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
+			break;
+	if (c && now - c->checked_ns < VIEW_RECHECK_NS) {
+		v = c->view;
+		ckpt_view_ref(v);
+	}
+	pthread_mutex_unlock(&vt.lock);
+	if (v) {
+		*ret = v;
+		return 0;
+	}
+	r = ckpt_view_signature(vt.s, dir, &sig);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&vt.lock);
+	for (c = vt.cache; c; c = c->next)
+		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
+			break;
+	if (c && ckpt_view_sig(c->view) == sig) {
+		c->checked_ns = now;
+		v = c->view;
+		ckpt_view_ref(v);
+	}
+	pthread_mutex_unlock(&vt.lock);
+	if (v) {
+		*ret = v;
+		return 0;
+	}
+	r = ckpt_view_build(vt.s, dir, l, vt.rules, &v, err, sizeof(err));
+	if (r < 0) {
+		char lname[CKPT_LAYOUT_NAME_MAX + 1];
+		char *path = ckpt_store_path_of(vt.s, dir);
+		ckpt_layout_name(l, lname, sizeof(lname));
+		ckpt_err("view %s of %s: %s", lname, path ? path : "?", err);
+		free(path);
+		return r;
+	}
+	pthread_mutex_lock(&vt.lock);
+	for (c = vt.cache; c; c = c->next)
+		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
+			break;
+	if (!c && (c = calloc(1, sizeof(*c)))) {
+		c->dir = dir;
+		c->layout = *l;
+		c->next = vt.cache;
+		vt.cache = c;
+	}
+	if (c) {
+		ckpt_view_unref(c->view); /* open files keep their own reference */
+		c->view = v;
+		c->checked_ns = now;
+		ckpt_view_ref(v);
+	}
+	pthread_mutex_unlock(&vt.lock);
+	*ret = v;
+	return 0;
+}
+
+bool vtree_is_view_name(uint64_t parent, const char *name)
+{
+	struct ckpt_layout l;
+
+	return parent == CKPT_ROOT_INO && ckpt_layout_parse(name, &l) == 0;
+}
+
+static void make_readonly(struct ckpt_inode *in, uint64_t vino)
+{
+	in->ino = vino;
+	in->mode &= ~(uint32_t)0222;
+}
+
+static int attr_of(const struct vnode *n, struct ckpt_inode *ret)
+{
+	ckpt_view *v;
+	int r, i;
+
+	switch (n->kind) {
+	case V_DIR:
+	case V_PASS:
+		r = ckpt_store_getattr(vt.s, n->ino, ret);
+		if (r < 0)
+			return r == -ENOENT ? -ESTALE : r;
+		if (n->kind == V_DIR && !S_ISDIR(ret->mode))
+			return -ESTALE;
+		make_readonly(ret, n->vino);
+		return 0;
+	case V_FILE:
+		r = ckpt_store_getattr(vt.s, n->ino, ret);
+		if (r < 0)
+			return r == -ENOENT ? -ESTALE : r;
+		r = get_view(&n->layout, n->ino, &v);
+		if (r < 0)
+			return r;
+		i = ckpt_view_find(v, n->name);
+		if (i < 0) {
+			ckpt_view_unref(v);
+			return -ENOENT;
+		}
+		ret->ino = n->vino;
+		ret->mode = S_IFREG | 0444;
+		ret->nlink = 1;
+		ret->size = ckpt_view_file_size(v, (size_t)i);
+		ret->mtime_ns = ret->ctime_ns = ckpt_view_mtime(v);
+		ret->flags = CKPT_INODE_F_SAFETENSORS;
+		ckpt_view_unref(v);
+		return 0;
+	}
+	return -EINVAL;
+}
+
+int vtree_getattr(uint64_t vino, struct ckpt_inode *ret)
+{
+	struct vnode *n;
+	int r = vnode_find(vino, &n);
+
+	return r < 0 ? r : attr_of(n, ret);
+}
+
+int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
+{
+	struct ckpt_layout l;
+	struct ckpt_inode in;
+	struct vnode *pn, *n = NULL;
+	ckpt_view *v = NULL;
+	int r;
+
+	if (!vtree_is_virtual(parent)) {
+		if (!vtree_is_view_name(parent, name))
+			return -ENOENT;
+		ckpt_layout_parse(name, &l);
+		n = vnode_get(V_DIR, &l, CKPT_ROOT_INO, NULL);
+		return n ? attr_of(n, ret) : -ENOMEM;
+	}
+	r = vnode_find(parent, &pn);
+	if (r < 0)
+		return r;
+	if (pn->kind != V_DIR)
+		return -ENOTDIR;
+	r = get_view(&pn->layout, pn->ino, &v);
+	if (r < 0)
+		return r;
+	if (ckpt_view_find(v, name) >= 0) {
+		n = vnode_get(V_FILE, &pn->layout, pn->ino, name);
+		r = n ? 0 : -ENOMEM;
+		goto out;
+	}
+	r = ckpt_store_lookup(vt.s, pn->ino, name, &in);
+	if (r < 0)
+		goto out;
+	if (S_ISDIR(in.mode)) {
+		n = vnode_get(V_DIR, &pn->layout, in.ino, NULL);
+	} else if (ckpt_view_is_source(v, in.ino)) {
+		r = -ENOENT; /* replaced by the view's files */
+		goto out;
+	} else {
+		n = vnode_get(V_PASS, &pn->layout, in.ino, NULL);
+	}
+	r = n ? 0 : -ENOMEM;
+out:
+	ckpt_view_unref(v);
+	if (r == 0)
+		r = attr_of(n, ret);
+	return r;
+}
+
+int vtree_readlink(uint64_t vino, char **ret_target)
+{
+	struct vnode *n;
+	int r = vnode_find(vino, &n);
+
+	if (r < 0)
+		return r;
+	if (n->kind != V_PASS)
+		return -EINVAL;
+	return ckpt_store_readlink(vt.s, n->ino, ret_target);
+}
+
+int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
+{
+	struct ckpt_dirent *ents = NULL, *out = NULL;
+	size_t n = 0, k = 0;
+	struct vnode *dn;
+	ckpt_view *v = NULL;
+	int r = vnode_find(vino, &dn);
+
+	if (r < 0)
+		return r;
+	if (dn->kind != V_DIR)
+		return -ENOTDIR;
+	r = get_view(&dn->layout, dn->ino, &v);
+	if (r == 0)
+		r = ckpt_store_readdir(vt.s, dn->ino, &ents, &n);
+	if (r < 0)
+		goto out;
+	out = calloc(n + ckpt_view_nfiles(v) + 1, sizeof(*out));
+	if (!out) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct vnode *c;
+		if (S_ISREG(ents[i].mode) && ckpt_view_is_source(v, ents[i].ino))
+			continue;
+		c = vnode_get(S_ISDIR(ents[i].mode) ? V_DIR : V_PASS, &dn->layout, ents[i].ino,
+			      NULL);
+		if (!c) {
+			r = -ENOMEM;
+			goto out;
+		}
+		out[k].name = ents[i].name;
+		ents[i].name = NULL;
+		out[k].ino = c->vino;
+		out[k].mode = ents[i].mode;
+		k++;
+	}
+	for (size_t i = 0; i < ckpt_view_nfiles(v); i++) {
+		struct vnode *c = vnode_get(V_FILE, &dn->layout, dn->ino, ckpt_view_file_name(v, i));
+		if (!c || !(out[k].name = strdup(ckpt_view_file_name(v, i)))) {
+			r = -ENOMEM;
+			goto out;
+		}
+		out[k].ino = c->vino;
+		out[k].mode = S_IFREG;
+		k++;
+	}
+out:
+	ckpt_dirents_free(ents, n);
+	ckpt_view_unref(v);
+	if (r < 0) {
+		ckpt_dirents_free(out, k);
+		return r;
+	}
+	*ret_ents = out;
+	*ret_n = k;
+	return 0;
+}
+
+int vtree_open(uint64_t vino, struct vtree_file **ret)
+{
+	struct vtree_file *f;
+	struct vnode *n;
+	ckpt_view *v = NULL;
+	char err[1024];
+	int r = vnode_find(vino, &n), i;
+
+	if (r < 0)
+		return r;
+	if (n->kind == V_DIR)
+		return -EISDIR;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	if (n->kind == V_PASS) {
+		r = ckpt_store_load_extents(vt.s, n->ino, &f->snap);
+		goto out;
+	}
+	r = get_view(&n->layout, n->ino, &v);
+	if (r < 0)
+		goto out;
+	i = ckpt_view_find(v, n->name);
+	if (i < 0) {
+		r = -ENOENT;
+		goto out;
+	}
+	err[0] = '\0';
+	r = ckpt_vfile_open(v, (size_t)i, &f->vf, err, sizeof(err));
+	if (r < 0) {
+		char lname[CKPT_LAYOUT_NAME_MAX + 1];
+		char *path = ckpt_store_path_of(vt.s, n->ino);
+		ckpt_layout_name(&n->layout, lname, sizeof(lname));
+		ckpt_err("/%s%s/%s: cannot be served: %s", lname,
+			 path && strcmp(path, "/") ? path : "", n->name, err[0] ? err : strerror(-r));
+		free(path);
+	}
+out:
+	ckpt_view_unref(v);
+	if (r < 0) {
+		ckpt_extent_list_free(f->snap);
+		free(f);
+		return r;
+	}
+	*ret = f;
+	return 0;
+}
+
+ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off)
+{
+	if (f->vf)
+		return ckpt_vfile_read(f->vf, buf, len, off);
+	return ckpt_store_read_extents(vt.s, f->snap, buf, len, off);
+}
+
+void vtree_close(struct vtree_file *f)
+{
+	if (!f)
+		return;
+	ckpt_vfile_free(f->vf);
+	ckpt_extent_list_free(f->snap);
+	free(f);
+}

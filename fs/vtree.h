@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * vtree.h - the virtual /tpT_ppP/ trees of the daemon.
+ *
+ * MOUNT/tpT_ppP/PATH mirrors MOUNT/PATH read-only: directories and
+ * non-safetensors files pass through, the safetensors sources of each
+ * directory are replaced by the files of its resharded view (core/view.h).
+ * Virtual inodes are numbered from VTREE_INO_BASE upwards (store inode
+ * numbers stay far below) and live until unmount.  Views are cached per
+ * (layout, directory) and rebuilt when the directory's sources change.
+ *
+ * All functions return 0 / a positive value or a negative errno; replies
+ * are made by the caller (fs/ckptfs.c).  Thread-safe.
+ */
+#ifndef CKPTFS_VTREE_H
+#define CKPTFS_VTREE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "shardmeta.h"
+#include "store.h"
+
+#define VTREE_INO_BASE (1ull << 60)
+
+static inline bool vtree_is_virtual(uint64_t ino)
+{
+	return ino >= VTREE_INO_BASE;
+}
+
+int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules);
+void vtree_fini(void);
+
+/* Is name in parent a view root ("tpT_ppP" directly under the mount root)? */
+bool vtree_is_view_name(uint64_t parent, const char *name);
+
+/* Lookup in a virtual directory, or of a view root under the store root.
+ * ret gets the virtual inode's attributes (ret->ino is the virtual ino). */
+int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret);
+int vtree_getattr(uint64_t vino, struct ckpt_inode *ret);
+int vtree_readlink(uint64_t vino, char **ret_target);
+/* Entries of a virtual directory (inode numbers are virtual). */
+int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n);
+
+struct vtree_file;
+/* Open a virtual file for reading.  -EIO (reason logged) when a view file
+ * cannot be served; -EISDIR for directories. */
+int vtree_open(uint64_t vino, struct vtree_file **ret);
+ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off);
+void vtree_close(struct vtree_file *f);
+
+#endif
