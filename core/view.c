@@ -1044,6 +1044,32 @@ out:
 	return r;
 }
 
+int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const char *why),
+		    void *ud)
+{
+	int problems = 0;
+
+	for (size_t i = 0; i < v->nfiles; i++) {
+		const struct vfile_plan *f = &v->files[i];
+		for (size_t k = 0; k < f->nt; k++) {
+			struct runvec out = { 0 };
+			char err[1024];
+			int r;
+
+			err[0] = '\0';
+			r = tensor_runs(v, f, &f->t[k], &out, err, sizeof(err));
+			free(out.v);
+			if (r == -ENOMEM)
+				return r;
+			if (r < 0) {
+				cb(ud, f->name, err[0] ? err : strerror(-r));
+				problems++;
+			}
+		}
+	}
+	return problems;
+}
+
 int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen)
 {
 	const struct vfile_plan *f;

@@ -81,6 +81,12 @@ struct ckpt_view_group_info {
 size_t ckpt_view_ngroups(const ckpt_view *v);
 void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_info *ret);
 
+/* Check every tensor of every file of the view (what opening each would
+ * check), reporting each problem through cb.  Returns the number of
+ * problems or -ENOMEM. */
+int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const char *why),
+		    void *ud);
+
 /* Open view file i: map its tensors to source bytes.  -EIO when a tensor
  * of the file is not covered by stored pieces, overlapping pieces disagree,
  * or pieces disagree on dtype or global shape; err then names the group,

@@ -26,6 +26,12 @@ rand_file "$WORK/big" $((9 * MiB + 17))
 cp "$WORK/big" "$MNT/big.bin"
 chmod 604 "$MNT/big.bin"
 touch -d @1690000000 "$MNT/a/b"
+if ln "$MNT/a/b/c/d/e/f/deep.bin" "$MNT/deep.hard" 2>/dev/null; then
+	HARD=1
+else
+	HARD=0
+	note "hard links unsupported (allowed)"
+fi
 manifest "$WORK/tree" >"$WORK/m.ref"
 manifest "$MNT" >"$WORK/m0"
 check "mounted tree manifest matches the local tree" diff "$WORK/m.ref" <(grep '^tree/' \
@@ -46,6 +52,12 @@ assert_eq 604 "$(stat -c %a "$MNT/big.bin")" "file mode persisted"
 assert_eq "$(sha "$WORK/big")" "$(sha "$MNT/big.bin")" "9 MiB file content persisted"
 assert_eq "$(stat -c %s "$WORK/big")" "$(stat -c %s "$MNT/big.bin")" "9 MiB file size persisted"
 assert_eq "" "$(ls -A "$MNT/empty")" "empty dir persisted empty"
+if [ "$HARD" -eq 1 ]; then
+	assert_eq "2 2" "$(stat -c %h "$MNT/deep.hard" "$MNT/a/b/c/d/e/f/deep.bin" | tr '\n' ' ' |
+		sed 's/ $//')" "hard link count persisted"
+	assert_eq "$(stat -c %i "$MNT/a/b/c/d/e/f/deep.bin")" "$(stat -c %i "$MNT/deep.hard")" \
+		"hard links share an inode after remount"
+fi
 assert_eq 1 "$(find "$MNT" -name deep.bin | wc -l)" "find walks into the deep dir"
 
 # ---------------------------------------------------------------- modify, remount, other options

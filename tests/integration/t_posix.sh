@@ -406,6 +406,42 @@ def sec_vis():
     os.close(early)
 
 
+def sec_ns():
+    """files open for writing across namespace changes"""
+    os.makedirs(j("nsd1"))
+    w = os.open(j("nsd1", "f"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(w, b"A" * 100000)
+    os.rename(j("nsd1"), j("nsd2"))
+    os.write(w, b"B" * 10)
+    os.close(w)
+    tap(rfile(j("nsd2", "f")) == b"A" * 100000 + b"B" * 10 and not os.path.exists(j("nsd1")),
+        "file written while its dir is renamed ends up complete at the new path")
+    w = os.open(j("nsu"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(w, b"x" * 50000)
+    os.unlink(j("nsu"))
+    os.write(w, b"y")
+    os.close(w)
+    tap(not os.path.exists(j("nsu")), "file unlinked while open for writing does not reappear")
+    w = os.open(j("nst"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(w, b"old writer" * 1000)
+    wfile(j("nsn"), b"renamed in")
+    os.rename(j("nsn"), j("nst"))
+    os.write(w, b"more")
+    os.close(w)
+    tap(rfile(j("nst")) == b"renamed in",
+        "closing the writer of a replaced file does not clobber the file renamed over it")
+    os.makedirs(j("nsp", "q"))
+    w = os.open(j("nsp", "q", "f"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(w, b"Q" * 1000)
+    os.rename(j("nsp", "q", "f"), j("nsqf"))
+    os.rmdir(j("nsp", "q"))
+    os.rmdir(j("nsp"))
+    os.write(w, b"Z")
+    os.close(w)
+    tap(rfile(j("nsqf")) == b"Q" * 1000 + b"Z",
+        "file moved out of a dir that is then removed, written via its fd")
+
+
 def sec_12():
     """fsync / fdatasync and visibility at fsync"""
     fd = os.open(j("fs"), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -441,7 +477,7 @@ def sec_14():
     expect_errno(errno.ENAMETOOLONG, lambda: wfile(j("n" * 256), b"x"), "256-byte file name")
 
 for fn in [sec_0, sec_1, sec_2, sec_3, sec_4, sec_5, sec_6, sec_7, sec_8, sec_9, sec_10, sec_11,
-           sec_vis, sec_12, sec_13, sec_14]:
+           sec_vis, sec_ns, sec_12, sec_13, sec_14]:
     try:
         fn()
     except Exception as e:
