@@ -15,6 +15,31 @@ import numpy as np
 def bf16(a):
     return (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
+def load_safetensors(path):
+    """A strict reader: header rules of the safetensors reference."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    assert data[8:9] == b"{" and (8 + n) % 8 == 0, path
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    dt = {"BF16": np.uint16, "F32": np.float32}
+    out, end = {}, 0
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"]):
+        a, b = info["data_offsets"]
+        assert a == end, (path, name)
+        end = b
+        out[name] = np.frombuffer(data[8 + n + a:8 + n + b], dtype=dt[info["dtype"]]).reshape(info["shape"])
+    assert 8 + n + end == len(data), path
+    return out, meta
+
+def tp_part(a, dim, parts, t):
+    """torch.chunk semantics."""
+    if dim < 0:
+        return a
+    c = -(-a.shape[dim] // parts)
+    return np.take(a, range(min(t * c, a.shape[dim]), min((t + 1) * c, a.shape[dim])), axis=dim)
+
 def save_safetensors(path, tensors, meta):
     header, off, blobs = {}, 0, []
     for name, (dtype, arr) in sorted(tensors.items()):
@@ -31,6 +56,14 @@ def save_safetensors(path, tensors, meta):
             f.write(piece)
             digest.update(piece)
     return digest.hexdigest()
+
+def tp_dim_of(name, w):
+    """How this toy model is split across TP ranks (Megatron-style)."""
+    if w.ndim == 1:
+        return -1  # norms: replicated
+    if "o_proj" in name or "down_proj" in name:
+        return 1   # row-parallel
+    return 0       # column-parallel (qkv, up) and the embedding
 
 def main():
     ap = argparse.ArgumentParser()
@@ -71,15 +104,21 @@ def main():
         os.makedirs(tmp, exist_ok=True)
         for dp in range(args.dp):
             for tp in range(T):
-                shard = {}
+                shard, pieces = {}, {}
                 for n, w in weights.items():
-                    part = np.array_split(w, T, axis=0)[tp] if w.ndim == 2 else w
-                    shard[n] = ("BF16", bf16(part))
-                    shard[n + ".exp_avg"] = ("F32", (np.array_split(m1[n], T, axis=0)[tp] if w.ndim == 2 else m1[n]))
-                    shard[n + ".exp_avg_sq"] = ("F32", (np.array_split(m2[n], T, axis=0)[tp] if w.ndim == 2 else m2[n]))
+                    dim = tp_dim_of(n, w)
+                    off = [0] * w.ndim
+                    if dim >= 0:
+                        off[dim] = -(-w.shape[dim] // T) * tp
+                    for suffix, arr, dtype in (("", bf16(w), "BF16"), (".exp_avg", m1[n], "F32"),
+                                               (".exp_avg_sq", m2[n], "F32")):
+                        shard[n + suffix] = (dtype, tp_part(arr, dim, T, tp))
+                        pieces[n + suffix] = {"global_shape": list(w.shape), "offsets": off, "tp_dim": dim}
                 name = f"model_tp{tp}_dp{dp}.safetensors"
+                # ckptfs sharding metadata (docs/views.md): where each piece lies
                 meta = {"step": str(step), "tp_rank": str(tp), "dp_rank": str(dp),
-                        "saved_at": str(time.time())}
+                        "saved_at": str(time.time()),
+                        "ckptfs": json.dumps({"version": 1, "num_layers": L, "tensors": pieces})}
                 expected[f"step_{step:04d}/{name}"] = save_safetensors(os.path.join(tmp, name), shard, meta)
                 written += os.path.getsize(os.path.join(tmp, name))
         with open(os.path.join(tmp, "config.json"), "w") as f:
@@ -99,6 +138,43 @@ def main():
             bad += 1
     print(f"  read back {len(expected)} files in {time.time() - t0:.2f} s: "
           f"{'all identical' if not bad else f'{bad} differ'}")
+    # The same checkpoint through resharded views: an evaluator wants one
+    # consolidated file, a restarted job wants 4-way TP x 2 pipeline stages.
+    last = f"step_{args.steps:04d}"
+    ref = {}
+    for n, w in weights.items():
+        ref[n], ref[n + ".exp_avg"], ref[n + ".exp_avg_sq"] = bf16(w), m1[n], m2[n]
+    for layout, files in (("tp1_pp1", {(0, 0): "model.safetensors"}),
+                          ("tp4_pp2", {(t, p): f"model_tp{t}_pp{p}.safetensors"
+                                       for t in range(4) for p in range(2)})):
+        t0 = time.time()
+        seen, nbytes = set(), 0
+        for (t, p), fname in files.items():
+            path = os.path.join(args.root, layout, last, fname)
+            got, meta = load_safetensors(path)
+            nbytes += os.path.getsize(path)
+            assert json.loads(meta["ckptfs"])["version"] == 1
+            for name, arr in got.items():
+                base = name.split(".exp_avg")[0]
+                layer = int(base.split(".")[1]) if base.startswith("layers.") else None
+                stages = 2 if layout == "tp4_pp2" else 1
+                if layer is not None:
+                    want_p = next(q for q in range(stages) if q * L // stages <= layer < (q + 1) * L // stages)
+                else:
+                    want_p = 0  # embed -> first stage
+                if p != want_p:
+                    bad += 1
+                    print(f"  {layout}/{fname}: {name} on the wrong stage")
+                want = tp_part(ref[name], tp_dim_of(base, weights[base]), 4 if layout == "tp4_pp2" else 1, t)
+                if not np.array_equal(arr, want):
+                    bad += 1
+                    print(f"  {layout}/{fname}: {name} differs")
+                seen.add(name)
+        missing = set(ref) - seen
+        bad += len(missing)
+        print(f"  view {layout}: {len(files)} file(s), {nbytes / 1e6:.1f} MB, {len(seen)} tensors "
+              f"checked element-exact in {time.time() - t0:.2f} s"
+              f"{'' if not missing else f', {len(missing)} MISSING'}")
     return 1 if bad else 0
 
 if __name__ == "__main__":

@@ -516,14 +516,21 @@ def diff_arrays(dt, want, got_raw, got_shape):
 
 
 def verify_file(path, group, n, exp_list, probs, label):
-    """Read one view file: stat size before reading == bytes read, strict header, tensor set
-    and order, element-exact data, metadata. Appends problems; returns tensor count."""
+    """Read one view file (stat size before reading) and check_buf() it. Returns what
+    check_buf returns, or 0 when the file cannot be read."""
     try:
         size = os.stat(path).st_size
         buf = read_file(path)
     except OSError as e:
         probs.append(f"{label}: {e}")
         return 0
+    return check_buf(buf, size, exp_list, probs, label)
+
+
+def check_buf(buf, size, exp_list, probs, label):
+    """Check the bytes of a view file: size == stat size, strict header, tensor set, dtypes,
+    element-exact data. exp_list: [(name, dtype, part, offsets)]. Appends problems; returns
+    (tensor count, __metadata__, {name: (None, offsets, part shape, None, None)}) or 0."""
     if size != len(buf):
         probs.append(f"{label}: stat size {size} but {len(buf)} bytes read")
     try:
@@ -534,8 +541,9 @@ def verify_file(path, group, n, exp_list, probs, label):
     got = {name: (dt, shape, raw) for name, dt, shape, raw in tensors}
     want_names = sorted(x[0] for x in exp_list)
     if sorted(got) != want_names:
-        probs.append(f"{label}: tensors {sorted(set(got) ^ set(want_names))[:6]} are "
-                     f"{'extra/missing'} (got {len(got)}, want {len(want_names)})")
+        probs.append(f"{label}: tensors extra {sorted(set(got) - set(want_names))[:4]} "
+                     f"missing {sorted(set(want_names) - set(got))[:4]} "
+                     f"(got {len(got)}, want {len(want_names)})")
     exp = {}
     for name, dt, part, offs in exp_list:
         exp[name] = (None, offs, part.shape, None, None)
@@ -769,6 +777,15 @@ def cmd_oracle(mnt, layouts, reldir):
         T, P = parse_layout(layout)
         probs = []
         nbroken = nok = 0
+        want = {view_file_name(g, T, P, t, p) for g in og for t in range(T) for p in range(P)}
+        try:
+            names = set(os.listdir(os.path.join(mnt, layout, reldir)))
+            if want - names:
+                probs.append(f"{layout}/{reldir}: readdir misses {sorted(want - names)[:6]}")
+            if names - want:
+                note(f"{layout}/{reldir}: other entries: {sorted(names - want)}")
+        except OSError as e:
+            probs.append(f"{layout}/{reldir}: listdir: {e}")
         for group, g in sorted(og.items()):
             for (t, p), (broken, sel) in oracle_view(g, T, P).items():
                 fn = view_file_name(group, T, P, t, p)
@@ -793,6 +810,43 @@ def cmd_oracle(mnt, layouts, reldir):
                         probs.append(f"{label}: {m}")
         report(f"view {layout}/{reldir}: {nbroken} files fail with EIO, {nok} files exact",
                probs)
+
+
+def rewrite_file(path, fn):
+    """Rewrite a safetensors file in place: fn(tensors, meta) gets the parsed tensors (list of
+    [name, dtype, shape, raw]) and __metadata__ (dict; "ckptfs" decoded to a dict) and edits
+    them in place. Data order is kept."""
+    tensors, meta, _ = parse_st(read_file(path), strict=False)
+    tensors = [list(x) for x in tensors]
+    meta = dict(meta or {})
+    if "ckptfs" in meta:
+        meta["ckptfs"] = json.loads(meta["ckptfs"])
+    fn(tensors, meta)
+    if isinstance(meta.get("ckptfs"), dict):
+        meta["ckptfs"] = json.dumps(meta["ckptfs"])
+    arrs = [(name, dt, np.frombuffer(raw, np.uint8).view(np.dtype(DTYPES[dt][0])).reshape(shape))
+            for name, dt, shape, raw in tensors]
+    write_file(path, st_bytes(arrs, meta))
+
+
+def problems_of(srcdir):
+    """[(group, name, kind, ranges)] of the tensors of srcdir that cannot be served: kind is
+    "missing" (ranges: [lo, hi) per dim of the bounding box of the uncovered elements),
+    "conflict" (same, of the disagreeing elements) or "bad" (dtype/global shape)."""
+    og, _ = oracle(srcdir)
+    out = []
+    for g, grp in sorted(og.items()):
+        for name, info in sorted(grp["tensors"].items()):
+            if info["bad"]:
+                out.append((g, name, "bad", info["bad"]))
+                continue
+            for kind, mask in (("missing", ~info["covered"]), ("conflict", info["conflict"])):
+                if mask.any():
+                    idx = np.array(np.unravel_index(np.nonzero(mask)[0], info["gshape"]))
+                    ranges = [[int(idx[k].min()), int(idx[k].max()) + 1]
+                              for k in range(len(info["gshape"]))]
+                    out.append((g, name, kind, ranges))
+    return out
 
 
 # ---------------------------------------------------------------- command line
