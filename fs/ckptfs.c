@@ -56,15 +56,25 @@ struct node {
 	uint64_t nlookup;
 	unsigned nopen;
 	unsigned nwriters;
+	uint64_t version;    /* bumped by every commit of new content */
 	ckpt_writer *writer; /* non-NULL while nwriters > 0 */
 	uint64_t parent;     /* last name the kernel looked this inode up by, */
 	char *name;          /* for messages only (may be stale after rename) */
 };
 
+/*
+ * Read-only handles of store files read the latest committed content
+ * (close-to-open consistency): when a writer commits, open readers switch
+ * to the new version at their next read, as the kernel's page cache and
+ * file size (shared by all handles of an inode) do.  snap is the extent
+ * list of version `version`; snap_lock guards the swap.
+ */
 struct handle {
 	struct node *node; /* NULL for files of the virtual view trees */
 	bool writable;
+	pthread_rwlock_t snap_lock;
 	struct ckpt_extent_list *snap; /* read-only handles */
+	uint64_t version;
 	struct vtree_file *vf;         /* files of the virtual view trees */
 };
 
@@ -159,13 +169,24 @@ static void *inval_main(void *arg)
 }
 
 /* Commit a writer; on a change, invalidate the kernel's caches of ino. */
-static int commit_writer(uint64_t ino, ckpt_writer *w, bool durable)
+static void bump_version(uint64_t ino);
+
+/* Commit a writer; on a change, make open readers switch to the new
+ * content.  sync_inval: drop the kernel's caches of ino before returning
+ * (only from handlers the kernel sends without holding the inode's lock or
+ * page locks: FLUSH, FSYNC, RELEASE); else queue it. */
+static int commit_writer(uint64_t ino, ckpt_writer *w, bool durable, bool sync_inval)
 {
 	bool dirty = ckpt_writer_dirty(w);
 	int r = ckpt_writer_commit(w, durable);
 
-	if (r == 0 && dirty)
-		queue_inval(ino);
+	if (r == 0 && dirty) {
+		bump_version(ino);
+		if (sync_inval)
+			fuse_lowlevel_notify_inval_inode(fs.se, ino, 0, 0);
+		else
+			queue_inval(ino);
+	}
 	return r;
 }
 
@@ -252,6 +273,17 @@ static char *node_path(uint64_t ino)
 	free(dir);
 	free(name);
 	return path;
+}
+
+static void bump_version(uint64_t ino)
+{
+	struct node *n;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	if (n)
+		n->version++;
+	pthread_mutex_unlock(&fs.nodes_lock);
 }
 
 /* Attributes with the live size/mtime of an open writer applied. */
@@ -457,7 +489,7 @@ static int set_size(fuse_ino_t ino, uint64_t size)
 	if (r == 0)
 		r = ckpt_writer_truncate(w, size);
 	if (r == 0)
-		r = ckpt_writer_commit(w, false);
+		r = commit_writer(ino, w, false, false);
 	ckpt_writer_free(w);
 	return r;
 }
@@ -674,6 +706,11 @@ static int open_handle(fuse_ino_t ino, int flags, struct handle **ret)
 
 	if (!h)
 		return -ENOMEM;
+	pthread_rwlock_init(&h->snap_lock, NULL);
+	pthread_mutex_lock(&fs.nodes_lock);
+	n = node_find_locked(ino);
+	h->version = n ? n->version : 0;
+	pthread_mutex_unlock(&fs.nodes_lock);
 	r = ckpt_store_getattr(fs.store, ino, &in);
 	if (r == 0 && S_ISDIR(in.mode))
 		r = -EISDIR;
@@ -795,6 +832,37 @@ static struct handle *fh_of(struct fuse_file_info *fi)
 	return (struct handle *)(uintptr_t)fi->fh;
 }
 
+/* Switch a read-only handle to the latest committed content if a commit
+ * happened since it was loaded (see struct handle). */
+static int refresh_snapshot(fuse_ino_t ino, struct handle *h)
+{
+	struct ckpt_extent_list *l = NULL;
+	uint64_t v;
+	int r;
+
+	pthread_mutex_lock(&fs.nodes_lock);
+	v = h->node->version;
+	pthread_mutex_unlock(&fs.nodes_lock);
+	pthread_rwlock_rdlock(&h->snap_lock);
+	r = h->version == v;
+	pthread_rwlock_unlock(&h->snap_lock);
+	if (r)
+		return 0;
+	r = ckpt_store_load_extents(fs.store, ino, &l);
+	if (r < 0)
+		return r;
+	pthread_rwlock_wrlock(&h->snap_lock);
+	if (h->version != v) {
+		ckpt_extent_list_free(h->snap);
+		h->snap = l;
+		h->version = v;
+		l = NULL;
+	}
+	pthread_rwlock_unlock(&h->snap_lock);
+	ckpt_extent_list_free(l);
+	return 0;
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
@@ -806,12 +874,18 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		reply_err(req, -ENOMEM);
 		return;
 	}
-	if (h->vf)
+	if (h->vf) {
 		r = vtree_read(h->vf, buf, size, (uint64_t)off);
-	else if (h->writable)
+	} else if (h->writable) {
 		r = ckpt_writer_read(h->node->writer, buf, size, (uint64_t)off);
-	else
-		r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
+	} else {
+		r = refresh_snapshot(ino, h);
+		if (r == 0) {
+			pthread_rwlock_rdlock(&h->snap_lock);
+			r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
+			pthread_rwlock_unlock(&h->snap_lock);
+		}
+	}
 	if (r < 0) {
 		char *path = node_path(ino);
 		ckpt_err("%s: read of %zu bytes at offset %lld failed: %s%s", path ? path : "?",
@@ -856,7 +930,7 @@ static int commit_handle(fuse_ino_t ino, struct handle *h, bool durable)
 		return 0;
 	if (!h->writable)
 		return durable ? ckpt_store_sync_file(fs.store, ino) : 0;
-	r = commit_writer(ino, h->node->writer, durable);
+	r = commit_writer(ino, h->node->writer, durable, true);
 	if (r < 0) {
 		char *path = node_path(ino);
 		ckpt_err("%s: cannot commit file: %s", path ? path : "?", strerror(-r));
@@ -893,7 +967,7 @@ static void handle_close(fuse_ino_t ino, struct handle *h)
 	pthread_mutex_unlock(&fs.nodes_lock);
 	if (w) {
 		/* flush already committed; this catches writes after it */
-		int r = commit_writer(ino, w, false);
+		int r = commit_writer(ino, w, false, true);
 		if (r < 0)
 			ckpt_err("inode %" PRIu64 ": changes after close lost: %s", (uint64_t)ino,
 				 strerror(-r));
@@ -901,6 +975,7 @@ static void handle_close(fuse_ino_t ino, struct handle *h)
 	}
 	node_release_maybe_reap(ino, freed);
 	ckpt_extent_list_free(h->snap);
+	pthread_rwlock_destroy(&h->snap_lock);
 	free(h);
 }
 
