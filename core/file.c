@@ -709,6 +709,24 @@ bool ckpt_writer_dirty(ckpt_writer *w)
 }
 
 /* Chunk the scratch file into a fresh extent list.  Caller holds w->lock. */
+/* Append a run of zeros (a hole of the scratch file) without reading it.
+ * Caller holds w->lock; the uncut buffer must be empty. */
+static int skip_hole(struct cutter *c, uint64_t len)
+{
+	while (len > 0) {
+		uint32_t n = (uint32_t)CKPT_MIN(len, (uint64_t)(1u << 30));
+		int r = ckpt_extent_list_append(c->list, n, CKPT_EXT_ZERO, NULL);
+		if (r < 0)
+			return r;
+		c->start += n;
+		len -= n;
+	}
+	return 0;
+}
+
+/* Chunk the scratch file into a fresh extent list, skipping its holes
+ * (SEEK_DATA/SEEK_HOLE) so sparse files cost what they store.  Caller holds
+ * w->lock. */
 static int cut_staged(struct ckpt_writer *w, struct cutter *c)
 {
 	const size_t blk = 8u << 20;
@@ -718,14 +736,36 @@ static int cut_staged(struct ckpt_writer *w, struct cutter *c)
 
 	if (!buf)
 		return -ENOMEM;
-	while (off < w->size) {
-		size_t n = (size_t)CKPT_MIN((uint64_t)blk, w->size - off);
-		r = ckpt_pread_full(w->fd, buf, n, off);
-		if (r == 0)
-			r = feed(w, c, buf, n);
-		if (r < 0)
-			break;
-		off += n;
+	while (off < w->size && r == 0) {
+		off_t data = lseek(w->fd, (off_t)off, SEEK_DATA);
+		off_t hole;
+
+		if (data < 0 && errno == ENXIO)
+			data = (off_t)w->size; /* a hole up to the end */
+		if (data < 0) {
+			data = (off_t)off; /* no hole support: read everything */
+			hole = (off_t)w->size;
+		} else {
+			if ((uint64_t)data > w->size)
+				data = (off_t)w->size;
+			if ((uint64_t)data > off) {
+				r = cut(w, c, true);
+				if (r == 0)
+					r = skip_hole(c, (uint64_t)data - off);
+				off = (uint64_t)data;
+				continue;
+			}
+			hole = lseek(w->fd, (off_t)off, SEEK_HOLE);
+			if (hole < 0 || (uint64_t)hole > w->size)
+				hole = (off_t)w->size;
+		}
+		while (off < (uint64_t)hole && r == 0) {
+			size_t n = (size_t)CKPT_MIN((uint64_t)blk, (uint64_t)hole - off);
+			r = ckpt_pread_full(w->fd, buf, n, off);
+			if (r == 0)
+				r = feed(w, c, buf, n);
+			off += n;
+		}
 	}
 	if (r == 0)
 		r = cut(w, c, true);

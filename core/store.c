@@ -2375,7 +2375,7 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	const uint8_t *k, *v;
 	size_t kl, vl, n;
 	struct chunk_info *arr = NULL;
-	uint64_t *ids = NULL;
+	uint64_t *ids = NULL, indexed = 0;
 	ckpt_iter *it;
 	int r;
 
@@ -2407,6 +2407,7 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < n; i++) {
+		indexed += ckpt_pack_rec_span(arr[i].loc.stored_len);
 		if (arr[i].refs > 0) {
 			ret->chunks++;
 			ret->unique_bytes += arr[i].loc.raw_len;
@@ -2421,6 +2422,10 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	if (r < 0)
 		return r;
 	ret->pack_files = n;
+	indexed += n * CKPT_PACK_HDR_SIZE;
+	/* records no index entry names: content of files deleted before it was
+	 * indexed, writes abandoned by a crash, failed appends */
+	ret->unindexed_bytes = ret->pack_bytes > indexed ? ret->pack_bytes - indexed : 0;
 	free(ids);
 	return 0;
 }

@@ -177,6 +177,7 @@ struct ckpt_store_stats {
 	uint64_t chunks;        /* referenced chunks */
 	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
 	uint64_t pack_files, pack_bytes;
+	uint64_t unindexed_bytes; /* pack space no index entry names (gc reclaims it) */
 };
 int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret);
 /* fsck: report each problem through cb (path may be NULL); returns the

@@ -113,6 +113,55 @@ tap("model.layers.2.self_attn.k_proj.weight" in f[0, 0] and "model.layers.3.self
     "layers 0-2 on stage 0, 3-5 on stage 1")
 EOF
 
+# ---------------------------------------------------------------- defaults without tp_dim/pp/num_layers
+# tp_dim from the one split dim beats the name rules (router: no rule, split along dim 1;
+# down_proj: rule 1, split along dim 0); a tensor split along no dim falls back to the rules;
+# pp and num_layers from the names (layers.0/1 -> 2 layers).
+py_checks "write the defaults checkpoint" "$MNT" <<'EOF'
+import json, os, sys
+import numpy as np
+import views_lib as vl
+d = os.path.join(sys.argv[1], "defaults")
+os.makedirs(d)
+rng = np.random.default_rng(42)
+g = {"model.layers.0.mlp.router.weight": rng.standard_normal((4, 12)).astype(np.float32),
+     "model.layers.1.mlp.down_proj.weight": rng.standard_normal((6, 8)).astype(np.float32),
+     "model.layers.1.self_attn.q_proj.weight": rng.standard_normal((6, 8)).astype(np.float32),
+     "model.wte.weight": rng.standard_normal((10, 4)).astype(np.float32)}
+splits = {"model.layers.0.mlp.router.weight": 1, "model.layers.1.mlp.down_proj.weight": 0,
+          "model.layers.1.self_attn.q_proj.weight": None, "model.wte.weight": None}
+for t in range(2):
+    pieces, ents = [], {}
+    for name, a in g.items():
+        k = splits[name]
+        part, offs = a, [0, 0]
+        if k is not None:
+            part, offs[k] = vl.chunk(a, k, 2, t)
+        ents[name] = {"global_shape": list(a.shape), "offsets": offs}
+        pieces.append((name, "F32", part))
+    ck = {"version": 1, "group": "dflt", "tensors": ents}
+    vl.write_file(os.path.join(d, f"shard{t}.safetensors"),
+                  vl.st_bytes(pieces, {"format": "pt", "ckptfs": json.dumps(ck)}))
+print("ok - wrote defaults/")
+EOF
+vl_checks "views resolving defaults" oracle "$MNT" tp2_pp1,tp3_pp2,tp1_pp2,tp4_pp4 defaults
+py_checks "defaults resolved as specified" "$MNT" <<'EOF'
+import os, sys
+import views_lib as vl
+from helpers import tap
+v = os.path.join(sys.argv[1], "tp2_pp2/defaults")
+f = {}
+for p in range(2):
+    tensors, meta, _ = vl.parse_st(vl.read_file(os.path.join(v, f"dflt_tp1_pp{p}.safetensors")))
+    f[p] = {name: shape for name, dt, shape, raw in tensors}
+tap(f[0].get("model.layers.0.mlp.router.weight") == (4, 6), "router: tp_dim 1 from the split")
+tap(f[1].get("model.layers.1.mlp.down_proj.weight") == (3, 8), "down_proj: tp_dim 0 from the split, not the rule")
+tap(f[1].get("model.layers.1.self_attn.q_proj.weight") == (3, 8), "q_proj stored whole: tp_dim 0 from the rule")
+tap(f[0].get("model.wte.weight") == (10, 4) and "model.wte.weight" not in f[1], "wte: first stage, replicated")
+tap("model.layers.0.mlp.router.weight" not in f[1] and "model.layers.1.mlp.down_proj.weight" not in f[0],
+    "num_layers 2 from the names: layer 0 on stage 0, layer 1 on stage 1")
+EOF
+
 # ---------------------------------------------------------------- 5: passthrough, subdirectories
 for f in config.json tokenizer.json rng_state.pt extra/notes.txt extra/deeper/blob.bin; do
 	assert_cmp "$MNT/ckpt_tp2_pp2/$f" "$MNT/tp3_pp2/ckpt_tp2_pp2/$f" "passthrough $f in tp3_pp2"

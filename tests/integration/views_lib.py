@@ -371,7 +371,12 @@ def _extras(root, seed, spec):
     d["extra"] = {"groups": {}, "files": {"notes.txt": sha256(files["extra/notes.txt"]),
                                           "empty.txt": sha256(b"")},
                   "subdirs": ["deeper", "emptydir"]}
-    d["extra/deeper"] = {"groups": {}, "files": {"blob.bin": sha256(files["extra/deeper/blob.bin"])},
+    # a nested group with an explicit name and no tensor entries (whole tensors, name rules)
+    write_file(os.path.join(root, "extra/deeper/ema.safetensors"),
+               st_bytes([(n, dt, a) for n, dt, a, _, _ in build_model(seed + 1)],
+                        {"format": "pt", "ckptfs": json.dumps({"version": 1, "group": "ema"})}))
+    d["extra/deeper"] = {"groups": {"ema": ["plain", seed + 1]},
+                         "files": {"blob.bin": sha256(files["extra/deeper/blob.bin"])},
                          "subdirs": []}
     d["extra/emptydir"] = {"groups": {}, "files": {}, "subdirs": []}
 
