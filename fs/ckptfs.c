@@ -181,6 +181,7 @@ static int commit_writer(uint64_t ino, ckpt_writer *w, bool durable, bool sync_i
 	int r = ckpt_writer_commit(w, durable);
 
 	if (r == 0 && dirty) {
+		vtree_changed();
 		bump_version(ino);
 		if (sync_inval)
 			fuse_lowlevel_notify_inval_inode(fs.se, ino, 0, 0);
@@ -386,8 +387,7 @@ static void reply_ventry(fuse_req_t req, int r, const struct ckpt_inode *in)
 	memset(&e, 0, sizeof(e));
 	e.ino = in->ino;
 	e.generation = 1;
-	e.attr_timeout = ATTR_TIMEOUT;
-	e.entry_timeout = ENTRY_TIMEOUT;
+	vtree_timeouts(in->ino, &e.entry_timeout, &e.attr_timeout);
 	inode_to_stat(in, &e.attr);
 	fuse_reply_entry(req, &e);
 }
@@ -453,6 +453,12 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		return;
 	}
 	inode_to_stat(&in, &st);
+	if (vtree_is_virtual(ino)) {
+		double entry, attr;
+		vtree_timeouts(ino, &entry, &attr);
+		fuse_reply_attr(req, &st, attr);
+		return;
+	}
 	fuse_reply_attr(req, &st, ATTR_TIMEOUT);
 }
 
@@ -545,6 +551,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	if (what)
 		r = ckpt_store_setattr(fs.store, ino, what, &in, NULL);
+	if (r == 0 && what)
+		vtree_changed();
 	if (r == 0 && (what & CKPT_SET_MTIME)) {
 		struct node *n;
 		pthread_mutex_lock(&fs.nodes_lock);
@@ -582,6 +590,8 @@ static void reply_new_node(fuse_req_t req, int r, fuse_ino_t parent, const char 
 {
 	struct fuse_entry_param e;
 
+	if (r == 0)
+		vtree_changed();
 	if (r == 0)
 		r = make_entry(parent, name, in, &e);
 	if (r < 0)
@@ -672,14 +682,22 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	int r = check_old_name(parent, name);
 
-	reply_err(req, r < 0 ? r : ckpt_store_unlink(fs.store, parent, name, false));
+	if (r == 0)
+		r = ckpt_store_unlink(fs.store, parent, name, false);
+	if (r == 0)
+		vtree_changed();
+	reply_err(req, r);
 }
 
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	int r = check_old_name(parent, name);
 
-	reply_err(req, r < 0 ? r : ckpt_store_unlink(fs.store, parent, name, true));
+	if (r == 0)
+		r = ckpt_store_unlink(fs.store, parent, name, true);
+	if (r == 0)
+		vtree_changed();
+	reply_err(req, r);
 }
 
 static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
@@ -691,6 +709,8 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		r = check_new_name(newparent, newname);
 	if (r == 0)
 		r = ckpt_store_rename(fs.store, parent, name, newparent, newname, flags);
+	if (r == 0)
+		vtree_changed();
 	reply_err(req, r);
 }
 
@@ -823,6 +843,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		reply_err(req, r);
 		return;
 	}
+	vtree_changed();
 	set_open_flags(fi, h);
 	fuse_reply_create(req, &e, fi);
 }

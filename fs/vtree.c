@@ -5,8 +5,15 @@
  * Invariants (under vt.lock):
  *  T1. Every vnode is in both hash tables (by key and by ino) and is never
  *      freed before vtree_fini(); a vino handed to the kernel stays valid.
- *  T2. A cache entry's view was built for (layout, dir) and had signature
- *      sig; it is rechecked at most every VIEW_RECHECK_NS.
+ *  T2. A cache entry's view was built for (layout, dir); it is trusted
+ *      while the daemon-wide change generation is what it was when the
+ *      entry was last checked, else its sources' signature is recomputed.
+ *  T3. A V_FILE vnode names one version of a view file: its key includes
+ *      the view's signature, its size never changes.  When the sources
+ *      change, the same name maps to a new vnode (a new inode for the
+ *      kernel, with its own page cache), so a file opened earlier keeps
+ *      reading its version (snapshot), and opening a stale vnode gives
+ *      ESTALE (the kernel then looks the name up again).
  */
 #include "vtree.h"
 
@@ -34,7 +41,10 @@ struct vnode {
 	enum vkind kind;
 	struct ckpt_layout layout;
 	uint64_t ino;
-	char *name; /* V_FILE only */
+	char *name;     /* V_FILE only */
+	uint64_t sig;   /* V_FILE: signature of the view version */
+	uint64_t size;  /* V_FILE: size in that version */
+	int64_t mtime_ns;
 	struct vnode *next_key, *next_ino;
 };
 
@@ -42,12 +52,11 @@ struct vcache {
 	struct ckpt_layout layout;
 	uint64_t dir;
 	ckpt_view *view;
-	int64_t checked_ns;
+	uint64_t gen; /* change generation when last checked */
 	struct vcache *next;
 };
 
 #define VT_BUCKETS 4096
-#define VIEW_RECHECK_NS 1000000000ll
 
 static struct {
 	ckpt_store *s;
@@ -57,6 +66,7 @@ static struct {
 	struct vnode *by_key[VT_BUCKETS], *by_ino[VT_BUCKETS];
 	uint64_t next_vino;
 	struct vcache *cache;
+	uint64_t gen; /* bumped by vtree_changed() */
 } vt;
 
 struct vtree_file {
@@ -64,12 +74,11 @@ struct vtree_file {
 	struct ckpt_extent_list *snap; /* passthrough file */
 };
 
-static int64_t mono_ns(void)
+void vtree_changed(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	pthread_mutex_lock(&vt.lock);
+	vt.gen++;
+	pthread_mutex_unlock(&vt.lock);
 }
 
 int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
@@ -102,27 +111,28 @@ void vtree_fini(void)
 }
 
 static uint64_t key_hash(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
-			 const char *name)
+			 const char *name, uint64_t sig)
 {
 	uint64_t h = (uint64_t)kind * 0x9e3779b97f4a7c15ull ^ ((uint64_t)l->tp << 32 | l->pp);
 
-	h = (h ^ ino) * 0xbf58476d1ce4e5b9ull;
+	h = (h ^ ino ^ sig) * 0xbf58476d1ce4e5b9ull;
 	for (; name && *name; name++)
 		h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
 	return h ^ (h >> 31);
 }
 
-/* Find or create the vnode for a key.  Returns NULL only on ENOMEM. */
-static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
-			       const char *name)
+/* Find or create the vnode for a key (for V_FILE: name, view version sig
+ * and the size/mtime of the file in that version).  NULL only on ENOMEM. */
+static struct vnode *vnode_get_v(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
+				 const char *name, uint64_t sig, uint64_t size, int64_t mtime_ns)
 {
-	size_t b = key_hash(kind, l, ino, name) % VT_BUCKETS;
+	size_t b = key_hash(kind, l, ino, name, sig) % VT_BUCKETS;
 	struct vnode *n;
 
 	pthread_mutex_lock(&vt.lock);
 	for (n = vt.by_key[b]; n; n = n->next_key) {
 		if (n->kind == kind && n->ino == ino && n->layout.tp == l->tp &&
-		    n->layout.pp == l->pp &&
+		    n->layout.pp == l->pp && n->sig == sig &&
 		    (!name ? !n->name : (n->name && !strcmp(n->name, name))))
 			goto out;
 	}
@@ -137,6 +147,9 @@ static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uin
 	n->kind = kind;
 	n->layout = *l;
 	n->ino = ino;
+	n->sig = sig;
+	n->size = size;
+	n->mtime_ns = mtime_ns;
 	n->vino = vt.next_vino++;
 	n->next_key = vt.by_key[b];
 	vt.by_key[b] = n;
@@ -145,6 +158,19 @@ static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uin
 out:
 	pthread_mutex_unlock(&vt.lock);
 	return n;
+}
+
+static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uint64_t ino)
+{
+	return vnode_get_v(kind, l, ino, NULL, 0, 0, 0);
+}
+
+/* The vnode of view file i of v. */
+static struct vnode *vnode_of_file(const struct ckpt_layout *l, uint64_t dir, ckpt_view *v,
+				   size_t i)
+{
+	return vnode_get_v(V_FILE, l, dir, ckpt_view_file_name(v, i), ckpt_view_sig(v),
+			   ckpt_view_file_size(v, i), ckpt_view_mtime(v));
 }
 
 /* Copy of the vnode with vino (name not copied: vnodes are immutable and
@@ -169,16 +195,16 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 {
 	struct vcache *c;
 	ckpt_view *v = NULL;
-	uint64_t sig = 0;
-	int64_t now = mono_ns();
+	uint64_t sig = 0, gen;
 	char err[512];
 	int r;
 
 	pthread_mutex_lock(&vt.lock);
+	gen = vt.gen;
 	for (c = vt.cache; c; c = c->next)
 		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
 			break;
-	if (c && now - c->checked_ns < VIEW_RECHECK_NS) {
+	if (c && c->gen == gen) {
 		v = c->view;
 		ckpt_view_ref(v);
 	}
@@ -195,7 +221,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
 			break;
 	if (c && ckpt_view_sig(c->view) == sig) {
-		c->checked_ns = now;
+		c->gen = gen;
 		v = c->view;
 		ckpt_view_ref(v);
 	}
@@ -226,7 +252,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	if (c) {
 		ckpt_view_unref(c->view); /* open files keep their own reference */
 		c->view = v;
-		c->checked_ns = now;
+		c->gen = gen;
 		ckpt_view_ref(v);
 	}
 	pthread_mutex_unlock(&vt.lock);
@@ -249,8 +275,7 @@ static void make_readonly(struct ckpt_inode *in, uint64_t vino)
 
 static int attr_of(const struct vnode *n, struct ckpt_inode *ret)
 {
-	ckpt_view *v;
-	int r, i;
+	int r;
 
 	switch (n->kind) {
 	case V_DIR:
@@ -266,24 +291,27 @@ static int attr_of(const struct vnode *n, struct ckpt_inode *ret)
 		r = ckpt_store_getattr(vt.s, n->ino, ret);
 		if (r < 0)
 			return r == -ENOENT ? -ESTALE : r;
-		r = get_view(&n->layout, n->ino, &v);
-		if (r < 0)
-			return r;
-		i = ckpt_view_find(v, n->name);
-		if (i < 0) {
-			ckpt_view_unref(v);
-			return -ENOENT;
-		}
 		ret->ino = n->vino;
 		ret->mode = S_IFREG | 0444;
 		ret->nlink = 1;
-		ret->size = ckpt_view_file_size(v, (size_t)i);
-		ret->mtime_ns = ret->ctime_ns = ckpt_view_mtime(v);
+		ret->size = n->size;
+		ret->mtime_ns = ret->ctime_ns = n->mtime_ns;
 		ret->flags = CKPT_INODE_F_SAFETENSORS;
-		ckpt_view_unref(v);
 		return 0;
 	}
 	return -EINVAL;
+}
+
+void vtree_timeouts(uint64_t vino, double *ret_entry, double *ret_attr)
+{
+	struct vnode *n;
+
+	*ret_entry = 1.0;
+	*ret_attr = 1.0;
+	if (vnode_find(vino, &n) == 0 && n->kind == V_FILE) {
+		*ret_entry = 0.0;   /* the name may map to a newer version */
+		*ret_attr = 3600.0; /* a version never changes (T3) */
+	}
 }
 
 int vtree_getattr(uint64_t vino, struct ckpt_inode *ret)
@@ -306,7 +334,7 @@ int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
 		if (!vtree_is_view_name(parent, name))
 			return -ENOENT;
 		ckpt_layout_parse(name, &l);
-		n = vnode_get(V_DIR, &l, CKPT_ROOT_INO, NULL);
+		n = vnode_get(V_DIR, &l, CKPT_ROOT_INO);
 		return n ? attr_of(n, ret) : -ENOMEM;
 	}
 	r = vnode_find(parent, &pn);
@@ -317,8 +345,9 @@ int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
 	r = get_view(&pn->layout, pn->ino, &v);
 	if (r < 0)
 		return r;
-	if (ckpt_view_find(v, name) >= 0) {
-		n = vnode_get(V_FILE, &pn->layout, pn->ino, name);
+	r = ckpt_view_find(v, name);
+	if (r >= 0) {
+		n = vnode_of_file(&pn->layout, pn->ino, v, (size_t)r);
 		r = n ? 0 : -ENOMEM;
 		goto out;
 	}
@@ -326,12 +355,12 @@ int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
 	if (r < 0)
 		goto out;
 	if (S_ISDIR(in.mode)) {
-		n = vnode_get(V_DIR, &pn->layout, in.ino, NULL);
+		n = vnode_get(V_DIR, &pn->layout, in.ino);
 	} else if (ckpt_view_is_source(v, in.ino)) {
 		r = -ENOENT; /* replaced by the view's files */
 		goto out;
 	} else {
-		n = vnode_get(V_PASS, &pn->layout, in.ino, NULL);
+		n = vnode_get(V_PASS, &pn->layout, in.ino);
 	}
 	r = n ? 0 : -ENOMEM;
 out:
@@ -379,8 +408,7 @@ int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
 		struct vnode *c;
 		if (S_ISREG(ents[i].mode) && ckpt_view_is_source(v, ents[i].ino))
 			continue;
-		c = vnode_get(S_ISDIR(ents[i].mode) ? V_DIR : V_PASS, &dn->layout, ents[i].ino,
-			      NULL);
+		c = vnode_get(S_ISDIR(ents[i].mode) ? V_DIR : V_PASS, &dn->layout, ents[i].ino);
 		if (!c) {
 			r = -ENOMEM;
 			goto out;
@@ -392,7 +420,7 @@ int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
 		k++;
 	}
 	for (size_t i = 0; i < ckpt_view_nfiles(v); i++) {
-		struct vnode *c = vnode_get(V_FILE, &dn->layout, dn->ino, ckpt_view_file_name(v, i));
+		struct vnode *c = vnode_of_file(&dn->layout, dn->ino, v, i);
 		if (!c || !(out[k].name = strdup(ckpt_view_file_name(v, i)))) {
 			r = -ENOMEM;
 			goto out;
@@ -436,8 +464,8 @@ int vtree_open(uint64_t vino, struct vtree_file **ret)
 	if (r < 0)
 		goto out;
 	i = ckpt_view_find(v, n->name);
-	if (i < 0) {
-		r = -ENOENT;
+	if (i < 0 || ckpt_view_sig(v) != n->sig) {
+		r = -ESTALE; /* this version is gone (T3) */
 		goto out;
 	}
 	err[0] = '\0';

@@ -39,6 +39,11 @@ bool vtree_is_view_name(uint64_t parent, const char *name);
  * ret gets the virtual inode's attributes (ret->ino is the virtual ino). */
 int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret);
 int vtree_getattr(uint64_t vino, struct ckpt_inode *ret);
+/* Entry and attribute cache timeouts (seconds) for a virtual inode. */
+void vtree_timeouts(uint64_t vino, double *ret_entry, double *ret_attr);
+/* Tell the view cache that something in the store changed (a commit, a
+ * namespace change): cached views recheck their sources' signature. */
+void vtree_changed(void);
 int vtree_readlink(uint64_t vino, char **ret_target);
 /* Entries of a virtual directory (inode numbers are virtual). */
 int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n);

@@ -55,7 +55,7 @@ ok "saved tp{1,2,4} x pp{1,2,3} checkpoints with 2 DP replicas (model + flat opt
 vl make-plain "$MNT/plain" "$WORK/spec_plain.json" 5 --extras >"$WORK/make.out" 2>&1 ||
 	bail "save plain/model.safetensors"
 ok "saved a plain model.safetensors without ckptfs metadata"
-check "the sources read back unchanged" test "$(sha "$MNT/ckpt_tp2_pp2/model-tp1-pp1-dp0.safetensors")" \
+check "the DP replica files read back identical" test "$(sha "$MNT/ckpt_tp2_pp2/model-tp1-pp1-dp0.safetensors")" \
 	== "$(sha "$MNT/ckpt_tp2_pp2/model-tp1-pp1-dp1.safetensors")"
 
 # ---------------------------------------------------------------- layout directories

@@ -1,0 +1,1662 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_view.c - unit tests for core/view.c: resharded views (tpT_ppP) of
+ * the safetensors files of a store directory.
+ *
+ * Every test gets a fresh store under a mkdtemp directory in /tmp (checked
+ * fixture) and a pool of 2 chunk workers; the parent process owns the base
+ * directory of each test case and removes it whatever the outcome.
+ * Sources are written through the real write path (mknode, writer, commit,
+ * flush); safetensors bytes are built with ckpt_st_serialize() plus tensor
+ * data, the "ckptfs" metadata JSON is written by hand.  Every expected byte
+ * is computed here from the global tensors.
+ */
+#include <check.h>
+#include <errno.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "file.h"
+#include "layout.h"
+#include "safetensors.h"
+#include "shardmeta.h"
+#include "store.h"
+#include "util.h"
+#include "view.h"
+
+static char basedir[64]; /* per test case, owned by the parent process */
+static char tdir[96];     /* per test, inside basedir */
+static char spath[128];
+static ckpt_store *st;
+static ckpt_pool *pool;
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+/* Unchecked fixture, run in the parent around each test case: a failed
+ * test exits its forked child before the checked teardown runs, so the
+ * parent removes whatever the tests of the case left behind. */
+static void base_setup(void)
+{
+	strcpy(basedir, "/tmp/check_view-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(basedir));
+}
+
+static void base_teardown(void)
+{
+	if (basedir[0])
+		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	basedir[0] = '\0';
+}
+
+static void setup(void)
+{
+	struct ckpt_store_opts o;
+	char err[512] = "";
+	int r;
+
+	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
+	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	snprintf(spath, sizeof(spath), "%s/store", tdir);
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.cache_size = 8u << 20;
+	r = ckpt_store_open(spath, &o, &st, err, sizeof(err));
+	ck_assert_msg(r == 0, "open: %d %s", r, err);
+	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
+}
+
+static void teardown(void)
+{
+	ckpt_pool_free(pool);
+	pool = NULL;
+	ckpt_store_free(st);
+	st = NULL;
+	if (tdir[0])
+		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+	tdir[0] = '\0';
+}
+
+/* ---- building sources ------------------------------------------------- */
+
+struct tdef {
+	const char *name;
+	enum ckpt_dtype dt;
+	unsigned ndim;
+	uint64_t shape[4];
+	const void *data; /* elems(shape) * bytes(dt) bytes */
+};
+
+static uint64_t tdef_bytes(const struct tdef *t)
+{
+	uint64_t n = ckpt_dtype_bits(t->dt) / 8;
+
+	for (unsigned d = 0; d < t->ndim; d++)
+		n *= t->shape[d];
+	return n;
+}
+
+static uint64_t mkdir_in(uint64_t parent, const char *name)
+{
+	struct ckpt_inode in;
+	int r = ckpt_store_mknode(st, parent, name, S_IFDIR | 0755, 0, 0, NULL, &in);
+
+	ck_assert_msg(r == 0, "mkdir %s: %d", name, r);
+	return in.ino;
+}
+
+/* Write raw bytes as file dir/fname (created, or truncated if it exists),
+ * commit and flush.  Returns the inode. */
+static uint64_t put_raw(uint64_t dir, const char *fname, const uint8_t *buf, size_t len)
+{
+	struct ckpt_inode in;
+	ckpt_writer *w = NULL;
+	int r = ckpt_store_lookup(st, dir, fname, &in);
+
+	if (r == -ENOENT)
+		r = ckpt_store_mknode(st, dir, fname, S_IFREG | 0644, 0, 0, NULL, &in);
+	ck_assert_msg(r == 0, "create %s: %d", fname, r);
+	ck_assert_int_eq(ckpt_writer_new(st, pool, in.ino, true, &w), 0);
+	/* in two writes, the second of an odd size */
+	if (len > 13) {
+		ck_assert_int_eq(ckpt_writer_write(w, buf, len - 13, 0), 0);
+		ck_assert_int_eq(ckpt_writer_write(w, buf + len - 13, 13, len - 13), 0);
+	} else {
+		ck_assert_int_eq(ckpt_writer_write(w, buf, len, 0), 0);
+	}
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(ckpt_store_flush(st), 0);
+	return in.ino;
+}
+
+/* Serialize a safetensors file (metadata "ckptfs" = ckptfs unless NULL)
+ * and store it as dir/fname.  Returns the inode; asserts it is flagged as
+ * safetensors. */
+static uint64_t put_st(uint64_t dir, const char *fname, const char *ckptfs,
+		       const struct tdef *t, size_t n)
+{
+	struct ckpt_st_tensor_spec specs[32];
+	const char *keys[] = { "format", CKPT_SHARDMETA_KEY };
+	const char *vals[] = { "pt", ckptfs };
+	uint8_t *hdr = NULL, *buf;
+	size_t hlen = 0, len;
+	struct ckpt_inode in;
+	uint64_t ino;
+
+	ck_assert_uint_le(n, CKPT_ARRAY_SIZE(specs));
+	for (size_t i = 0; i < n; i++) {
+		specs[i].name = t[i].name;
+		specs[i].dtype = t[i].dt;
+		specs[i].ndim = t[i].ndim;
+		specs[i].shape = t[i].shape;
+	}
+	ck_assert_int_eq(ckpt_st_serialize(specs, n, keys, vals, ckptfs ? 2 : 1, &hdr, &hlen), 0);
+	len = hlen;
+	for (size_t i = 0; i < n; i++)
+		len += tdef_bytes(&t[i]);
+	buf = malloc(len);
+	ck_assert_ptr_nonnull(buf);
+	memcpy(buf, hdr, hlen);
+	len = hlen;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(buf + len, t[i].data, tdef_bytes(&t[i]));
+		len += tdef_bytes(&t[i]);
+	}
+	free(hdr);
+	ino = put_raw(dir, fname, buf, len);
+	free(buf);
+	ck_assert_int_eq(ckpt_store_getattr(st, ino, &in), 0);
+	ck_assert_msg(in.flags & CKPT_INODE_F_SAFETENSORS, "%s not flagged safetensors", fname);
+	ck_assert_uint_eq(in.size, len);
+	return ino;
+}
+
+/* Float tensor with values base, base + 1, ... (exact in F32). */
+static float *fgen(size_t n, float base)
+{
+	float *p = malloc((n ? n : 1) * sizeof(*p));
+
+	ck_assert_ptr_nonnull(p);
+	for (size_t i = 0; i < n; i++)
+		p[i] = base + (float)i;
+	return p;
+}
+
+/* Rows [r0, r1) x columns [c0, c1) of a row-major matrix with `cols`
+ * columns, elem bytes per element, as a new buffer. */
+static uint8_t *sub2(const void *g, uint64_t cols, unsigned elem, uint64_t r0, uint64_t r1,
+		     uint64_t c0, uint64_t c1)
+{
+	const uint8_t *src = g;
+	size_t row = (size_t)(c1 - c0) * elem;
+	uint8_t *p = malloc((r1 - r0) * row + 1);
+
+	ck_assert_ptr_nonnull(p);
+	for (uint64_t r = r0; r < r1; r++)
+		memcpy(p + (r - r0) * row, src + (r * cols + c0) * elem, row);
+	return p;
+}
+
+static ckpt_view *build(uint64_t dir, unsigned tp, unsigned pp, const ckpt_tp_rules *rules)
+{
+	struct ckpt_layout l = { tp, pp };
+	ckpt_view *v = NULL;
+	char err[512] = "";
+	int r = ckpt_view_build(st, dir, &l, rules, &v, err, sizeof(err));
+
+	ck_assert_msg(r == 0, "build tp%u_pp%u: %d (%s)", tp, pp, r, err);
+	ck_assert_ptr_nonnull(v);
+	return v;
+}
+
+/* ---- reading view files ----------------------------------------------- */
+
+struct vbuf {
+	uint8_t *b;
+	uint64_t size;
+	ckpt_st_header *h;
+	uint64_t ds; /* data start: 8 + N */
+};
+
+static void vbuf_free(struct vbuf *vb)
+{
+	free(vb->b);
+	ckpt_st_header_free(vb->h);
+	memset(vb, 0, sizeof(*vb));
+}
+
+/* Open view file fname, read it whole in pieces of `piece` bytes, parse
+ * its header. */
+static void vread(ckpt_view *v, const char *fname, size_t piece, struct vbuf *ret)
+{
+	int i = ckpt_view_find(v, fname);
+	ckpt_vfile *f = NULL;
+	char err[1024] = "";
+	uint64_t n, done = 0;
+	int r;
+
+	ck_assert_msg(i >= 0, "view file %s not found", fname);
+	r = ckpt_vfile_open(v, (size_t)i, &f, err, sizeof(err));
+	ck_assert_msg(r == 0, "open %s: %d (%s)", fname, r, err);
+	ret->size = ckpt_vfile_size(f);
+	ck_assert_uint_eq(ret->size, ckpt_view_file_size(v, (size_t)i));
+	ret->b = malloc(ret->size + 1);
+	ck_assert_ptr_nonnull(ret->b);
+	while (done < ret->size) {
+		ssize_t got = ckpt_vfile_read(f, ret->b + done, piece, done);
+		ck_assert_int_eq(got, (ssize_t)CKPT_MIN((uint64_t)piece, ret->size - done));
+		done += (uint64_t)got;
+	}
+	ck_assert_int_eq(ckpt_vfile_read(f, ret->b, 16, ret->size), 0);
+	ckpt_vfile_free(f);
+	ck_assert_uint_ge(ret->size, 8);
+	ck_assert_int_eq(ckpt_st_header_len(ret->b, &n), 0);
+	ck_assert_uint_le(8 + n, ret->size);
+	r = ckpt_st_parse(ret->b + 8, n, &ret->h, err, sizeof(err));
+	ck_assert_msg(r == 0, "%s: header does not parse: %s", fname, err);
+	ck_assert_int_eq(ckpt_st_check_file_size(ret->h, ret->size), 0);
+	ret->ds = 8 + n;
+}
+
+/* Assert that tensor name of vb has dtype dt, shape[0..ndim) and bytes
+ * data. */
+static void expect_tensor(const struct vbuf *vb, const char *name, enum ckpt_dtype dt,
+			  unsigned ndim, const uint64_t *shape, const void *data)
+{
+	const struct ckpt_st_tensor *t = ckpt_st_tensor_find(vb->h, name);
+	uint64_t n = ckpt_dtype_bits(dt) / 8;
+
+	ck_assert_msg(t != NULL, "tensor %s missing", name);
+	ck_assert_int_eq(t->dtype, dt);
+	ck_assert_uint_eq(t->ndim, ndim);
+	for (unsigned d = 0; d < ndim; d++) {
+		ck_assert_uint_eq(t->shape[d], shape[d]);
+		n *= shape[d];
+	}
+	ck_assert_uint_eq(t->end - t->begin, n);
+	ck_assert_msg(memcmp(vb->b + vb->ds + t->begin, data, n) == 0, "bytes of %s differ",
+		      name);
+}
+
+/* The view file fname holds exactly the tensors names[0..n) in this
+ * order. */
+static void expect_names(const struct vbuf *vb, const char *const *names, size_t n)
+{
+	ck_assert_uint_eq(ckpt_st_tensor_count(vb->h), n);
+	for (size_t i = 0; i < n; i++)
+		ck_assert_str_eq(ckpt_st_tensor_at(vb->h, i)->name, names[i]);
+}
+
+/* The view's files, in order, are exactly names[0..n). */
+static void expect_files(const ckpt_view *v, const char *const *names, size_t n)
+{
+	ck_assert_uint_eq(ckpt_view_nfiles(v), n);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_str_eq(ckpt_view_file_name(v, i), names[i]);
+		ck_assert_int_eq(ckpt_view_find(v, names[i]), (int)i);
+	}
+}
+
+/* Try to open view file fname; returns the result, err gets the message. */
+static int try_open(ckpt_view *v, const char *fname, char *err, size_t errlen)
+{
+	int i = ckpt_view_find(v, fname);
+	ckpt_vfile *f = NULL;
+	int r;
+
+	ck_assert_msg(i >= 0, "view file %s not found", fname);
+	err[0] = '\0';
+	r = ckpt_vfile_open(v, (size_t)i, &f, err, errlen);
+	if (r == 0) {
+		ck_assert_ptr_nonnull(f);
+		ckpt_vfile_free(f);
+	}
+	return r;
+}
+
+struct reports {
+	int n;
+	char file[8][128];
+	char why[8][512];
+};
+
+static void report_cb(void *ud, const char *file, const char *why)
+{
+	struct reports *rp = ud;
+
+	if (rp->n < 8) {
+		snprintf(rp->file[rp->n], sizeof(rp->file[0]), "%s", file);
+		snprintf(rp->why[rp->n], sizeof(rp->why[0]), "%s", why);
+	}
+	rp->n++;
+}
+
+static void group_info(const ckpt_view *v, const char *name, struct ckpt_view_group_info *ret)
+{
+	for (size_t i = 0; i < ckpt_view_ngroups(v); i++) {
+		ckpt_view_group_info(v, i, ret);
+		if (!strcmp(ret->name, name))
+			return;
+	}
+	ck_abort_msg("group %s not in the view", name);
+}
+
+/* ---- tensor parallel -------------------------------------------------- */
+
+/*
+ * Directory "tp": two files saved tp2, each with
+ *   w [10, 6] F32 split on rows (tp_dim 0): rank r holds rows [5r, 5r+5)
+ *   c [4, 9]  F32 with tp_dim 1, but stored as rows [2r, 2r+2)
+ *   e [5, 2]  F32 tp_dim 0, whole in rank 0 only
+ */
+struct tpfix {
+	uint64_t dir, ino[2];
+	float *w, *c, *e;
+};
+
+static void tp_setup(struct tpfix *x)
+{
+	x->dir = mkdir_in(CKPT_ROOT_INO, "tp");
+	x->w = fgen(60, 1000);
+	x->c = fgen(36, 5000);
+	x->e = fgen(10, 9000);
+	for (unsigned r = 0; r < 2; r++) {
+		uint8_t *wp = sub2(x->w, 6, 4, 5 * r, 5 * r + 5, 0, 6);
+		uint8_t *cp = sub2(x->c, 9, 4, 2 * r, 2 * r + 2, 0, 9);
+		char meta[1024], fname[64];
+		struct tdef t[3] = {
+			{ "w", CKPT_DT_F32, 2, { 5, 6 }, wp },
+			{ "c", CKPT_DT_F32, 2, { 2, 9 }, cp },
+			{ "e", CKPT_DT_F32, 2, { 5, 2 }, x->e },
+		};
+		snprintf(meta, sizeof(meta),
+			 "{\"version\": 1, \"tensors\": {"
+			 "\"w\": {\"global_shape\": [10, 6], \"offsets\": [%u, 0], \"tp_dim\": 0},"
+			 "\"c\": {\"global_shape\": [4, 9], \"offsets\": [%u, 0], \"tp_dim\": 1}"
+			 "%s}}",
+			 5 * r, 2 * r, r == 0 ? ", \"e\": {\"tp_dim\": 0}" : "");
+		snprintf(fname, sizeof(fname), "model-rank%u.safetensors", r);
+		x->ino[r] = put_st(x->dir, fname, meta, t, r == 0 ? 3 : 2);
+		free(wp);
+		free(cp);
+	}
+}
+
+static void tp_teardown(struct tpfix *x)
+{
+	free(x->w);
+	free(x->c);
+	free(x->e);
+}
+
+START_TEST(test_tp1_whole)
+{
+	struct tpfix x;
+	struct vbuf vb = { 0 };
+	ckpt_view *v;
+	const char *files[] = { "model.safetensors" };
+	const char *order[] = { "c", "e", "w" };
+	const uint64_t ws[] = { 10, 6 }, cs[] = { 4, 9 }, es[] = { 5, 2 };
+
+	tp_setup(&x);
+	v = build(x.dir, 1, 1, NULL);
+	expect_files(v, files, 1);
+	ck_assert(ckpt_view_is_source(v, x.ino[0]));
+	ck_assert(ckpt_view_is_source(v, x.ino[1]));
+	vread(v, "model.safetensors", 1 << 20, &vb);
+	expect_names(&vb, order, 3);
+	expect_tensor(&vb, "w", CKPT_DT_F32, 2, ws, x.w);
+	expect_tensor(&vb, "c", CKPT_DT_F32, 2, cs, x.c);
+	expect_tensor(&vb, "e", CKPT_DT_F32, 2, es, x.e);
+	ck_assert_uint_eq(vb.size, vb.ds + (60 + 36 + 10) * 4);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	tp_teardown(&x);
+}
+END_TEST
+
+/* tp4: torch.chunk of 10 rows -> 3, 3, 3, 1; of 5 rows -> 2, 2, 1, 0 */
+START_TEST(test_tp4_uneven)
+{
+	struct tpfix x;
+	ckpt_view *v;
+	const char *files[] = { "model_tp0_pp0.safetensors", "model_tp1_pp0.safetensors",
+				"model_tp2_pp0.safetensors", "model_tp3_pp0.safetensors" };
+	const uint64_t wb[] = { 0, 3, 6, 9, 10 }, eb[] = { 0, 2, 4, 5, 5 };
+	tp_setup(&x);
+	v = build(x.dir, 4, 1, NULL);
+	expect_files(v, files, 4);
+	for (unsigned t = 0; t < 4; t++) {
+		struct vbuf vb = { 0 };
+		uint64_t ws[2] = { wb[t + 1] - wb[t], 6 }, es[2] = { eb[t + 1] - eb[t], 2 };
+		uint64_t c0 = CKPT_MIN(3u * t, 9u), c1 = CKPT_MIN(3u * t + 3, 9u);
+		uint64_t cs[2] = { 4, c1 - c0 };
+		uint8_t *we = sub2(x.w, 6, 4, wb[t], wb[t + 1], 0, 6);
+		uint8_t *ee = sub2(x.e, 2, 4, eb[t], eb[t + 1], 0, 2);
+		uint8_t *ce = sub2(x.c, 9, 4, 0, 4, c0, c1);
+
+		vread(v, files[t], 4096, &vb);
+		expect_tensor(&vb, "w", CKPT_DT_F32, 2, ws, we);
+		expect_tensor(&vb, "e", CKPT_DT_F32, 2, es, ee);
+		expect_tensor(&vb, "c", CKPT_DT_F32, 2, cs, ce);
+		ck_assert_uint_eq(vb.size, vb.ds + (ws[0] * 6 + es[0] * 2 + 4 * cs[1]) * 4);
+		free(we);
+		free(ee);
+		free(ce);
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	tp_teardown(&x);
+}
+END_TEST
+
+/* tp3: c has tp_dim 1 but was saved split on rows -> every part reads both
+ * sources (cross-dim resharding); w: 10 rows / 3 -> 4, 4, 2. */
+START_TEST(test_tp3_cross_dim)
+{
+	struct tpfix x;
+	ckpt_view *v;
+	const uint64_t wb[] = { 0, 4, 8, 10 };
+
+	tp_setup(&x);
+	v = build(x.dir, 3, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 3);
+	for (unsigned t = 0; t < 3; t++) {
+		struct vbuf vb = { 0 };
+		char fname[64];
+		uint64_t cs[2] = { 4, 3 }, ws[2] = { wb[t + 1] - wb[t], 6 };
+		uint8_t *ce = sub2(x.c, 9, 4, 0, 4, 3 * t, 3 * t + 3);
+		uint8_t *we = sub2(x.w, 6, 4, wb[t], wb[t + 1], 0, 6);
+
+		snprintf(fname, sizeof(fname), "model_tp%u_pp0.safetensors", t);
+		ck_assert_str_eq(ckpt_view_file_name(v, t), fname);
+		vread(v, fname, 7, &vb);
+		expect_tensor(&vb, "c", CKPT_DT_F32, 2, cs, ce);
+		expect_tensor(&vb, "w", CKPT_DT_F32, 2, ws, we);
+		free(ce);
+		free(we);
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	tp_teardown(&x);
+}
+END_TEST
+
+/* Header of a view file: order, metadata, ckptfs entry, sizes, and reads in
+ * odd-sized pieces give the same bytes. */
+#define BR 520u
+#define BC 1024u
+#define BH (BR / 2)
+
+START_TEST(test_header_and_reads)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "hdr");
+	/* BR x BC F32 split in 2 (tp2 rows): each half is more than one 1 MiB chunk */
+	float *big = fgen(BR * BC, 1);
+	double f64[3] = { 1.5, -2.5, 3.25 };
+	int64_t i64[2] = { -7, 1LL << 40 };
+	uint16_t bf[5] = { 1, 2, 3, 4, 5 };
+	uint8_t u8[3] = { 9, 8, 7 };
+	float a32[4] = { 0.5f, 1.5f, 2.5f, 3.5f };
+	const char *order[] = { "f64", "i64", "a32", "big", "bf", "u8" };
+	struct vbuf ref = { 0 };
+	ckpt_view *v;
+	ckpt_shardmeta *sm = NULL;
+	struct ckpt_tensor_meta tm;
+	const char *fmt = NULL;
+	char err[512];
+	uint64_t nl = 0;
+
+	for (unsigned r = 0; r < 2; r++) {
+		uint8_t *bp = sub2(big, BC, 4, BH * r, BH * r + BH, 0, BC);
+		char m[256], fname[32];
+		struct tdef t[] = {
+			{ "u8", CKPT_DT_U8, 1, { 3 }, u8 },
+			{ "big", CKPT_DT_F32, 2, { BH, BC }, bp },
+			{ "bf", CKPT_DT_BF16, 1, { 5 }, bf },
+			{ "f64", CKPT_DT_F64, 1, { 3 }, f64 },
+			{ "i64", CKPT_DT_I64, 1, { 2 }, i64 },
+			{ "a32", CKPT_DT_F32, 1, { 4 }, a32 },
+		};
+		snprintf(m, sizeof(m),
+			 "{\"version\":1,\"tensors\":{\"big\":{\"global_shape\":[%u,%u],"
+			 "\"offsets\":[%u,0]}}}",
+			 BR, BC, BH * r);
+		snprintf(fname, sizeof(fname), "r%u.safetensors", r);
+		put_st(dir, fname, m, t, CKPT_ARRAY_SIZE(t));
+		free(bp);
+	}
+	v = build(dir, 2, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 2);
+	for (unsigned t = 0; t < 2; t++) {
+		const char *fname = ckpt_view_file_name(v, t);
+		uint64_t bs[2] = { BH, BC }, s3[1] = { 3 }, s2[1] = { 2 }, s4[1] = { 4 };
+		uint64_t s5[1] = { 5 };
+		uint8_t *be = sub2(big, BC, 4, BH * t, BH * t + BH, 0, BC);
+		uint64_t data = 0;
+
+		vread(v, fname, 1 << 20, &ref);
+		expect_names(&ref, order, 6);
+		expect_tensor(&ref, "big", CKPT_DT_F32, 2, bs, be);
+		expect_tensor(&ref, "f64", CKPT_DT_F64, 1, s3, f64);
+		expect_tensor(&ref, "i64", CKPT_DT_I64, 1, s2, i64);
+		expect_tensor(&ref, "a32", CKPT_DT_F32, 1, s4, a32);
+		expect_tensor(&ref, "bf", CKPT_DT_BF16, 1, s5, bf);
+		expect_tensor(&ref, "u8", CKPT_DT_U8, 1, s3, u8);
+		free(be);
+		for (size_t i = 0; i < ckpt_st_tensor_count(ref.h); i++) {
+			const struct ckpt_st_tensor *x = ckpt_st_tensor_at(ref.h, i);
+			ck_assert_uint_eq(x->begin, data);
+			data = x->end;
+		}
+		ck_assert_uint_eq(ckpt_view_file_size(v, t), ref.ds + data);
+		ck_assert_uint_eq(data, BH * BC * 4 + 24 + 16 + 16 + 10 + 3);
+
+		/* metadata */
+		ck_assert_uint_eq(ckpt_st_metadata_count(ref.h), 2);
+		fmt = ckpt_st_metadata_get(ref.h, "format");
+		ck_assert_ptr_nonnull(fmt);
+		ck_assert_str_eq(fmt, "pt");
+		ck_assert_ptr_nonnull(ckpt_st_metadata_get(ref.h, CKPT_SHARDMETA_KEY));
+		ck_assert_msg(ckpt_shardmeta_parse(ref.h, &sm, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_str_eq(ckpt_shardmeta_group(sm), "model");
+		ck_assert(ckpt_shardmeta_num_layers(sm, &nl));
+		ck_assert_uint_eq(nl, 0);
+		ck_assert_int_eq(ckpt_shardmeta_tensor(sm, ckpt_st_tensor_find(ref.h, "big"), &tm),
+				 0);
+		ck_assert_uint_eq(tm.ndim, 2);
+		ck_assert_uint_eq(tm.global_shape[0], BR);
+		ck_assert_uint_eq(tm.global_shape[1], BC);
+		ck_assert_uint_eq(tm.geom.box.off[0], BH * t);
+		ck_assert_uint_eq(tm.geom.box.off[1], 0);
+		ck_assert_uint_eq(tm.geom.box.shape[0], BH);
+		ck_assert_uint_eq(tm.geom.box.shape[1], BC);
+		ck_assert(!tm.geom.flat);
+		ck_assert_int_eq(tm.tp_dim, 0);
+		ck_assert(tm.has_pp);
+		ck_assert_int_eq(tm.pp.kind, CKPT_PP_LAST);
+		ck_assert_int_eq(ckpt_shardmeta_tensor(sm, ckpt_st_tensor_find(ref.h, "u8"), &tm),
+				 0);
+		ck_assert_int_eq(tm.tp_dim, -1); /* replicated (built-in rules) */
+		ck_assert_uint_eq(tm.global_shape[0], 3);
+		ckpt_shardmeta_free(sm);
+		sm = NULL;
+
+		/* odd-sized reads, sequential, give the same bytes */
+		{
+			const size_t pieces[] = { 4097, 65536 + 3 };
+			for (size_t k = 0; k < CKPT_ARRAY_SIZE(pieces); k++) {
+				struct vbuf vb = { 0 };
+				vread(v, fname, pieces[k], &vb);
+				ck_assert_uint_eq(vb.size, ref.size);
+				ck_assert(memcmp(vb.b, ref.b, ref.size) == 0);
+				vbuf_free(&vb);
+			}
+		}
+		/* 7-byte reads over the header and the first 64 KiB of data */
+		{
+			ckpt_vfile *f = NULL;
+			uint8_t *buf = malloc(ref.ds + 65536 + 7);
+			ck_assert_ptr_nonnull(buf);
+			ck_assert_int_eq(ckpt_vfile_open(v, t, &f, err, sizeof(err)), 0);
+			for (uint64_t off = 0; off < ref.ds + 65536; off += 7)
+				ck_assert_int_eq(ckpt_vfile_read(f, buf + off, 7, off), 7);
+			ck_assert(memcmp(buf, ref.b, ref.ds + 65536) == 0);
+			ckpt_vfile_free(f);
+			free(buf);
+		}
+		/* random-offset reads crossing the header/data and chunk boundaries */
+		{
+			ckpt_vfile *f = NULL;
+			uint8_t buf[9000];
+			const uint64_t offs[] = { 0, ref.ds - 5, ref.ds, (1u << 20) - 3,
+						  ref.size - 4096, ref.size - 1 };
+			ck_assert_int_eq(ckpt_vfile_open(v, t, &f, err, sizeof(err)), 0);
+			for (size_t k = 0; k < CKPT_ARRAY_SIZE(offs); k++) {
+				uint64_t want = CKPT_MIN((uint64_t)sizeof(buf), ref.size - offs[k]);
+				ck_assert_int_eq(ckpt_vfile_read(f, buf, sizeof(buf), offs[k]),
+						 (ssize_t)want);
+				ck_assert(memcmp(buf, ref.b + offs[k], want) == 0);
+			}
+			ck_assert_int_eq(ckpt_vfile_read(f, buf, 1, ref.size + 100), 0);
+			ckpt_vfile_free(f);
+		}
+		vbuf_free(&ref);
+	}
+	/* tp1: the whole of big */
+	ckpt_view_unref(v);
+	v = build(dir, 1, 1, NULL);
+	{
+		uint64_t bs[2] = { BR, BC };
+		vread(v, "model.safetensors", 4097, &ref);
+		expect_tensor(&ref, "big", CKPT_DT_F32, 2, bs, big);
+		vbuf_free(&ref);
+	}
+	ckpt_view_unref(v);
+	free(big);
+}
+END_TEST
+
+/* ---- pipeline placement ----------------------------------------------- */
+
+#define NPP 12 /* tensors of the pipeline fixture */
+
+struct ppfix {
+	uint64_t dir;
+	const char *names[NPP];
+	float *data[NPP];
+	uint64_t shape[NPP][2];
+};
+
+/*
+ * Saved pp2 in two files: layers 0-2 + embed in pp0, layers 3-5 + lm_head +
+ * norm in pp1; rope.inv_freq ("all") and shared.scale ("ends") in both.
+ * num_layers: the JSON fragment to add to the metadata ("" = absent).
+ */
+static void pp_setup(struct ppfix *x, const char *dirname, const char *num_layers)
+{
+	static const char *names[NPP] = {
+		"lm_head.weight",	     "model.embed_tokens.weight", "model.layers.0.mlp.weight",
+		"model.layers.1.mlp.weight", "model.layers.2.mlp.weight", "model.layers.3.mlp.weight",
+		"model.layers.4.mlp.weight", "model.layers.5.mlp.weight", "model.norm.weight",
+		"rope.inv_freq",	     "shared.scale",		  "special.first",
+	};
+	/* explicit pp entries; special.first would be on the last stage by name */
+	static const char *pps[NPP] = {
+		[0] = "last", [9] = "all", [10] = "ends", [11] = "first",
+	};
+	/* file of each tensor: 0, 1 or 2 (both) */
+	static const int where[NPP] = { 1, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 0 };
+
+	x->dir = mkdir_in(CKPT_ROOT_INO, dirname);
+	for (size_t i = 0; i < NPP; i++) {
+		x->names[i] = names[i];
+		x->shape[i][0] = 2;
+		x->shape[i][1] = 3 + (i % 3);
+		x->data[i] = fgen(x->shape[i][0] * x->shape[i][1], 100.0f * (float)i);
+	}
+	for (int f = 0; f < 2; f++) {
+		struct tdef t[NPP];
+		size_t n = 0, k;
+		char m[2048], fname[32];
+		const char *sep = "";
+
+		k = (size_t)snprintf(m, sizeof(m), "{\"version\": 1%s, \"tensors\": {", num_layers);
+		for (size_t i = 0; i < NPP; i++) {
+			if (where[i] != f && where[i] != 2)
+				continue;
+			t[n].name = names[i];
+			t[n].dt = CKPT_DT_F32;
+			t[n].ndim = 2;
+			t[n].shape[0] = x->shape[i][0];
+			t[n].shape[1] = x->shape[i][1];
+			t[n].data = x->data[i];
+			n++;
+			if (pps[i]) {
+				k += (size_t)snprintf(m + k, sizeof(m) - k, "%s\"%s\": {\"pp\": \"%s\"}",
+						      sep, names[i], pps[i]);
+				sep = ", ";
+			}
+		}
+		snprintf(m + k, sizeof(m) - k, "}}");
+		snprintf(fname, sizeof(fname), "pp%d.safetensors", f);
+		put_st(x->dir, fname, m, t, n);
+	}
+}
+
+static void pp_teardown(struct ppfix *x)
+{
+	for (size_t i = 0; i < NPP; i++)
+		free(x->data[i]);
+}
+
+static void pp_expect(ckpt_view *v, struct ppfix *x, unsigned p, const char *const *names,
+		      size_t n, uint64_t num_layers)
+{
+	struct vbuf vb = { 0 };
+	char fname[64], err[256];
+	ckpt_shardmeta *sm = NULL;
+	uint64_t nl = 0;
+
+	snprintf(fname, sizeof(fname), "model_tp0_pp%u.safetensors", p);
+	vread(v, fname, 4097, &vb);
+	expect_names(&vb, names, n);
+	for (size_t k = 0; k < n; k++) {
+		for (size_t i = 0; i < NPP; i++)
+			if (!strcmp(x->names[i], names[k]))
+				expect_tensor(&vb, names[k], CKPT_DT_F32, 2, x->shape[i], x->data[i]);
+	}
+	ck_assert_msg(ckpt_shardmeta_parse(vb.h, &sm, err, sizeof(err)) == 0, "%s", err);
+	ck_assert(ckpt_shardmeta_num_layers(sm, &nl));
+	ck_assert_uint_eq(nl, num_layers);
+	ckpt_shardmeta_free(sm);
+	vbuf_free(&vb);
+}
+
+START_TEST(test_pp_inferred_layers)
+{
+	struct ppfix x;
+	ckpt_view *v;
+	struct ckpt_view_group_info gi;
+	/* N = 6, P = 4: stage p holds layers [floor(6p/4), floor(6(p+1)/4)) =
+	 * {0}, {1, 2}, {3}, {4, 5} */
+	const char *s0[] = { "model.embed_tokens.weight", "model.layers.0.mlp.weight",
+			     "rope.inv_freq", "shared.scale", "special.first" };
+	const char *s1[] = { "model.layers.1.mlp.weight", "model.layers.2.mlp.weight",
+			     "rope.inv_freq" };
+	const char *s2[] = { "model.layers.3.mlp.weight", "rope.inv_freq" };
+	const char *s3[] = { "lm_head.weight", "model.layers.4.mlp.weight",
+			     "model.layers.5.mlp.weight", "model.norm.weight", "rope.inv_freq",
+			     "shared.scale" };
+	const char *files[] = { "model_tp0_pp0.safetensors", "model_tp0_pp1.safetensors",
+				"model_tp0_pp2.safetensors", "model_tp0_pp3.safetensors" };
+
+	pp_setup(&x, "pp", "");
+	v = build(x.dir, 1, 4, NULL);
+	expect_files(v, files, 4);
+	pp_expect(v, &x, 0, s0, CKPT_ARRAY_SIZE(s0), 6);
+	pp_expect(v, &x, 1, s1, CKPT_ARRAY_SIZE(s1), 6);
+	pp_expect(v, &x, 2, s2, CKPT_ARRAY_SIZE(s2), 6);
+	pp_expect(v, &x, 3, s3, CKPT_ARRAY_SIZE(s3), 6);
+	ck_assert_uint_eq(ckpt_view_ngroups(v), 1);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_str_eq(gi.name, "model");
+	ck_assert_uint_eq(gi.tensors, NPP);
+	ck_assert_uint_eq(gi.files, 2);
+	ck_assert_uint_eq(gi.saved_tp, 1);
+	ck_assert_uint_eq(gi.saved_pp, 2);
+	ck_assert_uint_eq(gi.num_layers, 6);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+	pp_teardown(&x);
+}
+END_TEST
+
+START_TEST(test_pp_explicit_layers)
+{
+	struct ppfix x;
+	ckpt_view *v;
+	struct ckpt_view_group_info gi;
+	/* N = 8, P = 4: {0, 1}, {2, 3}, {4, 5}, {6, 7} */
+	const char *s0[] = { "model.embed_tokens.weight", "model.layers.0.mlp.weight",
+			     "model.layers.1.mlp.weight", "rope.inv_freq", "shared.scale",
+			     "special.first" };
+	const char *s1[] = { "model.layers.2.mlp.weight", "model.layers.3.mlp.weight",
+			     "rope.inv_freq" };
+	const char *s2[] = { "model.layers.4.mlp.weight", "model.layers.5.mlp.weight",
+			     "rope.inv_freq" };
+	const char *s3[] = { "lm_head.weight", "model.norm.weight", "rope.inv_freq",
+			     "shared.scale" };
+
+	pp_setup(&x, "pp8", ", \"num_layers\": 8");
+	v = build(x.dir, 1, 4, NULL);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 4);
+	pp_expect(v, &x, 0, s0, CKPT_ARRAY_SIZE(s0), 8);
+	pp_expect(v, &x, 1, s1, CKPT_ARRAY_SIZE(s1), 8);
+	pp_expect(v, &x, 2, s2, CKPT_ARRAY_SIZE(s2), 8);
+	pp_expect(v, &x, 3, s3, CKPT_ARRAY_SIZE(s3), 8);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.num_layers, 8);
+	ck_assert_uint_eq(gi.saved_pp, 2);
+	ckpt_view_unref(v);
+
+	/* tp1_pp1 of the same directory: one file with everything */
+	v = build(x.dir, 1, 1, NULL);
+	{
+		struct vbuf vb = { 0 };
+		vread(v, "model.safetensors", 4096, &vb);
+		ck_assert_uint_eq(ckpt_st_tensor_count(vb.h), NPP);
+		for (size_t i = 0; i < NPP; i++)
+			expect_tensor(&vb, x.names[i], CKPT_DT_F32, 2, x.shape[i], x.data[i]);
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	pp_teardown(&x);
+}
+END_TEST
+
+/*
+ * num_layers given as 4 but the names hold layers 0..5: layout.h says a
+ * layer >= num_layers goes to the last stage, shardmeta.h only bounds
+ * explicit "pp" integers, and view.h does not list -EINVAL for
+ * ckpt_view_build.  The view must still build.
+ */
+START_TEST(test_pp_layer_beyond_num_layers)
+{
+	struct ppfix x;
+	struct ckpt_layout l = { 1, 2 };
+	ckpt_view *v = NULL;
+	char err[512] = "";
+	int r;
+	/* N = 4, P = 2: {0, 1}, {2, 3} + layers 4, 5 on the last stage */
+	const char *s0[] = { "model.embed_tokens.weight", "model.layers.0.mlp.weight",
+			     "model.layers.1.mlp.weight", "rope.inv_freq", "shared.scale",
+			     "special.first" };
+
+	pp_setup(&x, "pp4", ", \"num_layers\": 4");
+	r = ckpt_view_build(st, x.dir, &l, NULL, &v, err, sizeof(err));
+	ck_assert_msg(r == 0,
+		      "ckpt_view_build with num_layers 4 and a tensor named layers.5: %d (%s)", r,
+		      err);
+	pp_expect(v, &x, 0, s0, CKPT_ARRAY_SIZE(s0), 4);
+	ckpt_view_unref(v);
+	pp_teardown(&x);
+}
+END_TEST
+
+/* ---- FSDP flat pieces ------------------------------------------------- */
+
+START_TEST(test_fsdp_flat)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "fsdp");
+	float *ea = fgen(35, 300), *sq = fgen(35, 700);
+	const unsigned cut[] = { 0, 12, 20, 35 };
+	struct ckpt_view_group_info gi;
+	ckpt_view *v;
+	struct vbuf vb = { 0 };
+	const uint64_t s57[] = { 5, 7 }, s37[] = { 3, 7 }, s27[] = { 2, 7 };
+	const char *files1[] = { "optim.safetensors" };
+	const char *files2[] = { "optim_tp0_pp0.safetensors", "optim_tp1_pp0.safetensors" };
+
+	for (unsigned r = 0; r < 3; r++) {
+		char meta[1024], fname[32];
+		struct tdef t[2] = {
+			{ "exp_avg", CKPT_DT_F32, 1, { cut[r + 1] - cut[r] }, ea + cut[r] },
+			{ "exp_avg_sq", CKPT_DT_F32, 1, { cut[r + 1] - cut[r] }, sq + cut[r] },
+		};
+		snprintf(meta, sizeof(meta),
+			 "{\"version\": 1, \"group\": \"optim\", \"tensors\": {"
+			 "\"exp_avg\": {\"global_shape\": [5, 7], \"offsets\": [0, 0], "
+			 "\"box_shape\": [5, 7], \"flat_range\": [%u, %u], \"tp_dim\": 0},"
+			 "\"exp_avg_sq\": {\"global_shape\": [5, 7], \"flat_range\": [%u, %u]}}}",
+			 cut[r], cut[r + 1], cut[r], cut[r + 1]);
+		snprintf(fname, sizeof(fname), "fsdp%u.safetensors", r);
+		put_st(dir, fname, meta, t, 2);
+	}
+	v = build(dir, 1, 1, NULL);
+	expect_files(v, files1, 1);
+	vread(v, "optim.safetensors", 7, &vb);
+	expect_tensor(&vb, "exp_avg", CKPT_DT_F32, 2, s57, ea);
+	expect_tensor(&vb, "exp_avg_sq", CKPT_DT_F32, 2, s57, sq);
+	vbuf_free(&vb);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_str_eq(gi.name, "optim");
+	ck_assert_uint_eq(gi.tensors, 2);
+	ck_assert_uint_eq(gi.files, 3);
+	ck_assert_uint_eq(gi.saved_tp, 1);
+	ck_assert_uint_eq(gi.saved_pp, 1);
+	ck_assert_uint_eq(gi.num_layers, 0);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+
+	/* tp2: exp_avg rows [0,3) = elements [0,21) from all three pieces,
+	 * rows [3,5) from the last; exp_avg_sq replicated (no tp_dim, no rule) */
+	v = build(dir, 2, 1, NULL);
+	expect_files(v, files2, 2);
+	vread(v, files2[0], 4097, &vb);
+	expect_tensor(&vb, "exp_avg", CKPT_DT_F32, 2, s37, ea);
+	expect_tensor(&vb, "exp_avg_sq", CKPT_DT_F32, 2, s57, sq);
+	vbuf_free(&vb);
+	vread(v, files2[1], 4097, &vb);
+	expect_tensor(&vb, "exp_avg", CKPT_DT_F32, 2, s27, ea + 21);
+	expect_tensor(&vb, "exp_avg_sq", CKPT_DT_F32, 2, s57, sq);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	free(ea);
+	free(sq);
+}
+END_TEST
+
+/* A flat range missing in the middle: -EIO naming the tensor and index. */
+START_TEST(test_fsdp_gap)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "gap");
+	float *ea = fgen(35, 300);
+	const unsigned cut[] = { 0, 12, 20, 35 };
+	ckpt_view *v;
+	char err[1024];
+
+	for (unsigned r = 0; r < 3; r += 2) {
+		char meta[512], fname[32];
+		struct tdef t = { "exp_avg", CKPT_DT_F32, 1, { cut[r + 1] - cut[r] }, ea + cut[r] };
+		snprintf(meta, sizeof(meta),
+			 "{\"version\": 1, \"tensors\": {\"exp_avg\": {\"global_shape\": [5, 7],"
+			 " \"flat_range\": [%u, %u]}}}",
+			 cut[r], cut[r + 1]);
+		snprintf(fname, sizeof(fname), "fsdp%u.safetensors", r);
+		put_st(dir, fname, meta, &t, 1);
+	}
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	/* elements [12, 20) missing: index [1, 5] of the 5x7 tensor */
+	ck_assert_str_eq(err, "group 'model', tensor 'exp_avg': no stored piece covers 8 elements "
+			      "starting at index [1, 5]");
+	ckpt_view_unref(v);
+	free(ea);
+}
+END_TEST
+
+/* ---- replicas and consistency ----------------------------------------- */
+
+START_TEST(test_dp_replicas_equal)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "dp");
+	float *w = fgen(12, 42);
+	const uint64_t s[] = { 3, 4 };
+	struct tdef t = { "w", CKPT_DT_F32, 2, { 3, 4 }, w };
+	struct vbuf vb = { 0 };
+	struct reports rp = { 0 };
+	ckpt_view *v;
+
+	/* different metadata (so different header lengths), same bytes */
+	put_st(dir, "dp0.safetensors", NULL, &t, 1);
+	put_st(dir, "dp1.safetensors", "{\"version\": 1}", &t, 1);
+	v = build(dir, 1, 1, NULL);
+	vread(v, "model.safetensors", 5, &vb);
+	expect_tensor(&vb, "w", CKPT_DT_F32, 2, s, w);
+	vbuf_free(&vb);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 0);
+	ck_assert_int_eq(rp.n, 0);
+	ckpt_view_unref(v);
+	free(w);
+}
+END_TEST
+
+START_TEST(test_dp_replicas_differ)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "dp");
+	float *w = fgen(12, 42), *w2 = fgen(12, 42);
+	struct tdef t = { "w", CKPT_DT_F32, 2, { 3, 4 }, w };
+	struct tdef ok = { "ok", CKPT_DT_F32, 1, { 12 }, w };
+	struct reports rp = { 0 };
+	struct ckpt_view_group_info gi;
+	ckpt_view *v;
+	char err[1024];
+
+	w2[11] = -1.0f; /* one element differs */
+	put_st(dir, "dp0.safetensors", NULL, &t, 1);
+	t.data = w2;
+	put_st(dir, "dp1.safetensors", NULL, &t, 1);
+	put_st(dir, "other.safetensors", "{\"version\": 1, \"group\": \"other\"}", &ok, 1);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_msg(strstr(err, "'w'") && strstr(err, "replicas disagree") &&
+			      strstr(err, "dp0.safetensors") && strstr(err, "dp1.safetensors"),
+		      "%s", err);
+	ck_assert_int_eq(try_open(v, "other.safetensors", err, sizeof(err)), 0);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_int_eq(rp.n, 1);
+	ck_assert_str_eq(rp.file[0], "model.safetensors");
+	ck_assert_msg(strstr(rp.why[0], "'w'") && strstr(rp.why[0], "replicas disagree"), "%s",
+		      rp.why[0]);
+	group_info(v, "other", &gi);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+	free(w);
+	free(w2);
+}
+END_TEST
+
+/*
+ * Pieces of different geometry that overlap must agree: b [4, 4] is stored
+ * whole in a.safetensors and its rows [0, 2) (different values) in
+ * b.safetensors.  only_b: b is the only tensor.  Otherwise a.safetensors
+ * also holds "a" [4] F32 just before b, so that a and b are contiguous both
+ * in the source and in the view file.
+ */
+static void overlap_case(bool only_b)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "ov");
+	float *a = fgen(4, 1), *b = fgen(16, 100), *b2 = fgen(8, 500);
+	struct tdef ta[2] = {
+		{ "a", CKPT_DT_F32, 1, { 4 }, a },
+		{ "b", CKPT_DT_F32, 2, { 4, 4 }, b },
+	};
+	struct tdef tb = { "b", CKPT_DT_F32, 2, { 2, 4 }, b2 };
+	struct reports rp = { 0 };
+	ckpt_view *v;
+	char err[1024];
+	int r;
+
+	put_st(dir, "a.safetensors", NULL, only_b ? ta + 1 : ta, only_b ? 1 : 2);
+	put_st(dir, "b.safetensors",
+	       "{\"version\": 1, \"tensors\": {\"b\": {\"global_shape\": [4, 4], "
+	       "\"offsets\": [0, 0]}}}",
+	       &tb, 1);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_msg(strstr(rp.why[0], "overlapping pieces") != NULL, "%s", rp.why[0]);
+	r = try_open(v, "model.safetensors", err, sizeof(err));
+	ck_assert_msg(r == -EIO, "open with disagreeing overlapping pieces of 'b'%s: %d, want -EIO",
+		      only_b ? "" : " (after tensor 'a')", r);
+	ck_assert_msg(strstr(err, "'b'") && strstr(err, "overlapping pieces") &&
+			      strstr(err, "disagree") && strstr(err, "index [0, 0]"),
+		      "%s", err);
+	ckpt_view_unref(v);
+	free(a);
+	free(b);
+	free(b2);
+}
+
+START_TEST(test_overlap_disagree)
+{
+	overlap_case(true);
+}
+END_TEST
+
+START_TEST(test_overlap_disagree_after_contiguous_tensor)
+{
+	overlap_case(false);
+}
+END_TEST
+
+/* Overlapping pieces of different geometry with equal bytes are fine. */
+START_TEST(test_overlap_agree)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "ov");
+	float *b = fgen(16, 100);
+	struct tdef ta = { "b", CKPT_DT_F32, 2, { 4, 4 }, b };
+	struct tdef tb = { "b", CKPT_DT_F32, 2, { 3, 4 }, b + 4 };
+	const uint64_t s[] = { 4, 4 }, s2[] = { 2, 4 };
+	struct vbuf vb = { 0 };
+	ckpt_view *v;
+
+	put_st(dir, "a.safetensors", NULL, &ta, 1);
+	put_st(dir, "b.safetensors",
+	       "{\"version\": 1, \"tensors\": {\"b\": {\"global_shape\": [4, 4], "
+	       "\"offsets\": [1, 0]}}}",
+	       &tb, 1);
+	v = build(dir, 2, 1, NULL);
+	vread(v, "model_tp0_pp0.safetensors", 3, &vb);
+	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s2, b);
+	vbuf_free(&vb);
+	vread(v, "model_tp1_pp0.safetensors", 3, &vb);
+	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s2, b + 8);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	v = build(dir, 1, 1, NULL);
+	vread(v, "model.safetensors", 3, &vb);
+	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s, b);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	free(b);
+}
+END_TEST
+
+/*
+ * Saved tp2 with rank 1 absent: q (layer 0, rows split) misses rows [2, 4).
+ * Files of the view that hold no missing part still open.
+ */
+START_TEST(test_missing_piece)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "miss");
+	float *q = fgen(12, 10), *n = fgen(3, 77), *o = fgen(4, 55);
+	uint8_t *q0 = sub2(q, 3, 4, 0, 2, 0, 3);
+	struct tdef t[2] = {
+		{ "layers.0.q", CKPT_DT_F32, 2, { 2, 3 }, q0 },
+		{ "layers.0.norm", CKPT_DT_F32, 1, { 3 }, n },
+	};
+	struct tdef to = { "o", CKPT_DT_F32, 1, { 4 }, o };
+	const uint64_t s23[] = { 2, 3 }, s3[] = { 3 }, s4[] = { 4 };
+	struct reports rp = { 0 };
+	struct ckpt_view_group_info gi;
+	struct vbuf vb = { 0 };
+	ckpt_view *v;
+	char err[1024];
+
+	put_st(dir, "rank0.safetensors",
+	       "{\"version\": 1, \"tensors\": {\"layers.0.q\": {\"global_shape\": [4, 3], "
+	       "\"offsets\": [0, 0], \"tp_dim\": 0}}}",
+	       t, 2);
+	put_st(dir, "optim.safetensors", "{\"version\": 1, \"group\": \"optim\"}", &to, 1);
+
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_str_eq(err, "group 'model', tensor 'layers.0.q': no stored piece covers 6 "
+			      "elements starting at index [2, 0]");
+	ck_assert_int_eq(try_open(v, "optim.safetensors", err, sizeof(err)), 0);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_str_eq(rp.file[0], "model.safetensors");
+	ck_assert_ptr_nonnull(strstr(rp.why[0], "layers.0.q"));
+	ckpt_view_unref(v);
+
+	/* tp2: rank 0's part is complete, rank 1's is not */
+	v = build(dir, 2, 1, NULL);
+	vread(v, "model_tp0_pp0.safetensors", 4096, &vb);
+	expect_tensor(&vb, "layers.0.q", CKPT_DT_F32, 2, s23, q0);
+	expect_tensor(&vb, "layers.0.norm", CKPT_DT_F32, 1, s3, n);
+	vbuf_free(&vb);
+	ck_assert_int_eq(try_open(v, "model_tp1_pp0.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_msg(strstr(err, "'layers.0.q'") && strstr(err, "index [2, 0]"), "%s", err);
+	vread(v, "optim_tp1_pp0.safetensors", 4096, &vb);
+	expect_tensor(&vb, "o", CKPT_DT_F32, 1, s4, o);
+	vbuf_free(&vb);
+	rp.n = 0;
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_str_eq(rp.file[0], "model_tp1_pp0.safetensors");
+	group_info(v, "optim", &gi);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+	free(q);
+	free(q0);
+	free(n);
+	free(o);
+}
+END_TEST
+
+/* view.h: problems = "tensors with missing or inconsistent pieces";
+ * `ckpt ls` prints INCOMPLETE from it. */
+START_TEST(test_group_info_counts_missing_piece)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "miss");
+	float *q = fgen(6, 10);
+	struct tdef t = { "layers.0.q", CKPT_DT_F32, 2, { 2, 3 }, q };
+	struct ckpt_view_group_info gi;
+	ckpt_view *v;
+
+	put_st(dir, "rank0.safetensors",
+	       "{\"version\": 1, \"tensors\": {\"layers.0.q\": {\"global_shape\": [4, 3], "
+	       "\"offsets\": [0, 0], \"tp_dim\": 0}}}",
+	       &t, 1);
+	v = build(dir, 1, 1, NULL);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.tensors, 1);
+	ck_assert_msg(gi.problems == 1,
+		      "group_info.problems = %zu for a tensor missing half its rows, want 1",
+		      gi.problems);
+	ckpt_view_unref(v);
+	free(q);
+}
+END_TEST
+
+/* tp2 save whose pieces disagree on dtype or global shape. */
+static void disagree_case(bool dtype)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "dis");
+	float *w = fgen(12, 3);
+	uint16_t h[6] = { 1, 2, 3, 4, 5, 6 };
+	float *k = fgen(5, 800);
+	struct tdef t0[2] = { { "w", CKPT_DT_F32, 2, { 2, 3 }, w },
+			      { "k", CKPT_DT_F32, 1, { 5 }, k } };
+	struct tdef t1[2] = { { "w", dtype ? CKPT_DT_F16 : CKPT_DT_F32, 2, { 2, 3 },
+				dtype ? (const void *)h : (const void *)(w + 6) },
+			      { "k", CKPT_DT_F32, 1, { 5 }, k } };
+	struct ckpt_view_group_info gi;
+	struct reports rp = { 0 };
+	ckpt_view *v;
+	char err[1024];
+	const uint64_t s5[] = { 5 };
+	struct vbuf vb = { 0 };
+
+	put_st(dir, "r0.safetensors",
+	       "{\"version\": 1, \"tensors\": {\"w\": {\"global_shape\": [4, 3], "
+	       "\"offsets\": [0, 0]}, \"k\": {\"pp\": \"first\"}}}",
+	       t0, 2);
+	put_st(dir, "r1.safetensors",
+	       dtype ? "{\"version\": 1, \"tensors\": {\"w\": {\"global_shape\": [4, 3], "
+		       "\"offsets\": [2, 0]}, \"k\": {\"pp\": \"first\"}}}"
+		     : "{\"version\": 1, \"tensors\": {\"w\": {\"global_shape\": [5, 3], "
+		       "\"offsets\": [2, 0]}, \"k\": {\"pp\": \"first\"}}}",
+	       t1, 2);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_msg(strstr(err, "'w'") &&
+			      strstr(err, dtype ? "disagree on dtype" : "disagree on global shape"),
+		      "%s", err);
+	if (dtype)
+		ck_assert_msg(strstr(err, "F32") && strstr(err, "F16"), "%s", err);
+	else
+		ck_assert_msg(strstr(err, "[4, 3]") && strstr(err, "[5, 3]"), "%s", err);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.tensors, 2);
+	ck_assert_uint_eq(gi.problems, 1);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ckpt_view_unref(v);
+
+	/* pp2: w (last stage by name) breaks stage 1 only */
+	v = build(dir, 1, 2, NULL);
+	vread(v, "model_tp0_pp0.safetensors", 4096, &vb);
+	expect_tensor(&vb, "k", CKPT_DT_F32, 1, s5, k);
+	ck_assert_uint_eq(ckpt_st_tensor_count(vb.h), 1);
+	vbuf_free(&vb);
+	ck_assert_int_eq(try_open(v, "model_tp0_pp1.safetensors", err, sizeof(err)), -EIO);
+	ckpt_view_unref(v);
+	free(w);
+	free(k);
+}
+
+START_TEST(test_dtype_disagree)
+{
+	disagree_case(true);
+}
+END_TEST
+
+START_TEST(test_shape_disagree)
+{
+	disagree_case(false);
+}
+END_TEST
+
+/* ---- snapshot and signature ------------------------------------------- */
+
+START_TEST(test_snapshot)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "snap");
+	float *w1 = fgen(64, 1), *w2 = fgen(64, 1000);
+	struct tdef t = { "w", CKPT_DT_F32, 2, { 8, 8 }, w1 };
+	const uint64_t s[] = { 8, 8 };
+	uint64_t sig0, sig1, sig2, ino;
+	ckpt_view *v, *v2;
+	ckpt_vfile *f = NULL;
+	struct vbuf vb = { 0 };
+	uint8_t *buf;
+	uint64_t size;
+	char err[512];
+
+	ino = put_st(dir, "w.safetensors", NULL, &t, 1);
+	ck_assert_int_eq(ckpt_view_signature(st, dir, &sig0), 0);
+	ck_assert_int_eq(ckpt_view_signature(st, dir, &sig1), 0);
+	ck_assert_uint_eq(sig0, sig1);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_sig(v), sig0);
+	ck_assert(ckpt_view_is_source(v, ino));
+	{
+		struct ckpt_inode in;
+		ck_assert_int_eq(ckpt_store_getattr(st, ino, &in), 0);
+		ck_assert_int_eq(ckpt_view_mtime(v), in.mtime_ns);
+	}
+	v2 = build(dir, 1, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_sig(v2), sig0);
+	ckpt_view_unref(v2);
+
+	ck_assert_int_eq(ckpt_vfile_open(v, 0, &f, err, sizeof(err)), 0);
+	ckpt_view_unref(v); /* the open file keeps the view alive */
+	size = ckpt_vfile_size(f);
+
+	/* rewrite the source with other values */
+	t.data = w2;
+	put_st(dir, "w.safetensors", NULL, &t, 1);
+	ck_assert_int_eq(ckpt_view_signature(st, dir, &sig2), 0);
+	ck_assert_uint_ne(sig2, sig0);
+
+	buf = malloc(size);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(ckpt_vfile_read(f, buf, size, 0), (ssize_t)size);
+	ck_assert(memcmp(buf + size - 256, w1, 256) == 0);
+	ckpt_vfile_free(f);
+	free(buf);
+
+	v = build(dir, 1, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_sig(v), sig2);
+	vread(v, "model.safetensors", 100, &vb);
+	expect_tensor(&vb, "w", CKPT_DT_F32, 2, s, w2);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+
+	/* a new non-safetensors file changes the signature too */
+	{
+		const uint8_t txt[] = "hello";
+		put_raw(dir, "notes.txt", txt, 5);
+		ck_assert_int_eq(ckpt_view_signature(st, dir, &sig1), 0);
+		ck_assert_uint_ne(sig1, sig2);
+	}
+	/* a sub-directory's contents do not */
+	{
+		uint64_t sub = mkdir_in(dir, "sub");
+		ck_assert_int_eq(ckpt_view_signature(st, dir, &sig0), 0);
+		put_st(sub, "x.safetensors", NULL, &t, 1);
+		ck_assert_int_eq(ckpt_view_signature(st, dir, &sig2), 0);
+		ck_assert_uint_eq(sig0, sig2);
+	}
+	free(w1);
+	free(w2);
+}
+END_TEST
+
+/* ---- sources that are not reshardable -------------------------------- */
+
+START_TEST(test_not_reshardable)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "nr");
+	float *w = fgen(8, 1), *x = fgen(4, 50);
+	struct tdef tw = { "w", CKPT_DT_F32, 2, { 4, 2 }, w };
+	struct tdef tx = { "x", CKPT_DT_F32, 1, { 4 }, x };
+	const uint64_t s42[] = { 4, 2 }, s22[] = { 2, 2 };
+	uint64_t good, v2, bad, txt;
+	struct ckpt_view_group_info gi;
+	struct vbuf vb = { 0 };
+	ckpt_view *v;
+	const char *files[] = { "model_tp0_pp0.safetensors", "model_tp1_pp0.safetensors" };
+
+	good = put_st(dir, "good.safetensors", "{\"version\": 1, \"tensors\": {\"w\": "
+			"{\"tp_dim\": 0}}}", &tw, 1);
+	v2 = put_st(dir, "v2.safetensors", "{\"version\": 2, \"group\": \"other\"}", &tx, 1);
+	bad = put_st(dir, "bad.safetensors", "{\"version\": 1, \"tensors\": {\"nope\": {}}}", &tx,
+		     1);
+	{
+		const uint8_t t[] = "not a safetensors file";
+		txt = put_raw(dir, "notes.txt", t, sizeof(t));
+	}
+	v = build(dir, 1, 1, NULL);
+	ck_assert(ckpt_view_is_source(v, good));
+	ck_assert(!ckpt_view_is_source(v, v2));
+	ck_assert(!ckpt_view_is_source(v, bad));
+	ck_assert(!ckpt_view_is_source(v, txt));
+	ck_assert(!ckpt_view_is_source(v, 999999));
+	ck_assert_uint_eq(ckpt_view_ngroups(v), 1);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_str_eq(gi.name, "model");
+	ck_assert_uint_eq(gi.tensors, 1);
+	ck_assert_uint_eq(gi.files, 1);
+	ck_assert_uint_eq(gi.problems, 0);
+	ck_assert_int_eq(ckpt_view_find(v, "other.safetensors"), -ENOENT);
+	vread(v, "model.safetensors", 4096, &vb);
+	ck_assert_uint_eq(ckpt_st_tensor_count(vb.h), 1);
+	expect_tensor(&vb, "w", CKPT_DT_F32, 2, s42, w);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+
+	v = build(dir, 2, 1, NULL);
+	expect_files(v, files, 2);
+	vread(v, files[1], 4096, &vb);
+	expect_tensor(&vb, "w", CKPT_DT_F32, 2, s22, w + 4);
+	ck_assert_uint_eq(ckpt_st_tensor_count(vb.h), 1);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	free(w);
+	free(x);
+}
+END_TEST
+
+/* ---- group info -------------------------------------------------------- */
+
+/* tp2_pp2 save (4 files) + an optimizer group: inferred layout and counts. */
+START_TEST(test_group_info)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "gi");
+	float *q[4], *nrm = fgen(4, 900), *o = fgen(3, 950);
+	struct ckpt_view_group_info gi;
+	struct tdef to = { "step", CKPT_DT_F32, 1, { 3 }, o };
+	ckpt_view *v;
+
+	for (unsigned l = 0; l < 4; l++)
+		q[l] = fgen(16, 100.0f * (float)l);
+	for (unsigned p = 0; p < 2; p++) {
+		for (unsigned t = 0; t < 2; t++) {
+			char meta[1024], fname[64], n0[64], n1[64];
+			uint8_t *a = sub2(q[2 * p], 4, 4, 2 * t, 2 * t + 2, 0, 4);
+			uint8_t *b = sub2(q[2 * p + 1], 4, 4, 2 * t, 2 * t + 2, 0, 4);
+			struct tdef td[3] = {
+				{ n0, CKPT_DT_F32, 2, { 2, 4 }, a },
+				{ n1, CKPT_DT_F32, 2, { 2, 4 }, b },
+				{ "model.norm.weight", CKPT_DT_F32, 1, { 4 }, nrm },
+			};
+			snprintf(n0, sizeof(n0), "model.layers.%u.self_attn.q_proj.weight", 2 * p);
+			snprintf(n1, sizeof(n1), "model.layers.%u.self_attn.q_proj.weight",
+				 2 * p + 1);
+			snprintf(meta, sizeof(meta),
+				 "{\"version\": 1, \"tensors\": {"
+				 "\"%s\": {\"global_shape\": [4, 4], \"offsets\": [%u, 0]},"
+				 "\"%s\": {\"global_shape\": [4, 4], \"offsets\": [%u, 0]}}}",
+				 n0, 2 * t, n1, 2 * t);
+			snprintf(fname, sizeof(fname), "mp_rank_%u%u.safetensors", t, p);
+			put_st(dir, fname, meta, td, p == 1 ? 3 : 2);
+			free(a);
+			free(b);
+		}
+	}
+	put_st(dir, "optim.safetensors", "{\"version\": 1, \"group\": \"optim\", \"num_layers\": 3}",
+	       &to, 1);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_ngroups(v), 2);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_str_eq(gi.name, "model");
+	ck_assert_uint_eq(gi.tensors, 5);
+	ck_assert_uint_eq(gi.files, 4);
+	ck_assert_uint_eq(gi.saved_tp, 2);
+	ck_assert_uint_eq(gi.saved_pp, 2);
+	ck_assert_uint_eq(gi.num_layers, 4);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_group_info(v, 1, &gi);
+	ck_assert_str_eq(gi.name, "optim");
+	ck_assert_uint_eq(gi.tensors, 1);
+	ck_assert_uint_eq(gi.files, 1);
+	ck_assert_uint_eq(gi.saved_tp, 1);
+	ck_assert_uint_eq(gi.saved_pp, 1);
+	ck_assert_uint_eq(gi.num_layers, 3);
+	ck_assert_uint_eq(gi.problems, 0);
+	{
+		struct vbuf vb = { 0 };
+		const uint64_t s[] = { 4, 4 };
+		vread(v, "model.safetensors", 4096, &vb);
+		for (unsigned l = 0; l < 4; l++) {
+			char n[64];
+			snprintf(n, sizeof(n), "model.layers.%u.self_attn.q_proj.weight", l);
+			expect_tensor(&vb, n, CKPT_DT_F32, 2, s, q[l]);
+		}
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	for (unsigned l = 0; l < 4; l++)
+		free(q[l]);
+	free(nrm);
+	free(o);
+}
+END_TEST
+
+/* ---- tp rules ------------------------------------------------------------ */
+
+START_TEST(test_tp_rules)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "llama");
+	float *q = fgen(16, 1), *o = fgen(8, 100), *n = fgen(4, 200);
+	struct tdef t[3] = {
+		{ "model.layers.0.self_attn.q_proj.weight", CKPT_DT_F32, 2, { 4, 4 }, q },
+		{ "model.layers.0.self_attn.o_proj.weight", CKPT_DT_F32, 2, { 2, 4 }, o },
+		{ "model.layers.0.input_layernorm.weight", CKPT_DT_F32, 1, { 4 }, n },
+	};
+	char rpath[160], err[512];
+	ckpt_tp_rules *rules = NULL;
+	ckpt_view *v;
+	FILE *fp;
+
+	put_st(dir, "model.safetensors", NULL, t, 3);
+	v = build(dir, 2, 1, NULL);
+	for (unsigned r = 0; r < 2; r++) {
+		struct vbuf vb = { 0 };
+		const uint64_t sq[] = { 2, 4 }, so[] = { 2, 2 }, sn[] = { 4 };
+		uint8_t *qe = sub2(q, 4, 4, 2 * r, 2 * r + 2, 0, 4);
+		uint8_t *oe = sub2(o, 4, 4, 0, 2, 2 * r, 2 * r + 2);
+		ckpt_shardmeta *sm = NULL;
+		struct ckpt_tensor_meta tm;
+
+		vread(v, ckpt_view_file_name(v, r), 4096, &vb);
+		expect_tensor(&vb, t[0].name, CKPT_DT_F32, 2, sq, qe);
+		expect_tensor(&vb, t[1].name, CKPT_DT_F32, 2, so, oe);
+		expect_tensor(&vb, t[2].name, CKPT_DT_F32, 1, sn, n);
+		ck_assert_int_eq(ckpt_shardmeta_parse(vb.h, &sm, err, sizeof(err)), 0);
+		ck_assert_int_eq(ckpt_shardmeta_tensor(sm, ckpt_st_tensor_find(vb.h, t[0].name),
+						       &tm), 0);
+		ck_assert_int_eq(tm.tp_dim, 0);
+		ck_assert_uint_eq(tm.geom.box.off[0], 2 * r);
+		ck_assert_int_eq(tm.pp.kind, CKPT_PP_LAYER);
+		ck_assert_uint_eq(tm.pp.layer, 0);
+		ck_assert_int_eq(ckpt_shardmeta_tensor(sm, ckpt_st_tensor_find(vb.h, t[1].name),
+						       &tm), 0);
+		ck_assert_int_eq(tm.tp_dim, 1);
+		ck_assert_uint_eq(tm.geom.box.off[1], 2 * r);
+		ck_assert_int_eq(ckpt_shardmeta_tensor(sm, ckpt_st_tensor_find(vb.h, t[2].name),
+						       &tm), 0);
+		ck_assert_int_eq(tm.tp_dim, -1);
+		ckpt_shardmeta_free(sm);
+		free(qe);
+		free(oe);
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+
+	snprintf(rpath, sizeof(rpath), "%s/rules.txt", tdir);
+	fp = fopen(rpath, "w");
+	ck_assert_ptr_nonnull(fp);
+	fputs("# test rules\ninput_layernorm 0\n", fp);
+	fclose(fp);
+	ck_assert_msg(ckpt_tp_rules_new(rpath, &rules, err, sizeof(err)) == 0, "%s", err);
+	v = build(dir, 2, 1, rules);
+	for (unsigned r = 0; r < 2; r++) {
+		struct vbuf vb = { 0 };
+		const uint64_t sq[] = { 2, 4 }, sn[] = { 2 };
+
+		vread(v, ckpt_view_file_name(v, r), 4096, &vb);
+		expect_tensor(&vb, t[2].name, CKPT_DT_F32, 1, sn, n + 2 * r);
+		{
+			uint8_t *qe = sub2(q, 4, 4, 2 * r, 2 * r + 2, 0, 4);
+			expect_tensor(&vb, t[0].name, CKPT_DT_F32, 2, sq, qe);
+			free(qe);
+		}
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	ckpt_tp_rules_free(rules);
+	free(q);
+	free(o);
+	free(n);
+}
+END_TEST
+
+/* ---- API edges ---------------------------------------------------------- */
+
+START_TEST(test_edges)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "empty");
+	float *w = fgen(4, 1);
+	struct tdef t = { "w", CKPT_DT_F32, 1, { 4 }, w };
+	struct ckpt_layout l = { 1, 1 }, bad = { 0, 1 }, big = { 1, CKPT_LAYOUT_MAX + 1 };
+	struct ckpt_inode din;
+	ckpt_view *v = NULL;
+	ckpt_vfile *f = NULL;
+	char err[256];
+	uint64_t ino;
+
+	/* empty directory: no groups, no files, the directory's mtime */
+	v = build(dir, 2, 2, NULL);
+	ck_assert_uint_eq(ckpt_view_ngroups(v), 0);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 0);
+	ck_assert_int_eq(ckpt_store_getattr(st, dir, &din), 0);
+	ck_assert_int_eq(ckpt_view_mtime(v), din.mtime_ns);
+	ck_assert_int_eq(ckpt_view_find(v, "model.safetensors"), -ENOENT);
+	ck_assert_int_eq(ckpt_vfile_open(v, 0, &f, err, sizeof(err)), -ENOENT);
+	ckpt_view_ref(v);
+	ckpt_view_unref(v);
+	ckpt_view_unref(v);
+	ckpt_view_unref(NULL);
+	ckpt_vfile_free(NULL);
+
+	ino = put_st(dir, "w.safetensors", NULL, &t, 1);
+	v = NULL;
+	ck_assert_int_eq(ckpt_view_build(st, ino, &l, NULL, &v, err, sizeof(err)), -ENOTDIR);
+	ck_assert_ptr_null(v);
+	ck_assert_int_eq(ckpt_view_build(st, 424242, &l, NULL, &v, err, sizeof(err)), -ENOENT);
+	ck_assert_int_eq(ckpt_view_build(st, dir, &bad, NULL, &v, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(ckpt_view_build(st, dir, &big, NULL, &v, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_null(v);
+
+	v = build(dir, 1, 1, NULL);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 1);
+	ck_assert_int_eq(ckpt_view_find(v, "model_tp0_pp0.safetensors"), -ENOENT);
+	ck_assert_int_eq(ckpt_vfile_open(v, 1, &f, err, sizeof(err)), -ENOENT);
+	ck_assert_int_eq(ckpt_vfile_open(v, 0, &f, err, sizeof(err)), 0);
+	{
+		uint64_t size = ckpt_vfile_size(f);
+		uint8_t buf[64];
+		/* short read at EOF */
+		ck_assert_int_eq(ckpt_vfile_read(f, buf, sizeof(buf), size - 10), 10);
+		ck_assert(memcmp(buf + 6, w + 3, 4) == 0);
+		ck_assert_int_eq(ckpt_vfile_read(f, buf, 0, 0), 0);
+		ck_assert_int_eq(ckpt_vfile_read(f, buf, sizeof(buf), size), 0);
+	}
+	ckpt_vfile_free(f);
+	ckpt_view_unref(v);
+
+	/* pp > number of layers: stages without tensors hold empty files */
+	v = build(dir, 1, 3, NULL);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 3);
+	for (unsigned p = 0; p < 2; p++) {
+		struct vbuf vb = { 0 };
+		vread(v, ckpt_view_file_name(v, p), 4096, &vb);
+		ck_assert_uint_eq(ckpt_st_tensor_count(vb.h), 0);
+		ck_assert_uint_eq(vb.size, vb.ds);
+		vbuf_free(&vb);
+	}
+	ckpt_view_unref(v);
+	free(w);
+}
+END_TEST
+
+static Suite *view_suite(void)
+{
+	Suite *s = suite_create("view");
+	TCase *tp = tcase_create("tp");
+	TCase *pp = tcase_create("pp");
+	TCase *cons = tcase_create("consistency");
+	TCase *misc = tcase_create("misc");
+	TCase *all[] = { tp, pp, cons, misc };
+
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(all); i++) {
+		tcase_add_unchecked_fixture(all[i], base_setup, base_teardown);
+		tcase_add_checked_fixture(all[i], setup, teardown);
+		tcase_set_timeout(all[i], 30);
+		suite_add_tcase(s, all[i]);
+	}
+	tcase_add_test(tp, test_tp1_whole);
+	tcase_add_test(tp, test_tp4_uneven);
+	tcase_add_test(tp, test_tp3_cross_dim);
+	tcase_add_test(tp, test_header_and_reads);
+	tcase_add_test(tp, test_fsdp_flat);
+	tcase_add_test(tp, test_fsdp_gap);
+	tcase_add_test(tp, test_tp_rules);
+
+	tcase_add_test(pp, test_pp_inferred_layers);
+	tcase_add_test(pp, test_pp_explicit_layers);
+	tcase_add_test(pp, test_pp_layer_beyond_num_layers);
+
+	tcase_add_test(cons, test_dp_replicas_equal);
+	tcase_add_test(cons, test_dp_replicas_differ);
+	tcase_add_test(cons, test_overlap_disagree);
+	tcase_add_test(cons, test_overlap_disagree_after_contiguous_tensor);
+	tcase_add_test(cons, test_overlap_agree);
+	tcase_add_test(cons, test_missing_piece);
+	tcase_add_test(cons, test_group_info_counts_missing_piece);
+	tcase_add_test(cons, test_dtype_disagree);
+	tcase_add_test(cons, test_shape_disagree);
+
+	tcase_add_test(misc, test_snapshot);
+	tcase_add_test(misc, test_not_reshardable);
+	tcase_add_test(misc, test_group_info);
+	tcase_add_test(misc, test_edges);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(view_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
