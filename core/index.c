@@ -373,6 +373,8 @@ void ckpt_chunk_rec_encode(const struct ckpt_chunk_loc *loc, uint64_t refcount,
 	memset(out, 0, CKPT_CHUNK_REC_LEN);
 	out[0] = CKPT_REC_VERSION;
 	out[1] = loc->codec;
+	out[2] = loc->flags;
+	out[3] = loc->elem;
 	ckpt_put_le32(out + 4, loc->stored_len);
 	ckpt_put_le32(out + 8, loc->raw_len);
 	ckpt_put_le64(out + 16, loc->pack_id);
@@ -386,6 +388,8 @@ int ckpt_chunk_rec_decode(const uint8_t *buf, size_t len, struct ckpt_chunk_loc 
 	if (len != CKPT_CHUNK_REC_LEN || buf[0] != CKPT_REC_VERSION)
 		return -EIO;
 	ret_loc->codec = buf[1];
+	ret_loc->flags = buf[2];
+	ret_loc->elem = buf[3];
 	ret_loc->stored_len = ckpt_get_le32(buf + 4);
 	ret_loc->raw_len = ckpt_get_le32(buf + 8);
 	ret_loc->pack_id = ckpt_get_le64(buf + 16);

@@ -27,6 +27,7 @@
 #include <limits.h>
 #include <linux/fs.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,6 +112,26 @@ struct ckpt_store {
 	/* Immutable after open: */
 	bool flusher_started;
 	pthread_t flusher;
+
+	/* Background compression and compaction (store.h, "Background work").
+	 * Lock order: bg_lock is never held while taking another lock. */
+	pthread_mutex_t bg_lock;
+	pthread_cond_t bg_cond;
+	/* Protected by bg_lock: */
+	struct bg_item *bgq;
+	size_t bgq_head, bgq_n, bgq_cap;
+	bool bg_stop, bg_busy, bg_compact_clean;
+	struct ckpt_bg_stats bg;
+	/* Atomic: */
+	atomic_llong last_put_ns;
+	atomic_int puts_inflight;
+	bool bg_started;
+	pthread_t bg_thread;
+};
+
+struct bg_item {
+	ckpt_digest d;
+	uint8_t elem;
 };
 
 static struct commit *overlay_find_locked(ckpt_store *s, uint64_t ino);
@@ -523,10 +544,79 @@ static int check_space(ckpt_store *s, size_t need)
 	return 0;
 }
 
+static int64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Append a record to the current write pack (rolling it when full). */
+static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
+			 struct ckpt_chunk_loc *ret_loc)
+{
+	ckpt_pack *p;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max)
+		r = roll_pack_locked(s);
+	p = s->wpack;
+	pthread_mutex_unlock(&s->pack_lock);
+	if (r < 0)
+		return r;
+	/* append is thread-safe; packs are never freed before the store */
+	memset(ret_loc, 0, sizeof(*ret_loc));
+	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
+	if (r < 0)
+		return r;
+	ret_loc->pack_id = ckpt_pack_id(p);
+	ret_loc->stored_len = rec->stored_len;
+	ret_loc->raw_len = rec->raw_len;
+	ret_loc->codec = rec->codec;
+	return 0;
+}
+
+static void bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
+{
+	pthread_mutex_lock(&s->bg_lock);
+	if (s->bgq_head > 0 && s->bgq_head == s->bgq_n) {
+		s->bgq_head = s->bgq_n = 0;
+	}
+	if (s->bgq_n == s->bgq_cap) {
+		size_t nc = s->bgq_cap ? s->bgq_cap * 2 : 1024;
+		struct bg_item *nq;
+		if (s->bgq_head > 0) { /* compact before growing */
+			memmove(s->bgq, s->bgq + s->bgq_head,
+				(s->bgq_n - s->bgq_head) * sizeof(*s->bgq));
+			s->bgq_n -= s->bgq_head;
+			s->bgq_head = 0;
+		}
+		if (s->bgq_n == s->bgq_cap) {
+			nq = realloc(s->bgq, nc * sizeof(*nq));
+			if (!nq) {
+				/* stays raw until the next open re-queues it */
+				pthread_mutex_unlock(&s->bg_lock);
+				return;
+			}
+			s->bgq = nq;
+			s->bgq_cap = nc;
+		}
+	}
+	s->bgq[s->bgq_n].d = *d;
+	s->bgq[s->bgq_n].elem = elem;
+	s->bgq_n++;
+	s->bg_compact_clean = false;
+	pthread_cond_broadcast(&s->bg_cond);
+	pthread_mutex_unlock(&s->bg_lock);
+}
+
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest)
 {
 	struct tls_ctx *t;
+	bool deferred;
 	struct ckpt_chunk_loc loc;
 	struct ckpt_pack_rec rec;
 	const void *out;
@@ -555,12 +645,20 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 	if (r != -ENOENT)
 		return r;
 
-	t = tls_get(s);
-	if (!t)
-		return -ENOMEM;
-	r = ckpt_compress(t->cc, data, len, elem_size, &codec, &out, &out_len);
-	if (r < 0)
-		return r;
+	deferred = !s->opts.inline_compress && s->opts.compress_level > 0;
+	if (deferred) {
+		/* the save path runs at disk speed; bg_main compresses later */
+		codec = CKPT_CODEC_RAW;
+		out = data;
+		out_len = len;
+	} else {
+		t = tls_get(s);
+		if (!t)
+			return -ENOMEM;
+		r = ckpt_compress(t->cc, data, len, elem_size, &codec, &out, &out_len);
+		if (r < 0)
+			return r;
+	}
 	r = check_space(s, out_len);
 	if (r < 0)
 		return r;
@@ -569,34 +667,409 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 	rec.stored_len = (uint32_t)out_len;
 	rec.raw_len = (uint32_t)len;
 	memcpy(rec.digest, d.bytes, CKPT_DIGEST_LEN);
-
-	pthread_mutex_lock(&s->pack_lock);
-	if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max) {
-		r = roll_pack_locked(s);
-		if (r < 0) {
-			pthread_mutex_unlock(&s->pack_lock);
-			return r;
+	atomic_fetch_add(&s->puts_inflight, 1);
+	atomic_store(&s->last_put_ns, mono_ns());
+	r = append_record(s, &rec, out, &loc);
+	if (r == 0) {
+		if (deferred) {
+			loc.flags = CKPT_CHUNK_F_DEFERRED;
+			loc.elem = (uint8_t)elem_size;
 		}
+		/* a racing twin may have won: harmless duplicate */
+		if (pending_add(s, &d, &loc) && deferred)
+			bg_enqueue(s, &d, (uint8_t)elem_size);
 	}
-	{
-		ckpt_pack *p = s->wpack;
-		pthread_mutex_unlock(&s->pack_lock);
-		/* append is thread-safe; packs are never freed before the store */
-		r = ckpt_pack_append(p, &rec, out, &loc.offset);
-		if (r < 0)
-			return r;
-		loc.pack_id = ckpt_pack_id(p);
-	}
-	loc.stored_len = rec.stored_len;
-	loc.raw_len = rec.raw_len;
-	loc.codec = codec;
-	pending_add(s, &d, &loc); /* a racing twin may have won: harmless duplicate */
-	return 0;
+	atomic_fetch_sub(&s->puts_inflight, 1);
+	return r;
 
 dedup_hit:
 	if (s->opts.verify_dedup)
 		return verify_same(s, &d, data, len);
 	return 0;
+}
+
+
+/* ------------------------------------------------------ background work */
+
+struct chunk_info {
+	ckpt_digest d;
+	struct ckpt_chunk_loc loc;
+	uint64_t refs;    /* as stored */
+	uint64_t counted; /* as counted from extent lists (fsck) */
+	bool damaged;
+};
+static int load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
+static int list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes);
+
+#define BG_IDLE_NS (100 * 1000000ll) /* writes paused this long: background may run */
+#define BG_BATCH 32
+#define BG_COMPACT_LIVE 50 /* compact sealed packs under this % live */
+
+struct reloc {
+	ckpt_digest d;
+	struct ckpt_chunk_loc old, new;
+};
+
+static bool same_loc(const struct ckpt_chunk_loc *a, const struct ckpt_chunk_loc *b)
+{
+	return a->pack_id == b->pack_id && a->offset == b->offset;
+}
+
+/* Point chunks at their new records.  Each new record must already be
+ * durable.  A chunk whose location changed meanwhile is left alone. */
+static int publish(ckpt_store *s, const struct reloc *v, size_t n)
+{
+	ckpt_batch *b = ckpt_batch_new();
+	int r = 0;
+
+	if (!b)
+		return -ENOMEM;
+	pthread_mutex_lock(&s->ns_lock);
+	for (size_t i = 0; i < n; i++) {
+		uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+		struct ckpt_chunk_loc cur;
+		struct pending *p;
+		uint64_t refs;
+		bool done = false;
+
+		pthread_mutex_lock(&s->pending_lock);
+		for (p = s->pending[pending_bucket(&v[i].d)]; p; p = p->next) {
+			if (!memcmp(p->digest.bytes, v[i].d.bytes, CKPT_DIGEST_LEN)) {
+				if (same_loc(&p->loc, &v[i].old))
+					p->loc = v[i].new;
+				done = true;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&s->pending_lock);
+		if (done)
+			continue;
+		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_chunk(key, &v[i].d), val, sizeof(val));
+		if (r == -ENOENT) {
+			r = 0;
+			continue;
+		}
+		if (r == 0)
+			r = ckpt_chunk_rec_decode(val, sizeof(val), &cur, &refs);
+		if (r < 0)
+			break;
+		if (!same_loc(&cur, &v[i].old))
+			continue;
+		ckpt_chunk_rec_encode(&v[i].new, refs, val);
+		ckpt_batch_put(b, key, ckpt_key_chunk(key, &v[i].d), val, sizeof(val));
+	}
+	if (r == 0 && ckpt_batch_count(b) > 0)
+		r = ckpt_index_write(s->ix, b, false);
+	pthread_mutex_unlock(&s->ns_lock);
+	ckpt_batch_free(b);
+	return r;
+}
+
+/* Sync the records listed in v (their new locations). */
+static int sync_relocs(ckpt_store *s, const struct reloc *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint64_t end = v[i].new.offset + ckpt_pack_rec_span(v[i].new.stored_len);
+		ckpt_pack *p;
+		int r;
+
+		if (same_loc(&v[i].new, &v[i].old))
+			continue; /* flag change only */
+		r = get_pack(s, v[i].new.pack_id, &p);
+		if (r == 0)
+			r = ckpt_pack_sync(p, end); /* cheap when already covered */
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Compress deferred chunks: new compressed record, or just clear the flag
+ * when compression does not pay. */
+static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
+{
+	struct tls_ctx *t = tls_get(s);
+	struct reloc rel[BG_BATCH];
+	size_t nrel = 0;
+	uint8_t *raw = NULL;
+
+	if (!t)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		struct ckpt_chunk_loc loc, nl;
+		struct ckpt_pack_rec rec;
+		const void *out;
+		size_t out_len;
+		uint8_t codec;
+
+		if (ckpt_store_chunk_loc(s, &items[i].d, &loc, NULL) < 0 ||
+		    !(loc.flags & CKPT_CHUNK_F_DEFERRED))
+			continue;
+		free(raw);
+		raw = malloc(loc.raw_len ? loc.raw_len : 1);
+		if (!raw || ckpt_store_verify_chunk(s, &items[i].d, &loc, raw) < 0)
+			continue;
+		if (ckpt_compress(t->cc, raw, loc.raw_len, items[i].elem, &codec, &out, &out_len) < 0)
+			continue;
+		s->bg.compressed_in += loc.raw_len;
+		if (codec == CKPT_CODEC_RAW) {
+			nl = loc; /* incompressible: keep the record, clear the flag */
+			s->bg.incompressible++;
+			s->bg.compressed_out += loc.raw_len;
+		} else {
+			memset(&rec, 0, sizeof(rec));
+			rec.codec = codec;
+			rec.stored_len = (uint32_t)out_len;
+			rec.raw_len = loc.raw_len;
+			memcpy(rec.digest, items[i].d.bytes, CKPT_DIGEST_LEN);
+			if (check_space(s, out_len) < 0 || append_record(s, &rec, out, &nl) < 0)
+				continue;
+			s->bg.compressed++;
+			s->bg.compressed_out += out_len;
+		}
+		nl.flags = 0;
+		nl.elem = 0;
+		rel[nrel].d = items[i].d;
+		rel[nrel].old = loc;
+		rel[nrel].new = nl;
+		nrel++;
+	}
+	free(raw);
+	if (nrel && sync_relocs(s, rel, nrel) == 0)
+		publish(s, rel, nrel);
+}
+
+static bool pending_in_pack(ckpt_store *s, uint64_t id)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t b = 0; b < PENDING_BUCKETS && !found; b++)
+		for (struct pending *p = s->pending[b]; p && !found; p = p->next)
+			found = p->loc.pack_id == id;
+	pthread_mutex_unlock(&s->pending_lock);
+	return found;
+}
+
+/* Move every chunk out of one mostly-dead sealed pack and delete it.
+ * Returns 1 if a pack was compacted, 0 if none qualified, <0 on error. */
+static int bg_compact(ckpt_store *s)
+{
+	struct chunk_info *chunks = NULL;
+	uint64_t *ids = NULL, wid = UINT64_MAX, victim = UINT64_MAX;
+	size_t nchunks = 0, nids = 0, nrel = 0, cap = 0;
+	struct reloc *rel = NULL;
+	uint8_t *buf = NULL;
+	ckpt_pack *src = NULL;
+	char name[64];
+	int r;
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (s->wpack)
+		wid = ckpt_pack_id(s->wpack);
+	pthread_mutex_unlock(&s->pack_lock);
+	r = load_chunks(s, &chunks, &nchunks);
+	if (r == 0)
+		r = list_packs(s, &ids, &nids, NULL);
+	if (r < 0)
+		goto out;
+	for (size_t pi = 0; pi < nids && victim == UINT64_MAX; pi++) {
+		uint64_t live = 0, size = 0;
+		struct stat st;
+		if (pending_in_pack(s, ids[pi]))
+			continue; /* unindexed chunks still live there */
+		ckpt_pack_name(ids[pi], name, sizeof(name));
+		if (fstatat(s->packs_fd, name, &st, 0) < 0)
+			continue;
+		size = (uint64_t)st.st_size;
+		for (size_t i = 0; i < nchunks; i++)
+			if (chunks[i].loc.pack_id == ids[pi])
+				live += ckpt_pack_rec_span(chunks[i].loc.stored_len);
+		if (size > CKPT_PACK_HDR_SIZE &&
+		    live * 100 < (size - CKPT_PACK_HDR_SIZE) * BG_COMPACT_LIVE)
+			victim = ids[pi];
+	}
+	if (victim == UINT64_MAX)
+		goto out;
+	if (victim == wid) {
+		/* the write pack itself is mostly garbage (chunks compressed
+		 * since): seal it so that it can be compacted */
+		pthread_mutex_lock(&s->pack_lock);
+		if (s->wpack && ckpt_pack_id(s->wpack) == wid)
+			r = roll_pack_locked(s);
+		pthread_mutex_unlock(&s->pack_lock);
+		if (r < 0)
+			goto out;
+	}
+	ckpt_pack_name(victim, name, sizeof(name));
+	r = get_pack(s, victim, &src); /* keeps its fd open for racing readers */
+	buf = malloc(CKPT_CHUNK_MAX);
+	if (r < 0 || !buf) {
+		r = r < 0 ? r : -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < nchunks; i++) {
+		struct ckpt_chunk_loc old;
+		struct ckpt_pack_rec rec;
+		if (chunks[i].loc.pack_id != victim)
+			continue;
+		old = chunks[i].loc;
+		if (ckpt_pack_read(src, old.offset, old.stored_len, &rec, buf) < 0) {
+			r = -EIO; /* damaged: leave the pack for fsck */
+			goto out;
+		}
+		if (nrel == cap) {
+			size_t nc = cap ? cap * 2 : 256;
+			struct reloc *nv = realloc(rel, nc * sizeof(*nv));
+			if (!nv) {
+				r = -ENOMEM;
+				goto out;
+			}
+			rel = nv;
+			cap = nc;
+		}
+		r = check_space(s, rec.stored_len);
+		if (r == 0)
+			r = append_record(s, &rec, buf, &rel[nrel].new);
+		if (r < 0)
+			goto out;
+		rel[nrel].new.flags = old.flags;
+		rel[nrel].new.elem = old.elem;
+		rel[nrel].old = old;
+		memcpy(rel[nrel].d.bytes, rec.digest, CKPT_DIGEST_LEN);
+		nrel++;
+	}
+	r = sync_relocs(s, rel, nrel);
+	if (r == 0)
+		r = publish(s, rel, nrel);
+	if (r < 0)
+		goto out;
+	/* Puts that might still be appending to the pack ended before it was
+	 * sealed; wait for any in flight now, then no pending chunk may name it. */
+	while (atomic_load(&s->puts_inflight) > 0)
+		usleep(1000);
+	if (pending_in_pack(s, victim)) {
+		r = 0;
+		goto out;
+	}
+	r = ckpt_index_sync_wal(s->ix); /* the index no longer names the pack */
+	if (r == 0 && unlinkat(s->packs_fd, name, 0) < 0)
+		r = -errno;
+	if (r == 0) {
+		fsync(s->packs_fd);
+		s->bg.moved += nrel;
+		s->bg.packs_deleted++;
+		r = 1;
+	}
+out:
+	free(chunks);
+	free(ids);
+	free(rel);
+	free(buf);
+	return r;
+}
+
+static void *bg_main(void *arg)
+{
+	ckpt_store *s = arg;
+	struct bg_item items[BG_BATCH];
+
+	pthread_mutex_lock(&s->bg_lock);
+	while (!s->bg_stop) {
+		int64_t idle = mono_ns() - atomic_load(&s->last_put_ns);
+		size_t n = 0;
+		struct timespec ts;
+
+		if (idle < BG_IDLE_NS || (s->bgq_n == s->bgq_head && s->bg_compact_clean)) {
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 50 * 1000000;
+			if (ts.tv_nsec >= 1000000000) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000;
+			}
+			pthread_cond_timedwait(&s->bg_cond, &s->bg_lock, &ts);
+			continue;
+		}
+		while (n < BG_BATCH && s->bgq_head < s->bgq_n)
+			items[n++] = s->bgq[s->bgq_head++];
+		s->bg_busy = true;
+		pthread_mutex_unlock(&s->bg_lock);
+		if (n > 0) {
+			bg_compress(s, items, n);
+		} else {
+			/* The queue is empty: make the overlay durable first (its
+			 * chunks are pending and pin their packs), then compact. */
+			ckpt_store_flush(s);
+			if (bg_compact(s) <= 0) {
+				pthread_mutex_lock(&s->bg_lock);
+				if (s->bgq_n == s->bgq_head)
+					s->bg_compact_clean = true;
+				pthread_mutex_unlock(&s->bg_lock);
+			}
+		}
+		pthread_mutex_lock(&s->bg_lock);
+		s->bg_busy = false;
+		pthread_cond_broadcast(&s->bg_cond);
+	}
+	pthread_mutex_unlock(&s->bg_lock);
+	return NULL;
+}
+
+int ckpt_store_settle(ckpt_store *s, unsigned timeout_ms)
+{
+	struct timespec ts;
+	int r = 0;
+
+	if (!s->bg_started)
+		return 0;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&s->bg_lock);
+	s->bg_compact_clean = false; /* look once more */
+	pthread_cond_broadcast(&s->bg_cond);
+	while (r == 0 && (s->bg_busy || s->bgq_head < s->bgq_n || !s->bg_compact_clean))
+		r = pthread_cond_timedwait(&s->bg_cond, &s->bg_lock, &ts);
+	pthread_mutex_unlock(&s->bg_lock);
+	return r ? -ETIMEDOUT : 0;
+}
+
+void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret)
+{
+	pthread_mutex_lock(&s->bg_lock);
+	*ret = s->bg;
+	ret->queued = s->bgq_n - s->bgq_head;
+	pthread_mutex_unlock(&s->bg_lock);
+}
+
+/* Queue chunks left raw by an earlier run (crash or unmount before the
+ * background work finished). */
+static int requeue_deferred(ckpt_store *s)
+{
+	uint8_t prefix[1] = { CKPT_KEY_CHUNK };
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		struct ckpt_chunk_loc loc;
+		ckpt_digest d;
+		if (kl != 1 + CKPT_DIGEST_LEN || ckpt_chunk_rec_decode(v, vl, &loc, NULL) < 0)
+			continue;
+		if (!(loc.flags & CKPT_CHUNK_F_DEFERRED))
+			continue;
+		memcpy(d.bytes, k + 1, CKPT_DIGEST_LEN);
+		bg_enqueue(s, &d, loc.elem);
+	}
+	ckpt_iter_free(it);
+	return r;
 }
 
 /* ---------------------------------------------------------------- files */
@@ -2096,6 +2569,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_mutex_init(&s->pending_lock, NULL);
 	pthread_mutex_init(&s->commit_lock, NULL);
 	pthread_mutex_init(&s->overlay_lock, NULL);
+	pthread_mutex_init(&s->bg_lock, NULL);
+	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, tls_free);
 
@@ -2183,6 +2658,13 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		if (r < 0)
 			goto fail;
 		s->flusher_started = true;
+		r = requeue_deferred(s);
+		if (r < 0)
+			goto fail;
+		r = -pthread_create(&s->bg_thread, NULL, bg_main, s);
+		if (r < 0)
+			goto fail;
+		s->bg_started = true;
 	}
 	free(ixdir);
 	close(dfd);
@@ -2203,6 +2685,14 @@ void ckpt_store_free(ckpt_store *s)
 
 	if (!s)
 		return;
+	if (s->bg_started) {
+		pthread_mutex_lock(&s->bg_lock);
+		s->bg_stop = true;
+		pthread_cond_broadcast(&s->bg_cond);
+		pthread_mutex_unlock(&s->bg_lock);
+		pthread_join(s->bg_thread, NULL);
+		s->bg_started = false;
+	}
 	if (s->flusher_started) {
 		pthread_mutex_lock(&s->overlay_lock);
 		s->flusher_stop = true;
@@ -2252,6 +2742,9 @@ void ckpt_store_free(ckpt_store *s)
 	}
 	pthread_mutex_destroy(&s->commit_lock);
 	pthread_mutex_destroy(&s->overlay_lock);
+	pthread_mutex_destroy(&s->bg_lock);
+	pthread_cond_destroy(&s->bg_cond);
+	free(s->bgq);
 	pthread_cond_destroy(&s->flusher_cond);
 	free(s->path);
 	free(s);
@@ -2259,13 +2752,6 @@ void ckpt_store_free(ckpt_store *s)
 
 /* ----------------------------------------------------------- maintenance */
 
-struct chunk_info {
-	ckpt_digest d;
-	struct ckpt_chunk_loc loc;
-	uint64_t refs;    /* as stored */
-	uint64_t counted; /* as counted from extent lists (fsck) */
-	bool damaged;
-};
 
 static int chunk_info_cmp(const void *a, const void *b)
 {
@@ -2408,6 +2894,8 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 		return r;
 	for (size_t i = 0; i < n; i++) {
 		indexed += ckpt_pack_rec_span(arr[i].loc.stored_len);
+		if (arr[i].loc.flags & CKPT_CHUNK_F_DEFERRED)
+			ret->deferred_chunks++;
 		if (arr[i].refs > 0) {
 			ret->chunks++;
 			ret->unique_bytes += arr[i].loc.raw_len;

@@ -22,6 +22,14 @@
  *    content goes to the overlay (below) and is indexed within ~1 s.
  *  - Refcount of a chunk = number of extents naming it across all committed
  *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
+ *  - Background work (RW stores): by default chunks are written raw and
+ *    compressed later by a background thread once writes pause, which then
+ *    moves each chunk to its compressed record (same digest, new location).
+ *    The same thread compacts sealed packs that are mostly garbage (moving
+ *    their chunks, then deleting the pack).  A location is only published
+ *    after the record it names was fdatasync'ed, and a pack is only deleted
+ *    after the index no longer names it (fsync'ed), so every step is
+ *    crash-safe.  ckpt_store_settle() waits until nothing is left to do.
  *  - Overlay: a non-durable commit (a plain close) is published at once to
  *    this process (getattr/lookup/load_extents see it) and written to the
  *    index by a background flusher within about a second, in one batch with
@@ -64,6 +72,7 @@ struct ckpt_store_opts {
 	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
 	bool verify_dedup;    /* compare bytes on a dedup hit */
 	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
+	bool inline_compress; /* compress on the write path instead of in the background */
 };
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
 
@@ -116,6 +125,17 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 			   uint32_t flags, int64_t mtime_ns, bool durable);
 /* Make the committed content of ino durable (fsync semantics). */
 int ckpt_store_sync_file(ckpt_store *s, uint64_t ino);
+/* Wait until background compression and compaction have nothing left to
+ * do (or timeout_ms passed): for tests and benchmarks.  Returns 0, or
+ * -ETIMEDOUT. */
+int ckpt_store_settle(ckpt_store *s, unsigned timeout_ms);
+/* Statistics of the background work since open. */
+struct ckpt_bg_stats {
+	uint64_t compressed, compressed_in, compressed_out; /* chunks, raw, stored bytes */
+	uint64_t incompressible, moved, packs_deleted;
+	uint64_t queued; /* chunks waiting for compression now */
+};
+void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret);
 /* Index every overlay entry now (one batch).  0 or -errno; entries that
  * could not be written stay in the overlay and are retried. */
 int ckpt_store_flush(ckpt_store *s);
@@ -178,6 +198,7 @@ struct ckpt_store_stats {
 	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
 	uint64_t pack_files, pack_bytes;
 	uint64_t unindexed_bytes; /* pack space no index entry names (gc reclaims it) */
+	uint64_t deferred_chunks; /* stored raw, background compression pending */
 };
 int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret);
 /* fsck: report each problem through cb (path may be NULL); returns the

@@ -1151,6 +1151,7 @@ struct options {
 	int compress;
 	char *cache_size;
 	int verify_dedup;
+	int inline_compress;
 	char *log_level;
 	char *tp_rules;
 	unsigned workers;
@@ -1162,6 +1163,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("compress=%d", compress),
 	OPT("cache_size=%s", cache_size),
 	OPT("verify_dedup", verify_dedup),
+	OPT("inline_compress", inline_compress),
 	OPT("log_level=%s", log_level),
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
@@ -1209,6 +1211,8 @@ static void usage(const char *prog)
 	       "  -o compress=N        zstd level 0..19 (0: store raw), default 1\n"
 	       "  -o cache_size=SIZE   decompressed chunk cache, e.g. 512M (default 256M)\n"
 	       "  -o verify_dedup      compare bytes on every dedup hit\n"
+	       "  -o inline_compress   compress while writing (default: write raw, compress\n"
+	       "                       in the background once writes pause)\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
@@ -1352,6 +1356,7 @@ int main(int argc, char **argv)
 		so.compress_level = o.compress;
 	}
 	so.verify_dedup = o.verify_dedup;
+	so.inline_compress = o.inline_compress;
 	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
 		goto out;

@@ -107,6 +107,7 @@ static int cmd_stat(const char *path)
 	printf("unreferenced_chunks: %" PRIu64 "\n", st.dead_chunks);
 	printf("unreferenced_bytes: %" PRIu64 "\n", st.dead_bytes);
 	printf("unindexed_bytes: %" PRIu64 "\n", st.unindexed_bytes);
+	printf("compression_pending: %" PRIu64 "\n", st.deferred_chunks);
 	printf("pack_files: %" PRIu64 "\n", st.pack_files);
 	printf("pack_bytes: %" PRIu64 "\n", st.pack_bytes);
 	return 0;
