@@ -61,7 +61,8 @@ int ckpt_layout_name(const struct ckpt_layout *l, char *buf, size_t len);
 void ckpt_tp_bounds(uint64_t size, unsigned parts, unsigned t, uint64_t *ret_begin,
 		    uint64_t *ret_end);
 
-/* Pipeline placement of a tensor (values stored in metadata: fixed). */
+/* Pipeline placement of a tensor (in-memory values; metadata spells them as a layer
+ * number or "first", "last", "ends", "all"). */
 #define CKPT_PP_LAYER 0 /* layer index in .layer */
 #define CKPT_PP_FIRST 1
 #define CKPT_PP_LAST 2

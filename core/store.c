@@ -645,7 +645,7 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 	if (r != -ENOENT)
 		return r;
 
-	deferred = !s->opts.inline_compress && s->opts.compress_level > 0;
+	deferred = s->bg_started && !s->opts.inline_compress && s->opts.compress_level > 0;
 	if (deferred) {
 		/* the save path runs at disk speed; bg_main compresses later */
 		codec = CKPT_CODEC_RAW;
@@ -851,6 +851,26 @@ static bool pending_in_pack(ckpt_store *s, uint64_t id)
 	return found;
 }
 
+/* 1 if some index entry names pack id, 0 if none, <0 on error. */
+static int index_names_pack(ckpt_store *s, uint64_t id)
+{
+	uint8_t prefix[1] = { CKPT_KEY_CHUNK };
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it), found = 0;
+
+	if (r < 0)
+		return r;
+	while (!found && (r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		struct ckpt_chunk_loc loc;
+		if (ckpt_chunk_rec_decode(v, vl, &loc, NULL) == 0 && loc.pack_id == id)
+			found = 1;
+	}
+	ckpt_iter_free(it);
+	return r < 0 ? r : found;
+}
+
 /* Move every chunk out of one mostly-dead sealed pack and delete it.
  * Returns 1 if a pack was compacted, 0 if none qualified, <0 on error. */
 static int bg_compact(ckpt_store *s)
@@ -944,17 +964,30 @@ static int bg_compact(ckpt_store *s)
 		r = publish(s, rel, nrel);
 	if (r < 0)
 		goto out;
-	/* Puts that might still be appending to the pack ended before it was
-	 * sealed; wait for any in flight now, then no pending chunk may name it. */
+	/* Puts that might still be appending to the pack started before it was
+	 * sealed; wait for any in flight now.  Then, with commits held off (a
+	 * commit moves chunks from pending to the index), make sure that
+	 * neither the pending table nor the index names the pack any more. */
 	while (atomic_load(&s->puts_inflight) > 0)
 		usleep(1000);
+	pthread_mutex_lock(&s->commit_lock);
 	if (pending_in_pack(s, victim)) {
 		r = 0;
+	} else {
+		r = index_names_pack(s, victim);
+		if (r == 0)
+			r = ckpt_index_sync_wal(s->ix); /* the index no longer names it */
+		if (r == 0 && unlinkat(s->packs_fd, name, 0) < 0)
+			r = -errno;
+		if (r == 0)
+			r = 2;
+	}
+	pthread_mutex_unlock(&s->commit_lock);
+	if (r != 2) {
+		r = r > 0 ? 0 : r; /* still in use: try again later */
 		goto out;
 	}
-	r = ckpt_index_sync_wal(s->ix); /* the index no longer names the pack */
-	if (r == 0 && unlinkat(s->packs_fd, name, 0) < 0)
-		r = -errno;
+	r = 0;
 	if (r == 0) {
 		fsync(s->packs_fd);
 		s->bg.moved += nrel;
@@ -2658,6 +2691,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		if (r < 0)
 			goto fail;
 		s->flusher_started = true;
+	}
+	if (o->mode == CKPT_STORE_RW && o->background) {
 		r = requeue_deferred(s);
 		if (r < 0)
 			goto fail;

@@ -73,6 +73,8 @@ struct ckpt_store_opts {
 	bool verify_dedup;    /* compare bytes on a dedup hit */
 	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
 	bool inline_compress; /* compress on the write path instead of in the background */
+	bool background;      /* run background compression/compaction (the daemon);
+			       * off: chunks are compressed inline */
 };
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
 

@@ -630,6 +630,8 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f, size_t group, unsigned 
 		metas[i].tp_dim = g->tp_dim;
 		metas[i].has_pp = true;
 		metas[i].pp = g->pp;
+		if (g->pp.kind == CKPT_PP_LAYER && g->pp.layer >= grp->num_layers)
+			metas[i].pp.kind = CKPT_PP_LAST; /* where layout.c placed it */
 		outs[i].name = g->name;
 		outs[i].meta = &metas[i];
 	}
@@ -994,21 +996,23 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		if (r2.dst < cur) {
 			/* overlap with earlier runs: compare the overlapping bytes */
 			uint64_t ov = CKPT_MIN(end, cur) - r2.dst;
+			/* in file offsets: runs already emitted may have been merged
+			 * with runs of the previous tensor */
+			uint64_t a0 = base + r2.dst, a1 = base + r2.dst + ov;
 			for (size_t j = 0; j < out->n && ov > 0; j++) {
 				const struct run *e = &out->v[j];
-				uint64_t edst = e->dst - base;
-				uint64_t lo = CKPT_MAX(edst, r2.dst), hi = CKPT_MIN(edst + e->len, r2.dst + ov);
+				uint64_t lo = CKPT_MAX(e->dst, a0), hi = CKPT_MIN(e->dst + e->len, a1);
 				int same;
-				if (e->dst < base || lo >= hi)
+				if (lo >= hi)
 					continue;
-				same = same_bytes(v, e->src, e->src_off + (lo - edst), r2.src,
-						  r2.src_off + (lo - r2.dst), hi - lo);
+				same = same_bytes(v, e->src, e->src_off + (lo - e->dst), r2.src,
+						  r2.src_off + (lo - a0), hi - lo);
 				if (same < 0) {
 					r = same;
 					goto out;
 				}
 				if (!same) {
-					fmt_index(idx, sizeof(idx), &vt->box, lo / g->elem_bytes);
+					fmt_index(idx, sizeof(idx), &vt->box, (lo - base) / g->elem_bytes);
 					seterr(err, errlen,
 					       "group '%s', tensor '%s': overlapping pieces in %s and %s "
 					       "disagree (from index %s)",

@@ -62,7 +62,7 @@ const char *ckpt_view_file_name(const ckpt_view *v, size_t i);
 uint64_t ckpt_view_file_size(const ckpt_view *v, size_t i);
 /* Index of the file called name, or -ENOENT. */
 int ckpt_view_find(const ckpt_view *v, const char *name);
-/* Latest mtime of the sources (ns); the directory's if there are none. */
+/* Latest mtime (ns) of the directory and the regular files in it. */
 int64_t ckpt_view_mtime(const ckpt_view *v);
 /* True if store inode ino is a safetensors source consumed by this view
  * (and so hidden from it). */
@@ -76,7 +76,9 @@ struct ckpt_view_group_info {
 	unsigned saved_tp;     /* inferred layout the sources were saved in */
 	unsigned saved_pp;
 	uint64_t num_layers;
-	size_t problems;       /* tensors with missing or inconsistent pieces */
+	size_t problems;       /* tensors whose pieces conflict (dtype, global shape,
+				* tp_dim); missing pieces and disagreeing replicas
+				* are found when files are opened (ckpt check) */
 };
 size_t ckpt_view_ngroups(const ckpt_view *v);
 void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_info *ret);

@@ -1357,6 +1357,7 @@ int main(int argc, char **argv)
 	}
 	so.verify_dedup = o.verify_dedup;
 	so.inline_compress = o.inline_compress;
+	so.background = true;
 	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
 		goto out;
