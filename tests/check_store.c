@@ -1887,6 +1887,121 @@ START_TEST(test_path_of)
 }
 END_TEST
 
+/* bf16-like bytes: compressible with a 2-byte shuffle */
+static uint8_t *bf16_buf(size_t n, uint64_t seed)
+{
+	uint8_t *p = malloc(n);
+
+	ck_assert_ptr_nonnull(p);
+	fill_random(p, n, seed);
+	for (size_t i = 1; i < n; i += 2)
+		p[i] = (uint8_t)(0x3c + (p[i] & 1)); /* narrow exponent byte */
+	return p;
+}
+
+START_TEST(test_background_compression)
+{
+	struct ckpt_store_opts o;
+	struct ckpt_bg_stats bg;
+	struct ckpt_store_stats st;
+	struct ckpt_chunk_loc loc;
+	uint8_t *bufs[4];
+	size_t lens[4];
+	ckpt_digest d[4];
+	ckpt_store *s;
+	uint64_t ino;
+
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.background = true;
+	o.pack_max = 4u << 20; /* several packs: compaction has sealed packs to work on */
+	s = open_opts(&o);
+	ino = mkfile(s, CKPT_ROOT_INO, "f");
+	for (int i = 0; i < 4; i++) {
+		lens[i] = (1u << 20) + (size_t)i;
+		bufs[i] = bf16_buf(lens[i], 100 + (uint64_t)i);
+	}
+	commit_chunks(s, ino, bufs, lens, 4, d);
+	/* written raw, flagged for the background */
+	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d[0], &loc, NULL), 0);
+	ck_assert_int_eq(loc.codec, 0);
+	ck_assert(loc.flags & CKPT_CHUNK_F_DEFERRED);
+	ck_assert_int_eq(ckpt_store_settle(s, 20000), 0);
+	ckpt_store_bg_stats(s, &bg);
+	ck_assert_uint_eq(bg.compressed, 4);
+	ck_assert_uint_eq(bg.queued, 0);
+	for (int i = 0; i < 4; i++) {
+		uint8_t *back = malloc(lens[i]);
+		ck_assert_int_eq(ckpt_store_chunk_loc(s, &d[i], &loc, NULL), 0);
+		ck_assert_int_ne(loc.codec, 0);
+		ck_assert_uint_eq(loc.flags & CKPT_CHUNK_F_DEFERRED, 0);
+		ck_assert_uint_lt(loc.stored_len, lens[i]);
+		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, back, lens[i]), 0);
+		ck_assert_mem_eq(back, bufs[i], lens[i]);
+		free(back);
+	}
+	/* compaction removed the raw copies: packs hold about what is stored */
+	st = sstats(s);
+	ck_assert_uint_eq(st.deferred_chunks, 0);
+	ck_assert_uint_lt(st.pack_bytes, st.stored_bytes + (1u << 20));
+	{ struct problems pr; ck_assert_int_eq(fsck(s, &pr), 0); }
+	ckpt_store_free(s);
+	/* and all of it survives a reopen */
+	s = open_rw();
+	{
+		size_t len;
+		uint8_t *all = read_file(s, ino, &len);
+		size_t off = 0;
+		for (int i = 0; i < 4; i++) {
+			ck_assert_mem_eq(all + off, bufs[i], lens[i]);
+			off += lens[i];
+		}
+		free(all);
+	}
+	{ struct problems pr; ck_assert_int_eq(fsck(s, &pr), 0); }
+	ckpt_store_free(s);
+	for (int i = 0; i < 4; i++)
+		free(bufs[i]);
+}
+END_TEST
+
+START_TEST(test_background_requeue_after_reopen)
+{
+	struct ckpt_store_opts o;
+	struct ckpt_chunk_loc loc;
+	uint8_t *buf = bf16_buf(1u << 20, 7);
+	size_t len = 1u << 20;
+	ckpt_digest d;
+	ckpt_store *s;
+	uint64_t ino;
+
+	/* a store closed before its background work ran: the chunk stays raw
+	 * and flagged, and the next background-enabled open compresses it */
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.background = true;
+	s = open_opts(&o);
+	ino = mkfile(s, CKPT_ROOT_INO, "f");
+	commit_chunks(s, ino, &buf, &len, 1, &d);
+	ckpt_store_free(s); /* no settle */
+	s = open_rw(); /* no background: nothing happens */
+	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d, &loc, NULL), 0);
+	if (!(loc.flags & CKPT_CHUNK_F_DEFERRED)) {
+		/* the background got to it before the close: still valid */
+		ck_assert_int_ne(loc.codec, 0);
+	}
+	ckpt_store_free(s);
+	s = open_opts(&o);
+	ck_assert_int_eq(ckpt_store_settle(s, 20000), 0);
+	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d, &loc, NULL), 0);
+	ck_assert_uint_eq(loc.flags & CKPT_CHUNK_F_DEFERRED, 0);
+	ck_assert_int_ne(loc.codec, 0);
+	{ struct problems pr; ck_assert_int_eq(fsck(s, &pr), 0); }
+	ckpt_store_free(s);
+	free(buf);
+}
+END_TEST
+
 static Suite *store_suite(void)
 {
 	Suite *s = suite_create("store");
@@ -1939,6 +2054,8 @@ static Suite *store_suite(void)
 	tcase_add_test(mt, test_gc_keeps_damaged_pack);
 	tcase_add_test(mt, test_many_packs);
 	tcase_add_test(mt, test_verify_dedup);
+	tcase_add_test(mt, test_background_compression);
+	tcase_add_test(mt, test_background_requeue_after_reopen);
 	return s;
 }
 
