@@ -8,6 +8,7 @@
  * order, all shape arrays, then all strings.  Freeing is a single free().
  */
 #include "safetensors.h"
+#include "jalloc.h"
 #include "util.h"
 
 #include <errno.h>
@@ -701,10 +702,13 @@ int ckpt_st_parse(const uint8_t *json, size_t n, ckpt_st_header **ret_header,
 		st_seterr(&e, "header does not start with '{'");
 		return -EINVAL;
 	}
+	ckpt_json_scope_begin();
 	r = st_scan(json, n, &b, &e);
-	if (r < 0)
-		goto out;
-	r = st_finish(&b, n, &h, &e);
+	if (r == 0)
+		r = st_finish(&b, n, &h, &e);
+	json_decref(b.meta);
+	b.meta = NULL;
+	ckpt_json_scope_end();
 	if (r < 0)
 		goto out;
 	r = st_validate(h, &e);

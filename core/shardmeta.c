@@ -9,6 +9,7 @@
  * synthesized on lookup from the stored tensor itself.
  */
 #include "shardmeta.h"
+#include "jalloc.h"
 #include "util.h"
 
 #include <errno.h>
@@ -512,6 +513,7 @@ int ckpt_shardmeta_parse(const ckpt_st_header *h, ckpt_shardmeta **ret, char *er
 		sm_seterr(&e, "ckptfs metadata: NULL argument");
 		return -EINVAL;
 	}
+	ckpt_json_scope_begin();
 	m = calloc(1, sizeof(*m));
 	if (!m) {
 		r = -ENOMEM;
@@ -538,12 +540,14 @@ int ckpt_shardmeta_parse(const ckpt_st_header *h, ckpt_shardmeta **ret, char *er
 			goto fail;
 	}
 	json_decref(root);
+	ckpt_json_scope_end();
 	*ret = m;
 	return 0;
 fail:
 	if (r == -ENOMEM)
 		sm_seterr(&e, "ckptfs metadata: out of memory");
 	json_decref(root);
+	ckpt_json_scope_end();
 	ckpt_shardmeta_free(m);
 	return r;
 }
@@ -764,9 +768,12 @@ int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t nu
 			return r;
 	}
 
+	ckpt_json_scope_begin();
 	root = json_object();
-	if (!root)
+	if (!root) {
+		ckpt_json_scope_end();
 		return -ENOMEM;
+	}
 	r = sm_set(root, "version", json_integer(CKPT_SHARDMETA_VERSION));
 	if (!r)
 		r = sm_set(root, "group", json_string(group));
@@ -797,6 +804,7 @@ int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t nu
 	r = 0;
 out:
 	json_decref(root);
+	ckpt_json_scope_end();
 	return r;
 }
 
