@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -33,16 +34,66 @@
 #include "safetensors.h"
 #include "util.h"
 
-struct src {
-	uint64_t ino;
-	char *name;
+/* Parsed sources are shared by every view built while they are unchanged
+ * (several layouts of one directory parse each header once). */
+struct srcdata {
+	ckpt_store *s;
+	uint64_t ino, size;
+	int64_t mtime_ns;
 	struct ckpt_extent_list *ext;
 	ckpt_st_header *hdr;
 	ckpt_shardmeta *meta;
+	uint64_t data_start;
+	bool source;
+	struct ckpt_tensor_meta *metas; /* per tensor (sorted order of hdr) */
+	int refs;             /* protected by src_lock */
+	bool kept;            /* the cache holds one of the refs */
+	struct srcdata *next; /* protected by src_lock */
+};
+
+static pthread_mutex_t src_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct srcdata *src_cache; /* protected by src_lock; newest first */
+
+/* The cache itself holds a reference on its SRC_KEEP newest entries, so a
+ * header parsed ahead of time (ckpt_view_prefetch) or for a view since
+ * dropped is still there for the next view. */
+#define SRC_KEEP 512
+
+struct src {
+	uint64_t ino;
+	char *name;
+	struct ckpt_extent_list *ext; /* these point into cached */
+	ckpt_st_header *hdr;
+	ckpt_shardmeta *meta;
+	const struct ckpt_tensor_meta *metas;
 	uint64_t data_start; /* 8 + N */
 	int64_t mtime_ns;
 	bool source; /* consumed by the view (reshardable) */
+	struct srcdata *cached;
 };
+
+static void srcdata_unref(struct srcdata *d)
+{
+	struct srcdata **pp;
+
+	if (!d)
+		return;
+	pthread_mutex_lock(&src_lock);
+	if (--d->refs > 0) {
+		pthread_mutex_unlock(&src_lock);
+		return;
+	}
+	for (pp = &src_cache; *pp && *pp != d; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = d->next;
+	pthread_mutex_unlock(&src_lock);
+	ckpt_extent_list_free(d->ext);
+	ckpt_st_header_free(d->hdr);
+	ckpt_shardmeta_free(d->meta);
+	free(d->metas);
+	free(d);
+}
 
 struct piece {
 	size_t src;
@@ -145,9 +196,7 @@ static void view_destroy(ckpt_view *v)
 {
 	for (size_t i = 0; i < v->nsrcs; i++) {
 		free(v->srcs[i].name);
-		ckpt_extent_list_free(v->srcs[i].ext);
-		ckpt_st_header_free(v->srcs[i].hdr);
-		ckpt_shardmeta_free(v->srcs[i].meta);
+		srcdata_unref(v->srcs[i].cached);
 	}
 	free(v->srcs);
 	free(v->pieces);
@@ -205,8 +254,8 @@ int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
 	return 0;
 }
 
-/* Read and parse the header of a safetensors source. */
-static int load_source(ckpt_store *s, struct src *src, char *err, size_t errlen)
+/* Read and parse the header of a safetensors source (uncached). */
+static int parse_source(ckpt_store *s, struct src *src, char *err, size_t errlen)
 {
 	uint8_t prefix[8], *json = NULL;
 	uint64_t n;
@@ -266,6 +315,86 @@ fail:
 	return r < 0 ? r : -EIO;
 }
 
+/* Parse a source, or share the parse of an unchanged one. */
+static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err, size_t errlen)
+{
+	struct srcdata *d;
+	int r;
+
+	pthread_mutex_lock(&src_lock);
+	for (d = src_cache; d; d = d->next)
+		if (d->s == s && d->ino == src->ino && d->size == size &&
+		    d->mtime_ns == src->mtime_ns)
+			break;
+	if (d)
+		d->refs++;
+	pthread_mutex_unlock(&src_lock);
+	if (!d) {
+		r = parse_source(s, src, err, errlen);
+		if (r < 0) {
+			ckpt_extent_list_free(src->ext);
+			ckpt_st_header_free(src->hdr);
+			ckpt_shardmeta_free(src->meta);
+			src->ext = NULL;
+			src->hdr = NULL;
+			src->meta = NULL;
+			return r;
+		}
+		d = calloc(1, sizeof(*d));
+		if (!d) {
+			ckpt_extent_list_free(src->ext);
+			ckpt_st_header_free(src->hdr);
+			ckpt_shardmeta_free(src->meta);
+			return -ENOMEM;
+		}
+		d->s = s;
+		d->ino = src->ino;
+		d->size = size;
+		d->mtime_ns = src->mtime_ns;
+		d->ext = src->ext;
+		d->hdr = src->hdr;
+		d->meta = src->meta;
+		d->data_start = src->data_start;
+		d->source = src->source;
+		if (d->source) {
+			size_t nt = ckpt_st_tensor_count(d->hdr);
+			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
+			for (size_t k = 0; d->metas && k < nt; k++)
+				if (ckpt_shardmeta_tensor(d->meta, ckpt_st_tensor_at(d->hdr, k),
+							  &d->metas[k]) < 0)
+					d->source = false; /* validated by parse: cannot happen */
+			if (!d->metas)
+				d->source = false;
+		}
+		d->refs = 2; /* the caller's and the cache's */
+		d->kept = true;
+		pthread_mutex_lock(&src_lock);
+		d->next = src_cache;
+		src_cache = d;
+		{
+			/* drop the cache's hold on entries past SRC_KEEP */
+			struct srcdata *e = src_cache, *drop[16];
+			size_t k = 0, nd = 0;
+			for (; e; e = e->next, k++)
+				if (k >= SRC_KEEP && e->kept && nd < CKPT_ARRAY_SIZE(drop)) {
+					e->kept = false;
+					drop[nd++] = e;
+				}
+			pthread_mutex_unlock(&src_lock);
+			for (size_t i = 0; i < nd; i++)
+				srcdata_unref(drop[i]);
+		}
+	}
+	src->cached = d;
+	src->ext = d->ext;
+	src->hdr = d->hdr;
+	src->meta = d->meta;
+	src->data_start = d->data_start;
+	src->source = d->source;
+	src->metas = d->metas;
+	return 0;
+}
+
 static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 {
 	struct ckpt_dirent *ents = NULL;
@@ -299,7 +428,7 @@ static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 			r = -ENOMEM;
 			break;
 		}
-		r = load_source(v->s, src, err, errlen);
+		r = load_source(v->s, src, in.size, err, errlen);
 		if (r < 0)
 			break;
 	}
@@ -341,8 +470,7 @@ static int collect_pieces(ckpt_view *v)
 			p->src = i;
 			p->t = ckpt_st_tensor_at(src->hdr, k);
 			p->group = ckpt_shardmeta_group(src->meta);
-			if (ckpt_shardmeta_tensor(src->meta, p->t, &p->m) < 0)
-				continue; /* validated by parse; cannot happen */
+			p->m = src->metas[k];
 			v->npieces++;
 		}
 	}
@@ -718,6 +846,26 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	}
 	*ret_view = v;
 	return 0;
+}
+
+int ckpt_view_prefetch(ckpt_store *s, uint64_t ino)
+{
+	struct ckpt_inode in;
+	struct src src;
+	int r = ckpt_store_getattr(s, ino, &in);
+
+	if (r < 0)
+		return r;
+	if (!S_ISREG(in.mode) || !(in.flags & CKPT_INODE_F_SAFETENSORS))
+		return 0;
+	memset(&src, 0, sizeof(src));
+	src.ino = ino;
+	src.mtime_ns = in.mtime_ns;
+	src.name = (char *)"(prefetch)";
+	r = load_source(s, &src, in.size, NULL, 0);
+	if (r == 0)
+		srcdata_unref(src.cached); /* the cache keeps it */
+	return r;
 }
 
 uint64_t ckpt_view_sig(const ckpt_view *v)

@@ -50,6 +50,10 @@ typedef struct ckpt_vfile ckpt_vfile;
 int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		    const ckpt_tp_rules *rules, ckpt_view **ret_view, char *err, size_t errlen);
 void ckpt_view_ref(ckpt_view *v);
+/* Parse the header and metadata of safetensors file ino now, into the
+ * cache that view builds share, so that the first view of its directory
+ * opens quickly.  No-op for other files. */
+int ckpt_view_prefetch(ckpt_store *s, uint64_t ino);
 void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
 
 /* A cheap fingerprint of the sources of dir's view (inode, size, mtime and

@@ -182,6 +182,7 @@ static int commit_writer(uint64_t ino, ckpt_writer *w, bool durable, bool sync_i
 
 	if (r == 0 && dirty) {
 		vtree_changed();
+		vtree_prefetch(ino);
 		bump_version(ino);
 		if (sync_inval)
 			fuse_lowlevel_notify_inval_inode(fs.se, ino, 0, 0);

@@ -67,6 +67,12 @@ static struct {
 	uint64_t next_vino;
 	struct vcache *cache;
 	uint64_t gen; /* bumped by vtree_changed() */
+	/* files to parse ahead of the first view (vtree_prefetch) */
+	pthread_cond_t pf_cond;
+	uint64_t *pf;
+	size_t npf, cap_pf;
+	bool pf_stop, pf_started;
+	pthread_t pf_thread;
 } vt;
 
 struct vtree_file {
@@ -81,6 +87,46 @@ void vtree_changed(void)
 	pthread_mutex_unlock(&vt.lock);
 }
 
+static void *pf_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&vt.lock);
+	while (!vt.pf_stop) {
+		if (vt.npf == 0) {
+			pthread_cond_wait(&vt.pf_cond, &vt.lock);
+			continue;
+		}
+		{
+			uint64_t ino = vt.pf[--vt.npf];
+			pthread_mutex_unlock(&vt.lock);
+			ckpt_view_prefetch(vt.s, ino); /* best effort */
+			pthread_mutex_lock(&vt.lock);
+		}
+	}
+	pthread_mutex_unlock(&vt.lock);
+	return NULL;
+}
+
+void vtree_prefetch(uint64_t ino)
+{
+	pthread_mutex_lock(&vt.lock);
+	for (size_t i = 0; i < vt.npf; i++)
+		if (vt.pf[i] == ino)
+			goto out;
+	if (vt.npf == vt.cap_pf) {
+		size_t nc = vt.cap_pf ? vt.cap_pf * 2 : 64;
+		uint64_t *v = realloc(vt.pf, nc * sizeof(*v));
+		if (!v)
+			goto out;
+		vt.pf = v;
+		vt.cap_pf = nc;
+	}
+	vt.pf[vt.npf++] = ino;
+	pthread_cond_signal(&vt.pf_cond);
+out:
+	pthread_mutex_unlock(&vt.lock);
+}
+
 int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
 {
 	memset(&vt, 0, sizeof(vt));
@@ -88,11 +134,23 @@ int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
 	vt.rules = rules;
 	vt.next_vino = VTREE_INO_BASE;
 	pthread_mutex_init(&vt.lock, NULL);
+	pthread_cond_init(&vt.pf_cond, NULL);
+	if (pthread_create(&vt.pf_thread, NULL, pf_main, NULL) == 0)
+		vt.pf_started = true;
 	return 0;
 }
 
 void vtree_fini(void)
 {
+	if (vt.pf_started) {
+		pthread_mutex_lock(&vt.lock);
+		vt.pf_stop = true;
+		pthread_cond_signal(&vt.pf_cond);
+		pthread_mutex_unlock(&vt.lock);
+		pthread_join(vt.pf_thread, NULL);
+	}
+	free(vt.pf);
+	pthread_cond_destroy(&vt.pf_cond);
 	for (size_t i = 0; i < VT_BUCKETS; i++) {
 		struct vnode *n = vt.by_ino[i], *next;
 		for (; n; n = next) {

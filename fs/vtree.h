@@ -44,6 +44,9 @@ void vtree_timeouts(uint64_t vino, double *ret_entry, double *ret_attr);
 /* Tell the view cache that something in the store changed (a commit, a
  * namespace change): cached views recheck their sources' signature. */
 void vtree_changed(void);
+/* A file was committed: if it is a safetensors source, parse it in the
+ * background so that the first view of its directory opens quickly. */
+void vtree_prefetch(uint64_t ino);
 int vtree_readlink(uint64_t vino, char **ret_target);
 /* Entries of a virtual directory (inode numbers are virtual). */
 int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n);

@@ -753,7 +753,8 @@ START_TEST(test_jansson_oom)
 	}
 	jansson_budget = -1;
 	json_set_alloc_funcs(malloc, free);
-	ck_assert_int_gt(fails, 5);
+	/* the serializer writes JSON itself: jansson allocations cannot fail it */
+	ck_assert_int_eq(fails, 0);
 	ck_assert_str_eq(out, js("{'version':1,'group':'model','tensors':{'a':{'global_shape':"
 				 "[8,6],'offsets':[4,0],'tp_dim':0,'pp':3}}}"));
 	free(out);

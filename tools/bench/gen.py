@@ -363,27 +363,31 @@ def write_step(outdir, model, model_args, lay, step, workers=2):
 
 
 def ensure_series(root, model_args, lay, steps, workers=2, log=print):
-    """Generate (or reuse) steps 1..steps of model/layout under root/step_NNNN.  Returns
-    (manifest, seconds spent generating)."""
+    """Generate (or reuse) at least steps 1..steps of model/layout under root/step_NNNN.
+    Returns (manifest, seconds spent generating).  Steps already present with the same
+    generator version, model and layout are kept."""
     import time
     model = Model(**model_args)
-    key = {"gen_version": GEN_VERSION, "model": model_args, "layout": lay.name(),
-           "steps": steps}
+    key = {"gen_version": GEN_VERSION, "model": model_args, "layout": lay.name()}
     mpath = os.path.join(root, "manifest.json")
+    out = None
     try:
         with open(mpath) as f:
             m = json.load(f)
         if m.get("key") == key and all(
                 os.path.getsize(os.path.join(root, s["dir"], fi["name"])) == fi["size"]
                 for s in m["steps"] for fi in s["files"]):
-            return m, 0.0
+            out = m
     except (OSError, ValueError, KeyError):
         pass
+    if out is not None and len(out["steps"]) >= steps:
+        return out, 0.0
+    if out is None:
+        out = {"key": key, "model": model.describe(), "steps": []}
     t0 = time.time()
     if os.path.exists(mpath):
         os.unlink(mpath)
-    out = {"key": key, "model": model.describe(), "steps": []}
-    for s in range(1, steps + 1):
+    for s in range(len(out["steps"]) + 1, steps + 1):
         d = f"step_{s:04d}"
         log(f"  generating {root}/{d} ({model.nbytes / 2**30:.2f} GiB, {lay.name()})")
         man = write_step(os.path.join(root, d), model, model_args, lay, s, workers)
