@@ -166,6 +166,8 @@ struct ckpt_writer {
 	size_t inflight_bytes;
 	int err;
 	bool dirty;
+	uint64_t gen; /* bumped by every change: a commit that ran while more
+		       * changes came in leaves the writer dirty */
 	int64_t mtime_ns;
 	uint32_t flags; /* CKPT_INODE_F_* of the last cut pass */
 };
@@ -209,6 +211,15 @@ static void wait_idle(struct ckpt_writer *w)
 		pthread_cond_wait(&w->cond, &w->lock);
 }
 
+/* Backpressure: wait until the queued chunks of this writer fall under
+ * CKPT_WRITER_INFLIGHT.  Releases w->lock while waiting: callers decide
+ * what to do with the writer's state only after this returns. */
+static void wait_room(struct ckpt_writer *w)
+{
+	while (w->inflight_bytes > CKPT_WRITER_INFLIGHT && !w->err)
+		pthread_cond_wait(&w->cond, &w->lock);
+}
+
 static void cutter_reset(struct cutter *c)
 {
 	ckpt_extent_list_free(c->list);
@@ -240,8 +251,8 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 		r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_ZERO, NULL);
 		goto consumed;
 	}
-	while (w->inflight_bytes > 0 && w->inflight_bytes + n > CKPT_WRITER_INFLIGHT)
-		pthread_cond_wait(&w->cond, &w->lock);
+	/* No waiting here: the cut state must not change under us.  Callers
+	 * apply backpressure before they feed (wait_room). */
 	if (w->err)
 		return w->err;
 	j = calloc(1, sizeof(*j));
@@ -565,6 +576,7 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 	if (off + len < off || off + len > (1ull << 50))
 		return -EFBIG;
 	pthread_mutex_lock(&w->lock);
+	wait_room(w);
 	if (w->err) {
 		r = w->err;
 		goto out;
@@ -582,6 +594,7 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 	}
 	if (r == 0) {
 		w->dirty = true;
+		w->gen++;
 		w->mtime_ns = now_ns();
 	} else if (!w->err && r != -EFBIG) {
 		w->err = r;
@@ -664,6 +677,7 @@ int ckpt_writer_truncate(ckpt_writer *w, uint64_t size)
 	}
 	if (r == 0) {
 		w->dirty = true;
+		w->gen++;
 		w->mtime_ns = now_ns();
 	}
 out:
@@ -761,6 +775,7 @@ static int cut_staged(struct ckpt_writer *w, struct cutter *c)
 		}
 		while (off < (uint64_t)hole && r == 0) {
 			size_t n = (size_t)CKPT_MIN((uint64_t)blk, (uint64_t)hole - off);
+			wait_room(w);
 			r = ckpt_pread_full(w->fd, buf, n, off);
 			if (r == 0)
 				r = feed(w, c, buf, n);
@@ -777,9 +792,11 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 {
 	struct cutter tmp;
 	struct cutter *c = &w->cs;
+	uint64_t gen;
 	int r = 0;
 
 	pthread_mutex_lock(&w->lock);
+	gen = w->gen;
 	if (w->err) {
 		r = w->err;
 		goto out;
@@ -807,7 +824,7 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 		r = ckpt_store_commit_file(w->s, w->ino, c->list, w->flags, w->mtime_ns, durable);
 	}
 	if (r == 0)
-		w->dirty = false;
+		w->dirty = w->gen != gen; /* changes made while we committed */
 	else if (!w->err)
 		w->err = r;
 	if (c == &tmp)
