@@ -133,11 +133,34 @@ struct vtensor {
 struct vfile_plan {
 	char *name;
 	size_t group;
+	unsigned tp_rank, pp_rank;
+	bool planned; /* header, tensors and size computed (under plan_lock) */
+	int plan_err;
 	uint8_t *hdr;
 	size_t hdr_len;
 	uint64_t size;
 	struct vtensor *t;
 	size_t nt;
+};
+
+/* The layout-independent part of a view (sources, pieces, global tensors,
+ * groups), shared by the views of every layout of one unchanged directory. */
+struct vmodel {
+	ckpt_store *s;
+	uint64_t dir, sig;
+	const ckpt_tp_rules *rules;
+	int64_t mtime_ns;
+	struct src *srcs;
+	size_t nsrcs;
+	struct piece *pieces;
+	size_t npieces;
+	struct gtensor *gts;
+	size_t ngts;
+	struct vgroup *groups;
+	size_t ngroups;
+	int refs;             /* protected by model_lock */
+	bool kept;            /* the cache holds one of the refs */
+	struct vmodel *next;  /* protected by model_lock */
 };
 
 struct ckpt_view {
@@ -146,6 +169,8 @@ struct ckpt_view {
 	struct ckpt_layout layout;
 	uint64_t sig;
 	int64_t mtime_ns;
+	pthread_mutex_t plan_lock; /* files are planned on first use */
+	struct vmodel *model; /* owns everything below up to files */
 	struct src *srcs;
 	size_t nsrcs;
 	struct piece *pieces;
@@ -192,26 +217,62 @@ void ckpt_view_ref(ckpt_view *v)
 	atomic_fetch_add(&v->refs, 1);
 }
 
+static pthread_mutex_t model_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct vmodel *models; /* protected by model_lock; newest first */
+#define MODEL_KEEP 16
+
+static void model_parts_free(struct src *srcs, size_t nsrcs, struct piece *pieces,
+			     struct gtensor *gts, size_t ngts, struct vgroup *groups,
+			     size_t ngroups)
+{
+	for (size_t i = 0; i < nsrcs; i++) {
+		free(srcs[i].name);
+		srcdata_unref(srcs[i].cached);
+	}
+	free(srcs);
+	free(pieces);
+	for (size_t i = 0; i < ngts; i++)
+		free(gts[i].problem);
+	free(gts);
+	for (size_t i = 0; i < ngroups; i++)
+		free(groups[i].name);
+	free(groups);
+}
+
+static void model_unref(struct vmodel *m)
+{
+	struct vmodel **pp;
+
+	if (!m)
+		return;
+	pthread_mutex_lock(&model_lock);
+	if (--m->refs > 0) {
+		pthread_mutex_unlock(&model_lock);
+		return;
+	}
+	for (pp = &models; *pp && *pp != m; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = m->next;
+	pthread_mutex_unlock(&model_lock);
+	model_parts_free(m->srcs, m->nsrcs, m->pieces, m->gts, m->ngts, m->groups, m->ngroups);
+	free(m);
+}
+
 static void view_destroy(ckpt_view *v)
 {
-	for (size_t i = 0; i < v->nsrcs; i++) {
-		free(v->srcs[i].name);
-		srcdata_unref(v->srcs[i].cached);
-	}
-	free(v->srcs);
-	free(v->pieces);
-	for (size_t i = 0; i < v->ngts; i++)
-		free(v->gts[i].problem);
-	free(v->gts);
-	for (size_t i = 0; i < v->ngroups; i++)
-		free(v->groups[i].name);
-	free(v->groups);
+	if (v->model)
+		model_unref(v->model);
+	else
+		model_parts_free(v->srcs, v->nsrcs, v->pieces, v->gts, v->ngts, v->groups,
+				 v->ngroups);
 	for (size_t i = 0; i < v->nfiles; i++) {
 		free(v->files[i].name);
 		free(v->files[i].hdr);
 		free(v->files[i].t);
 	}
 	free(v->files);
+	pthread_mutex_destroy(&v->plan_lock);
 	free(v);
 }
 
@@ -698,8 +759,10 @@ static int order_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
-static int plan_file(ckpt_view *v, struct vfile_plan *f, size_t group, unsigned t, unsigned p)
+static int plan_file(ckpt_view *v, struct vfile_plan *f)
 {
+	size_t group = f->group;
+	unsigned t = f->tp_rank, p = f->pp_rank;
 	const struct vgroup *grp = &v->groups[group];
 	size_t n = grp->g1 - grp->g0, k = 0;
 	struct order *ord = calloc(n ? n : 1, sizeof(*ord));
@@ -774,11 +837,6 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f, size_t group, unsigned 
 	if (r < 0)
 		goto out;
 	f->size = f->hdr_len + off;
-	if (v->layout.tp == 1 && v->layout.pp == 1)
-		r = asprintf(&f->name, "%s.safetensors", grp->name);
-	else
-		r = asprintf(&f->name, "%s_tp%u_pp%u.safetensors", grp->name, t, p);
-	r = r < 0 ? -ENOMEM : 0;
 out:
 	free(ord);
 	free(specs);
@@ -795,17 +853,110 @@ static int plan_files(ckpt_view *v)
 	v->files = calloc(v->ngroups * per + 1, sizeof(*v->files));
 	if (!v->files)
 		return -ENOMEM;
+	/* Only names here: headers (which fix the sizes) are built on first
+	 * use of each file (ensure_plan), so a stat of one file of a tp8_pp4
+	 * view does not serialize 32 headers. */
 	for (size_t gi = 0; gi < v->ngroups; gi++) {
 		for (unsigned p = 0; p < v->layout.pp; p++) {
 			for (unsigned t = 0; t < v->layout.tp; t++) {
-				int r = plan_file(v, &v->files[v->nfiles], gi, t, p);
-				v->nfiles++;
-				if (r < 0)
-					return r;
+				struct vfile_plan *f = &v->files[v->nfiles++];
+				int r;
+				f->group = gi;
+				f->tp_rank = t;
+				f->pp_rank = p;
+				if (v->layout.tp == 1 && v->layout.pp == 1)
+					r = asprintf(&f->name, "%s.safetensors", v->groups[gi].name);
+				else
+					r = asprintf(&f->name, "%s_tp%u_pp%u.safetensors",
+						     v->groups[gi].name, t, p);
+				if (r < 0) {
+					f->name = NULL;
+					return -ENOMEM;
+				}
 			}
 		}
 	}
 	return 0;
+}
+
+static int ensure_plan(ckpt_view *v, size_t i)
+{
+	struct vfile_plan *f = &v->files[i];
+	int r;
+
+	pthread_mutex_lock(&v->plan_lock);
+	if (!f->planned) {
+		f->plan_err = plan_file(v, f);
+		f->planned = true;
+	}
+	r = f->plan_err;
+	pthread_mutex_unlock(&v->plan_lock);
+	return r;
+}
+
+/* Point v at the cached model of (dir, v->sig, rules), if any. */
+static bool model_get(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
+{
+	struct vmodel *m;
+
+	pthread_mutex_lock(&model_lock);
+	for (m = models; m; m = m->next)
+		if (m->s == v->s && m->dir == dir && m->sig == v->sig && m->rules == rules)
+			break;
+	if (m)
+		m->refs++;
+	pthread_mutex_unlock(&model_lock);
+	if (!m)
+		return false;
+	v->model = m;
+	v->mtime_ns = m->mtime_ns;
+	v->srcs = m->srcs;
+	v->nsrcs = m->nsrcs;
+	v->pieces = m->pieces;
+	v->npieces = m->npieces;
+	v->gts = m->gts;
+	v->ngts = m->ngts;
+	v->groups = m->groups;
+	v->ngroups = m->ngroups;
+	return true;
+}
+
+/* Hand v's freshly built model to the cache (v keeps using it). */
+static void model_put(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
+{
+	struct vmodel *m = calloc(1, sizeof(*m)), *e, *drop[4];
+	size_t k = 0, nd = 0;
+
+	if (!m)
+		return;
+	m->s = v->s;
+	m->dir = dir;
+	m->sig = v->sig;
+	m->rules = rules;
+	m->mtime_ns = v->mtime_ns;
+	m->srcs = v->srcs;
+	m->nsrcs = v->nsrcs;
+	m->pieces = v->pieces;
+	m->npieces = v->npieces;
+	m->gts = v->gts;
+	m->ngts = v->ngts;
+	m->groups = v->groups;
+	m->ngroups = v->ngroups;
+	m->refs = 2; /* v's and the cache's */
+	m->kept = true;
+	v->model = m;
+	pthread_mutex_lock(&model_lock);
+	m->next = models;
+	models = m;
+	for (e = models; e; e = e->next, k++) {
+		if (k >= MODEL_KEEP && e->kept && nd < CKPT_ARRAY_SIZE(drop)) {
+			e->kept = false;
+			drop[nd++] = e;
+		}
+	}
+	pthread_mutex_unlock(&model_lock);
+	for (size_t i = 0; i < nd; i++)
+		model_unref(drop[i]);
 }
 
 int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
@@ -826,16 +977,20 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	if (!v)
 		return -ENOMEM;
 	atomic_init(&v->refs, 1);
+	pthread_mutex_init(&v->plan_lock, NULL);
 	v->s = s;
 	v->layout = *l;
 	v->mtime_ns = din.mtime_ns;
 	r = ckpt_view_signature(s, dir, &v->sig);
-	if (r == 0)
+	if (r == 0 && !model_get(v, dir, rules)) {
 		r = collect_sources(v, dir, err, errlen);
-	if (r == 0)
-		r = collect_pieces(v);
-	if (r == 0)
-		r = build_groups(v, rules);
+		if (r == 0)
+			r = collect_pieces(v);
+		if (r == 0)
+			r = build_groups(v, rules);
+		if (r == 0)
+			model_put(v, dir, rules); /* keeps working without it */
+	}
 	if (r == 0)
 		r = plan_files(v);
 	if (r < 0) {
@@ -883,8 +1038,15 @@ const char *ckpt_view_file_name(const ckpt_view *v, size_t i)
 	return v->files[i].name;
 }
 
-uint64_t ckpt_view_file_size(const ckpt_view *v, size_t i)
+uint64_t ckpt_view_file_size(ckpt_view *v, size_t i)
 {
+	int r = ensure_plan(v, i);
+
+	if (r < 0) {
+		ckpt_err("view file %s: cannot build its header: %s", v->files[i].name,
+			 strerror(-r));
+		return 0;
+	}
 	return v->files[i].size;
 }
 
@@ -1203,6 +1365,12 @@ int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const c
 
 	for (size_t i = 0; i < v->nfiles; i++) {
 		const struct vfile_plan *f = &v->files[i];
+		int rp = ensure_plan(v, i);
+		if (rp < 0) {
+			cb(ud, f->name, strerror(-rp));
+			problems++;
+			continue;
+		}
 		for (size_t k = 0; k < f->nt; k++) {
 			struct runvec out = { 0 };
 			char err[1024];
@@ -1231,6 +1399,12 @@ int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, si
 
 	if (i >= v->nfiles)
 		return -ENOENT;
+	r = ensure_plan(v, i);
+	if (r < 0) {
+		seterr(err, errlen, "cannot build the header of %s: %s", v->files[i].name,
+		       strerror(-r));
+		return r;
+	}
 	f = &v->files[i];
 	for (size_t k = 0; k < f->nt && r == 0; k++)
 		r = tensor_runs(v, f, &f->t[k], &out, err, errlen);

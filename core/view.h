@@ -10,8 +10,8 @@
  * the files "{group}_tp{t}_pp{p}.safetensors" (t < T, p < P), or
  * "{group}.safetensors" for tp1_pp1; see docs/views.md for the rules.
  *
- * Sizes and headers of all view files are computed when the view is built;
- * tensor data is mapped to byte runs of the source files when a file is
+ * File names are computed when the view is built, each file's header (and
+ * so its exact size) on first use; tensor data is mapped to byte runs of the source files when a file is
  * opened (ckpt_vfile_open), which is also where missing or inconsistent
  * pieces are detected (-EIO with the reason).  Reads decompress only the
  * chunks that cover the requested bytes (through the store's chunk cache).
@@ -25,7 +25,8 @@
  * version are not reshardable: they are not consumed by the view and appear
  * in it as ordinary files (ckpt_view_is_source() is false for them).
  *
- * Thread-safety: a built view is immutable; ckpt_view_ref/unref are atomic;
+ * Thread-safety: a built view changes only by planning files on first use
+ * (under its own lock); ckpt_view_ref/unref are atomic;
  * a vfile may be read from several threads at once.
  */
 #ifndef CKPT_VIEW_H
@@ -63,7 +64,9 @@ uint64_t ckpt_view_sig(const ckpt_view *v); /* the fingerprint at build time */
 
 size_t ckpt_view_nfiles(const ckpt_view *v);
 const char *ckpt_view_file_name(const ckpt_view *v, size_t i);
-uint64_t ckpt_view_file_size(const ckpt_view *v, size_t i);
+/* Exact size of view file i.  Builds the file's header on first use (0 and
+ * a log line if that fails: out of memory). */
+uint64_t ckpt_view_file_size(ckpt_view *v, size_t i);
 /* Index of the file called name, or -ENOENT. */
 int ckpt_view_find(const ckpt_view *v, const char *name);
 /* Latest mtime (ns) of the directory and the regular files in it. */

@@ -223,12 +223,48 @@ static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uin
 	return vnode_get_v(kind, l, ino, NULL, 0, 0, 0);
 }
 
-/* The vnode of view file i of v. */
+#define SIZE_UNKNOWN UINT64_MAX
+
+/* The vnode of view file i of v (its size is filled in on first getattr:
+ * listing a view directory does not build every file's header). */
 static struct vnode *vnode_of_file(const struct ckpt_layout *l, uint64_t dir, ckpt_view *v,
 				   size_t i)
 {
 	return vnode_get_v(V_FILE, l, dir, ckpt_view_file_name(v, i), ckpt_view_sig(v),
-			   ckpt_view_file_size(v, i), ckpt_view_mtime(v));
+			   SIZE_UNKNOWN, ckpt_view_mtime(v));
+}
+
+static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret);
+
+/* Size of a V_FILE vnode's version of its file. */
+static int vfile_size(struct vnode *n, uint64_t *ret)
+{
+	ckpt_view *v;
+	uint64_t size;
+	int r, i;
+
+	pthread_mutex_lock(&vt.lock);
+	size = n->size;
+	pthread_mutex_unlock(&vt.lock);
+	if (size != SIZE_UNKNOWN) {
+		*ret = size;
+		return 0;
+	}
+	r = get_view(&n->layout, n->ino, &v);
+	if (r < 0)
+		return r;
+	i = ckpt_view_find(v, n->name);
+	if (i < 0 || ckpt_view_sig(v) != n->sig) {
+		ckpt_view_unref(v);
+		return -ESTALE; /* that version is gone (T3) */
+	}
+	size = ckpt_view_file_size(v, (size_t)i);
+	ckpt_view_unref(v);
+	pthread_mutex_lock(&vt.lock);
+	n->size = size;
+	pthread_mutex_unlock(&vt.lock);
+	*ret = size;
+	return 0;
 }
 
 /* Copy of the vnode with vino (name not copied: vnodes are immutable and
@@ -331,7 +367,7 @@ static void make_readonly(struct ckpt_inode *in, uint64_t vino)
 	in->mode &= ~(uint32_t)0222;
 }
 
-static int attr_of(const struct vnode *n, struct ckpt_inode *ret)
+static int attr_of(struct vnode *n, struct ckpt_inode *ret)
 {
 	int r;
 
@@ -349,10 +385,12 @@ static int attr_of(const struct vnode *n, struct ckpt_inode *ret)
 		r = ckpt_store_getattr(vt.s, n->ino, ret);
 		if (r < 0)
 			return r == -ENOENT ? -ESTALE : r;
+		r = vfile_size(n, &ret->size);
+		if (r < 0)
+			return r;
 		ret->ino = n->vino;
 		ret->mode = S_IFREG | 0444;
 		ret->nlink = 1;
-		ret->size = n->size;
 		ret->mtime_ns = ret->ctime_ns = n->mtime_ns;
 		ret->flags = CKPT_INODE_F_SAFETENSORS;
 		return 0;

@@ -236,7 +236,8 @@ def tp_part(t_spec, T, t):
 
 def file_plan(model, lay):
     """List of files: dict(name, rank, group, entries=[(tensor index, kind, stored name, meta,
-    slicer)]) where slicer describes the piece: ('tp', offs, shape) or ('flat', offs, shape, a, b)."""
+    slicer)]) where slicer describes the piece: ('tp', offs, shape) or
+    ('flat', offs, shape, a, b)."""
     files = []
     L = model.L
     for p in range(lay.P):
