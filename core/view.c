@@ -661,15 +661,12 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 		if (!src->source || strcmp(ckpt_shardmeta_group(src->meta), grp->name))
 			continue;
 		for (size_t i = 0; i < ckpt_st_tensor_count(src->hdr); i++) {
-			struct ckpt_tensor_meta m;
+			const struct ckpt_tensor_meta *m = &src->metas[i];
 			struct ckpt_pp pp;
-			const struct ckpt_st_tensor *t = ckpt_st_tensor_at(src->hdr, i);
-			if (ckpt_shardmeta_tensor(src->meta, t, &m) < 0)
-				continue;
-			if (m.has_pp)
-				pp = m.pp;
+			if (m->has_pp)
+				pp = m->pp;
 			else
-				ckpt_pp_from_name(t->name, &pp);
+				ckpt_pp_from_name(ckpt_st_tensor_at(src->hdr, i)->name, &pp);
 			if (pp.kind == CKPT_PP_LAYER && pp.layer < first)
 				first = pp.layer;
 		}
