@@ -57,7 +57,7 @@ static struct srcdata *src_cache; /* protected by src_lock; newest first */
 /* The cache itself holds a reference on its SRC_KEEP newest entries, so a
  * header parsed ahead of time (ckpt_view_prefetch) or for a view since
  * dropped is still there for the next view. */
-#define SRC_KEEP 512
+#define SRC_KEEP 64
 
 struct src {
 	uint64_t ino;
