@@ -255,6 +255,18 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 	 * apply backpressure before they feed (wait_room). */
 	if (w->err)
 		return w->err;
+	if (ckpt_store_put_is_cheap(w->s)) {
+		/* No compression on the write path: hashing and appending cost
+		 * less than handing the chunk to a worker (a copy and two
+		 * thread switches); parallelism comes from the FUSE threads. */
+		ckpt_digest d;
+		r = ckpt_store_put_chunk(w->s, p, n, elem_size, &d);
+		if (r == 0)
+			r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_CHUNK, &d);
+		if (r < 0)
+			w->err = r;
+		goto consumed;
+	}
 	j = calloc(1, sizeof(*j));
 	if (!j)
 		return -ENOMEM;

@@ -198,6 +198,11 @@ const char *ckpt_store_path(const ckpt_store *s)
 	return s->path;
 }
 
+bool ckpt_store_put_is_cheap(const ckpt_store *s)
+{
+	return s->opts.compress_level == 0 || (s->bg_started && !s->opts.inline_compress);
+}
+
 int ckpt_store_compress_level(const ckpt_store *s)
 {
 	return s->opts.compress_level;

@@ -158,6 +158,8 @@ text = "".join(f"step {i} loss {(i * 7919) % 10007} lr 0.0003 grad_norm {i % 97}
                for i in range(200000))
 sys.stdout.write(text[:8 << 20])' >"$MNT/log.txt"
 wait_committed 10 || fail "ckpt stat sees log.txt"
+# chunks are written raw and compressed once writes pause (docs/design.md)
+wait_stat "$STORE" compression_pending 0 20 || fail "background compression finishes"
 u1=$(stat_int unique_bytes)
 s1=$(stat_int stored_bytes)
 note "8 MiB of text: unique +$((u1 - u0)), stored +$((s1 - s0))"
