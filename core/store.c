@@ -89,6 +89,10 @@ struct ckpt_store {
 	/* Protected by ns_lock: */
 	uint64_t next_ino;
 
+	/* Readers hold pack_rw (read) while they use a sealed pack's object;
+	 * compaction takes it (write) to free the object of a deleted pack, so
+	 * that its disk space is released without waiting for unmount. */
+	pthread_rwlock_t pack_rw;
 	pthread_mutex_t pack_lock;
 	/* Protected by pack_lock: */
 	ckpt_pack **packs; /* opened packs, any order */
@@ -125,6 +129,8 @@ struct ckpt_store {
 	/* Atomic: */
 	atomic_llong last_put_ns;
 	atomic_int puts_inflight;
+	uint64_t *bg_skip; /* background thread only */
+	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
 };
@@ -424,13 +430,19 @@ int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
 
 	if (!t)
 		return -ENOMEM;
-	r = get_pack(s, loc->pack_id, &p);
-	if (r < 0)
-		return r == -ENOENT ? -EIO : r;
 	stored = malloc(loc->stored_len ? loc->stored_len : 1);
 	if (!stored)
 		return -ENOMEM;
-	r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, stored);
+	pthread_rwlock_rdlock(&s->pack_rw);
+	r = get_pack(s, loc->pack_id, &p);
+	if (r == 0)
+		r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, stored);
+	pthread_rwlock_unlock(&s->pack_rw);
+	if (r == -ENOENT) {
+		r = -EIO;
+		why = "pack file missing";
+		goto out;
+	}
 	if (r < 0) {
 		why = "record header or stored-bytes checksum mismatch";
 		goto out;
@@ -481,6 +493,17 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
 		if (!buf)
 			return -ENOMEM;
 		r = ckpt_store_verify_chunk(s, d, &loc, buf);
+		if (r == -EIO) {
+			/* background work may have moved the chunk (and deleted
+			 * its old pack) between the lookup and the read */
+			struct ckpt_chunk_loc now;
+			if (ckpt_store_chunk_loc(s, d, &now, NULL) == 0 &&
+			    (now.pack_id != loc.pack_id || now.offset != loc.offset) &&
+			    now.raw_len == loc.raw_len) {
+				loc = now;
+				r = ckpt_store_verify_chunk(s, d, &loc, buf);
+			}
+		}
 		if (r < 0) {
 			free(buf);
 			return r;
@@ -856,6 +879,28 @@ static bool pending_in_pack(ckpt_store *s, uint64_t id)
 	return found;
 }
 
+/* Packs compaction must leave alone (a damaged record was found in them).
+ * Only the background thread touches these. */
+static void bg_skip_pack(ckpt_store *s, uint64_t id)
+{
+	uint64_t *v = realloc(s->bg_skip, (s->nbg_skip + 1) * sizeof(*v));
+
+	if (!v)
+		return;
+	v[s->nbg_skip++] = id;
+	s->bg_skip = v;
+	ckpt_err("%s: pack %" PRIu64 " has a damaged record: background compaction skips it; "
+		 "run `ckpt fsck`", s->path, id);
+}
+
+static bool bg_skipped(const ckpt_store *s, uint64_t id)
+{
+	for (size_t i = 0; i < s->nbg_skip; i++)
+		if (s->bg_skip[i] == id)
+			return true;
+	return false;
+}
+
 /* 1 if some index entry names pack id, 0 if none, <0 on error. */
 static int index_names_pack(ckpt_store *s, uint64_t id)
 {
@@ -901,8 +946,8 @@ static int bg_compact(ckpt_store *s)
 	for (size_t pi = 0; pi < nids && victim == UINT64_MAX; pi++) {
 		uint64_t live = 0, size = 0;
 		struct stat st;
-		if (pending_in_pack(s, ids[pi]))
-			continue; /* unindexed chunks still live there */
+		if (bg_skipped(s, ids[pi]) || pending_in_pack(s, ids[pi]))
+			continue; /* damaged, or unindexed chunks still live there */
 		ckpt_pack_name(ids[pi], name, sizeof(name));
 		if (fstatat(s->packs_fd, name, &st, 0) < 0)
 			continue;
@@ -995,11 +1040,26 @@ static int bg_compact(ckpt_store *s)
 	r = 0;
 	if (r == 0) {
 		fsync(s->packs_fd);
+		/* release the file's space now: no reader uses the object once
+		 * we hold pack_rw for writing */
+		pthread_rwlock_wrlock(&s->pack_rw);
+		pthread_mutex_lock(&s->pack_lock);
+		for (size_t i = 0; i < s->npacks; i++) {
+			if (ckpt_pack_id(s->packs[i]) == victim) {
+				ckpt_pack_free(s->packs[i]);
+				s->packs[i] = s->packs[--s->npacks];
+				break;
+			}
+		}
+		pthread_mutex_unlock(&s->pack_lock);
+		pthread_rwlock_unlock(&s->pack_rw);
 		s->bg.moved += nrel;
 		s->bg.packs_deleted++;
 		r = 1;
 	}
 out:
+	if (r == -EIO && victim != UINT64_MAX)
+		bg_skip_pack(s, victim); /* damaged: leave it to fsck/gc, don't retry */
 	free(chunks);
 	free(ids);
 	free(rel);
@@ -2604,6 +2664,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	s->path = strdup(path);
 	pthread_mutex_init(&s->ns_lock, NULL);
 	pthread_mutex_init(&s->pack_lock, NULL);
+	pthread_rwlock_init(&s->pack_rw, NULL);
 	pthread_mutex_init(&s->pending_lock, NULL);
 	pthread_mutex_init(&s->commit_lock, NULL);
 	pthread_mutex_init(&s->overlay_lock, NULL);
@@ -2772,6 +2833,7 @@ void ckpt_store_free(ckpt_store *s)
 		close(s->lock_fd);
 	pthread_mutex_destroy(&s->ns_lock);
 	pthread_mutex_destroy(&s->pack_lock);
+	pthread_rwlock_destroy(&s->pack_rw);
 	pthread_mutex_destroy(&s->pending_lock);
 	for (size_t i = 0; i < COMMIT_BUCKETS; i++) {
 		struct commit *c = s->overlay[i], *n;
@@ -2785,6 +2847,7 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->bg_lock);
 	pthread_cond_destroy(&s->bg_cond);
 	free(s->bgq);
+	free(s->bg_skip);
 	pthread_cond_destroy(&s->flusher_cond);
 	free(s->path);
 	free(s);
