@@ -98,6 +98,9 @@ struct ckpt_store {
 	ckpt_pack **packs; /* opened packs, any order */
 	size_t npacks, cap_packs;
 	ckpt_pack *wpack;  /* current append target (also in packs[]) */
+	ckpt_pack *bgpack; /* append target of background work: compressed and
+			    * moved chunks stay apart from fresh raw ones, so
+			    * packs of raw data die whole and need no copying */
 	uint64_t next_pack;
 
 	pthread_mutex_t pending_lock;
@@ -298,8 +301,21 @@ static int get_pack(ckpt_store *s, uint64_t id, ckpt_pack **ret)
 	return r;
 }
 
+static int new_pack_locked(ckpt_store *s, ckpt_pack **ret);
+
 /* Start a new write pack.  Caller holds pack_lock. */
 static int roll_pack_locked(ckpt_store *s)
+{
+	ckpt_pack *p;
+	int r = new_pack_locked(s, &p);
+
+	if (r == 0)
+		s->wpack = p;
+	return r;
+}
+
+/* Create and register a new pack.  Caller holds pack_lock. */
+static int new_pack_locked(ckpt_store *s, ckpt_pack **ret)
 {
 	ckpt_batch *b;
 	ckpt_pack *p = NULL;
@@ -326,7 +342,7 @@ static int roll_pack_locked(ckpt_store *s)
 		ckpt_pack_free(p);
 		return r;
 	}
-	s->wpack = p;
+	*ret = p;
 	return 0;
 }
 
@@ -606,6 +622,31 @@ static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const v
 	return 0;
 }
 
+/* Append for the background thread (to bgpack). */
+static int append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
+			    struct ckpt_chunk_loc *ret_loc)
+{
+	ckpt_pack *p;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (!s->bgpack || ckpt_pack_size(s->bgpack) >= s->opts.pack_max)
+		r = new_pack_locked(s, &s->bgpack);
+	p = s->bgpack;
+	pthread_mutex_unlock(&s->pack_lock);
+	if (r < 0)
+		return r;
+	memset(ret_loc, 0, sizeof(*ret_loc));
+	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
+	if (r < 0)
+		return r;
+	ret_loc->pack_id = ckpt_pack_id(p);
+	ret_loc->stored_len = rec->stored_len;
+	ret_loc->raw_len = rec->raw_len;
+	ret_loc->codec = rec->codec;
+	return 0;
+}
+
 static void bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
 {
 	pthread_mutex_lock(&s->bg_lock);
@@ -850,7 +891,7 @@ static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
 			rec.stored_len = (uint32_t)out_len;
 			rec.raw_len = loc.raw_len;
 			memcpy(rec.digest, items[i].d.bytes, CKPT_DIGEST_LEN);
-			if (check_space(s, out_len) < 0 || append_record(s, &rec, out, &nl) < 0)
+			if (check_space(s, out_len) < 0 || append_record_bg(s, &rec, out, &nl) < 0)
 				continue;
 			s->bg.compressed++;
 			s->bg.compressed_out += out_len;
@@ -961,16 +1002,14 @@ static int bg_compact(ckpt_store *s)
 	}
 	if (victim == UINT64_MAX)
 		goto out;
-	if (victim == wid) {
-		/* the write pack itself is mostly garbage (chunks compressed
-		 * since): seal it so that it can be compacted */
-		pthread_mutex_lock(&s->pack_lock);
-		if (s->wpack && ckpt_pack_id(s->wpack) == wid)
-			r = roll_pack_locked(s);
-		pthread_mutex_unlock(&s->pack_lock);
-		if (r < 0)
-			goto out;
-	}
+	pthread_mutex_lock(&s->pack_lock);
+	if (victim == wid && s->wpack && ckpt_pack_id(s->wpack) == wid)
+		r = roll_pack_locked(s); /* mostly garbage by now: seal it */
+	if (s->bgpack && ckpt_pack_id(s->bgpack) == victim)
+		s->bgpack = NULL; /* never copy a pack into itself */
+	pthread_mutex_unlock(&s->pack_lock);
+	if (r < 0)
+		goto out;
 	ckpt_pack_name(victim, name, sizeof(name));
 	r = get_pack(s, victim, &src); /* keeps its fd open for racing readers */
 	buf = malloc(CKPT_CHUNK_MAX);
@@ -1000,7 +1039,7 @@ static int bg_compact(ckpt_store *s)
 		}
 		r = check_space(s, rec.stored_len);
 		if (r == 0)
-			r = append_record(s, &rec, buf, &rel[nrel].new);
+			r = append_record_bg(s, &rec, buf, &rel[nrel].new);
 		if (r < 0)
 			goto out;
 		rel[nrel].new.flags = old.flags;
