@@ -1153,6 +1153,7 @@ struct options {
 	char *cache_size;
 	int verify_dedup;
 	int inline_compress;
+	int nobackground;
 	char *log_level;
 	char *tp_rules;
 	unsigned workers;
@@ -1165,6 +1166,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("cache_size=%s", cache_size),
 	OPT("verify_dedup", verify_dedup),
 	OPT("inline_compress", inline_compress),
+	OPT("nobackground", nobackground),
 	OPT("log_level=%s", log_level),
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
@@ -1214,6 +1216,8 @@ static void usage(const char *prog)
 	       "  -o verify_dedup      compare bytes on every dedup hit\n"
 	       "  -o inline_compress   compress while writing (default: write raw, compress\n"
 	       "                       in the background once writes pause)\n"
+	       "  -o nobackground      no background work at all: compress inline and\n"
+	       "                       leave space reclaiming to `ckpt gc`\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
@@ -1358,7 +1362,7 @@ int main(int argc, char **argv)
 	}
 	so.verify_dedup = o.verify_dedup;
 	so.inline_compress = o.inline_compress;
-	so.background = true;
+	so.background = !o.nobackground;
 	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
 		goto out;

@@ -60,10 +60,10 @@ tap(size == len(want), f"{desc}: file size still {len(want)} after the failed re
 EOF
 }
 
-# Compression inline: this test flips bytes of records it finds by position,
-# so chunks must not move to new records in the background meanwhile.
+# No background work: this test flips bytes of records it finds by position,
+# so chunks must not move to new records (compression, compaction) meanwhile.
 # ---------------------------------------------------------------- flipped byte in chunk data
-start_daemon -o inline_compress || bail "mount $STORE"
+start_daemon -o nobackground || bail "mount $STORE"
 ok "daemon mounted"
 rand_file "$WORK/victim" $((4 * MiB))
 cp "$WORK/victim" "$MNT/victim.bin"
@@ -73,7 +73,7 @@ for i in range(60000):
 	>"$WORK/comp"
 cp "$WORK/comp" "$MNT/comp.txt"
 stop_daemon || fail "unmount"
-start_daemon -o inline_compress || bail "remount"
+start_daemon -o nobackground || bail "remount"
 rand_file "$WORK/bystander" $((2 * MiB))
 mkdir "$MNT/dir"
 cp "$WORK/bystander" "$MNT/dir/bystander.bin"
@@ -96,7 +96,7 @@ else
 	fail "comp.txt was stored compressed (records: $(wc -l <"$WORK/records"))"
 fi
 
-start_daemon -o inline_compress || bail "mount the damaged store"
+start_daemon -o nobackground || bail "mount the damaged store"
 read_check "$MNT/victim.bin" "$WORK/victim" "flipped byte"
 read_check "$MNT/comp.txt" "$WORK/comp" "flipped byte in compressed data"
 assert_cmp "$WORK/bystander" "$MNT/dir/bystander.bin" "an undamaged file still reads back"
@@ -116,7 +116,7 @@ grep -q "bystander" "$WORK/fsck.out" &&
 # the damage is the only problem: restoring the byte makes everything good again
 cp "$WORK/pack.orig" "$pack"
 check "fsck passes once the byte is restored" "$CKPT" fsck "$STORE"
-start_daemon -o inline_compress || bail "mount the repaired store"
+start_daemon -o nobackground || bail "mount the repaired store"
 assert_cmp "$WORK/victim" "$MNT/victim.bin" "repaired file reads back"
 assert_cmp "$WORK/comp" "$MNT/comp.txt" "repaired compressed file reads back"
 
@@ -128,7 +128,7 @@ last=$(find "$STORE/packs" -name 'pack-*.ckpk' | sort | tail -n 1)
 size=$(stat -c %s "$last")
 note "last pack: $last ($size bytes)"
 check "cut 4096 bytes off the end of the last pack" truncate -s $((size - 4096)) "$last"
-start_daemon -o inline_compress || bail "mount the store with a short pack"
+start_daemon -o nobackground || bail "mount the store with a short pack"
 read_check "$MNT/tail.bin" "$WORK/tail" "short pack"
 assert_cmp "$WORK/bystander" "$MNT/dir/bystander.bin" "short pack: earlier file still reads back"
 stop_daemon || fail "unmount"
@@ -140,7 +140,7 @@ check "ckpt fsck names the file in the lost tail" grep -q "tail.bin" "$WORK/fsck
 
 # ---------------------------------------------------------------- damaged record header
 check "flip a byte in the first record's header" flip_byte "$pack" $((PACK_HDR + 20))
-start_daemon -o inline_compress || bail "mount the store with a damaged record header"
+start_daemon -o nobackground || bail "mount the store with a damaged record header"
 read_check "$MNT/victim.bin" "$WORK/victim" "record header"
 stop_daemon || fail "unmount"
 "$CKPT" fsck "$STORE" >"$WORK/fsck3.out" 2>&1
@@ -153,7 +153,7 @@ cp "$WORK/pack.orig" "$pack"
 second=$(find "$STORE/packs" -name 'pack-*.ckpk' | sort | sed -n 2p)
 note "removing the second pack: $second"
 check "remove the pack holding dir/bystander.bin" rm "$second"
-start_daemon -o inline_compress || bail "mount the store with a missing pack"
+start_daemon -o nobackground || bail "mount the store with a missing pack"
 read_check "$MNT/dir/bystander.bin" "$WORK/bystander" "missing pack"
 assert_cmp "$WORK/victim" "$MNT/victim.bin" "missing pack: a file in another pack reads back"
 stop_daemon || fail "unmount"

@@ -999,58 +999,27 @@ class Bench:
             for var in rotate(["ckptfs", "plain"], rep):
                 tag = f"c5-r{rep}-{var}"
                 r = {}
-                if var == "ckptfs":
-                    mt = self.ck_mount(store, mnt, tag)
-                    root = mnt
+                if var == "plain":
+                    r.update(self.open_times(os.path.join(plain, "moe", "model.safetensors"),
+                                             "tp1", nopen))
+                    r.update(self.tree_times(plain, paths))
                 else:
-                    mt = None
-                    root = plain
-                try:
-                    # first open (cold: view built on first access) and first MiB
+                    # Every measurement that is "after mount" gets a daemon of its own.
                     for T in (1, 4):
-                        path = os.path.join(root, vfile[T] if var == "ckptfs" else
-                                            os.path.join("moe", "model.safetensors"))
-                        if var == "plain" and T == 4:
-                            continue
-                        drop_caches()
-                        t0 = now()
-                        fd = os.open(path, os.O_RDONLY)
-                        t1 = now()
-                        os.pread(fd, IO, 0)
-                        t2 = now()
-                        os.close(fd)
-                        r[f"open_cold_tp{T}"] = (t1 - t0) * 1e3
-                        r[f"ttfb_cold_tp{T}"] = (t2 - t0) * 1e3
-                        lat = []
-                        for _ in range(nopen):
-                            t0 = now()
-                            fd = os.open(path, os.O_RDONLY)
-                            lat.append(now() - t0)
-                            os.close(fd)
-                        r[f"open_warm_tp{T}"] = median(lat) * 1e3
-                    if var == "ckptfs":
-                        # a stored source file through the same mount
-                        drop_caches()
-                        src = os.path.join(root, "moe", files[0]["name"])
-                        t0 = now()
-                        fd = os.open(src, os.O_RDONLY)
-                        os.pread(fd, IO, 0)
-                        r["ttfb_cold_source"] = (now() - t0) * 1e3
-                        os.close(fd)
-                    drop_caches()
-                    t0 = now()
-                    subprocess.run(["ls", "-lR", os.path.join(root, "tree")], check=True,
-                                   stdout=subprocess.DEVNULL)
-                    r["ls_lR"] = now() - t0
-                    drop_caches()
-                    t0 = now()
-                    for p in paths:
-                        os.stat(os.path.join(root, p))
-                    r["stat_all"] = now() - t0
-                    if mt:
+                        mt = self.ck_mount(store, mnt, f"{tag}-tp{T}")
+                        try:
+                            r.update(self.open_times(os.path.join(mnt, vfile[T]), f"tp{T}",
+                                                     nopen))
+                        finally:
+                            mt.stop()
+                    mt = self.ck_mount(store, mnt, f"{tag}-src")
+                    try:
+                        o = self.open_times(os.path.join(mnt, "moe", files[0]["name"]), "src",
+                                            nopen)
+                        r["ttfb_cold_source"] = o["ttfb_cold_src"]
+                        r.update(self.tree_times(mnt, paths))
                         r["hwm"] = mt.hwm()
-                finally:
-                    if mt:
+                    finally:
                         mt.stop()
                 res.setdefault(var, []).append(r)
                 for k, v in r.items():
@@ -1084,6 +1053,43 @@ class Bench:
         rmtree(plain)
 
     @staticmethod
+    def open_times(path, key, nopen):
+        """Cold open and first MiB (page caches dropped), then the median of nopen opens."""
+        r = {}
+        drop_caches()
+        t0 = now()
+        fd = os.open(path, os.O_RDONLY)
+        t1 = now()
+        os.pread(fd, IO, 0)
+        t2 = now()
+        os.close(fd)
+        r[f"open_cold_{key}"] = (t1 - t0) * 1e3
+        r[f"ttfb_cold_{key}"] = (t2 - t0) * 1e3
+        lat = []
+        for _ in range(nopen):
+            t0 = now()
+            fd = os.open(path, os.O_RDONLY)
+            lat.append(now() - t0)
+            os.close(fd)
+        r[f"open_warm_{key}"] = median(lat) * 1e3
+        return r
+
+    @staticmethod
+    def tree_times(root, paths):
+        r = {}
+        drop_caches()
+        t0 = now()
+        subprocess.run(["ls", "-lR", os.path.join(root, "tree")], check=True,
+                       stdout=subprocess.DEVNULL)
+        r["ls_lR"] = now() - t0
+        drop_caches()
+        t0 = now()
+        for p in paths:
+            os.stat(os.path.join(root, p))
+        r["stat_all"] = now() - t0
+        return r
+
+    @staticmethod
     def make_tree(root, n, per_dir):
         payload = os.urandom(1024 + n)
         for i in range(n):
@@ -1104,8 +1110,8 @@ class Bench:
         per = {}
         for s in sizes:
             m = self.series(f"c1-{s:g}g", s * GiB, gen.Layout(4, 2, 2), 1)
-            r1 = self.case1(size_gib=s, writers=[2], case=f"6/{s:g}G", series=m)
-            r4 = self.case4(size_gib=s, layouts=[(1, 1)], case=f"6/{s:g}G", offline=False)
+            r1 = self.case1(size_gib=s, writers=[2], case=f"6@{s:g}G", series=m)
+            r4 = self.case4(size_gib=s, layouts=[(1, 1)], case=f"6@{s:g}G", offline=False)
             per[s] = (r1, r4)
         def spg(rs):
             return [r["s"] / (r["bytes"] / GB) for r in rs]
@@ -1226,10 +1232,20 @@ plot '{dat}' using (($2>1)?1:$2):1:(($2>1)?$2:1):($1-0.35):($1+0.35):ytic(3) wit
         if "6" not in cases:
             self.notes.append("case 6 (growth at 1, 4, 16 GiB) skipped: run with --cases 6 "
                               "(sizes from --growth)")
+        self.failed = []
         try:
             for c in cases:
                 t0 = now()
-                getattr(self, f"case{c}")()
+                try:
+                    getattr(self, f"case{c}")()
+                except (OSError, RuntimeError, subprocess.CalledProcessError, ValueError) as e:
+                    import traceback
+                    traceback.print_exc()
+                    self.failed.append(c)
+                    self.notes.append(f"case {c} FAILED: {type(e).__name__}: {e}")
+                    log(f"case {c} FAILED: {e}")
+                    cleanup_mounts()
+                    continue
                 log(f"case {c} done in {now() - t0:.0f} s (load average {loadavg():.2f})")
         finally:
             cleanup_mounts()
@@ -1269,10 +1285,19 @@ def main(argv):
         a.small_size = max(0.25, a.size / 4)
     if a.reps < 1:
         ap.error("--reps must be >= 1")
+    if not all(c.strip() in ("1", "2", "3", "4", "5", "6") for c in a.cases.split(",")):
+        ap.error("--cases takes numbers 1-6, e.g. 1,4")
+    try:
+        ws = [int(x) for x in a.writers.split(",")]
+        gs = [float(x) for x in a.growth.split(",")]
+    except ValueError:
+        ap.error("--writers and --growth take comma-separated numbers")
+    if a.size <= 0 or a.small_size <= 0 or min(ws) < 1 or min(gs) <= 0 or a.meta_files < 1:
+        ap.error("sizes, writer and file counts must be positive")
     b = Bench(a)
     b.setup()
     b.run(argv)
-    return 0
+    return 1 if b.failed else 0
 
 
 if __name__ == "__main__":
