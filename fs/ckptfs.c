@@ -28,6 +28,7 @@
 #include <fuse_lowlevel.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -1321,6 +1322,12 @@ int main(int argc, char **argv)
 	memset(&o, 0, sizeof(o));
 	memset(&cmd, 0, sizeof(cmd));
 	o.compress = INT_MIN; /* unset */
+	/* Chunk and request buffers are 128 KiB..4 MiB: by default glibc serves
+	 * them with fresh mmap()s, and every page of every buffer is faulted in
+	 * and zeroed again (clear_page was ~10% of the write path).  Keep them
+	 * on the heap and reuse them. */
+	mallopt(M_MMAP_THRESHOLD, 64 << 20);
+	mallopt(M_TRIM_THRESHOLD, 256 << 20);
 	if (fuse_opt_parse(&args, &o, opt_spec, opt_proc) < 0)
 		goto out;
 	if (fuse_parse_cmdline(&args, &cmd) != 0)
