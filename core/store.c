@@ -596,6 +596,24 @@ static int64_t mono_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* Append a record to pack p (thread-safe; packs are never freed while they
+ * are append targets). */
+static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *data,
+		     struct ckpt_chunk_loc *ret_loc)
+{
+	int r;
+
+	memset(ret_loc, 0, sizeof(*ret_loc));
+	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
+	if (r < 0)
+		return r;
+	ret_loc->pack_id = ckpt_pack_id(p);
+	ret_loc->stored_len = rec->stored_len;
+	ret_loc->raw_len = rec->raw_len;
+	ret_loc->codec = rec->codec;
+	return 0;
+}
+
 /* Append a record to the current write pack (rolling it when full). */
 static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
 			 struct ckpt_chunk_loc *ret_loc)
@@ -608,18 +626,7 @@ static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const v
 		r = roll_pack_locked(s);
 	p = s->wpack;
 	pthread_mutex_unlock(&s->pack_lock);
-	if (r < 0)
-		return r;
-	/* append is thread-safe; packs are never freed before the store */
-	memset(ret_loc, 0, sizeof(*ret_loc));
-	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
-	if (r < 0)
-		return r;
-	ret_loc->pack_id = ckpt_pack_id(p);
-	ret_loc->stored_len = rec->stored_len;
-	ret_loc->raw_len = rec->raw_len;
-	ret_loc->codec = rec->codec;
-	return 0;
+	return r < 0 ? r : append_to(p, rec, data, ret_loc);
 }
 
 /* Append for the background thread (to bgpack). */
@@ -634,17 +641,7 @@ static int append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, cons
 		r = new_pack_locked(s, &s->bgpack);
 	p = s->bgpack;
 	pthread_mutex_unlock(&s->pack_lock);
-	if (r < 0)
-		return r;
-	memset(ret_loc, 0, sizeof(*ret_loc));
-	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
-	if (r < 0)
-		return r;
-	ret_loc->pack_id = ckpt_pack_id(p);
-	ret_loc->stored_len = rec->stored_len;
-	ret_loc->raw_len = rec->raw_len;
-	ret_loc->codec = rec->codec;
-	return 0;
+	return r < 0 ? r : append_to(p, rec, data, ret_loc);
 }
 
 static void bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
