@@ -23,6 +23,7 @@
 #include "chunker.h"
 #include "file.h"
 #include "store.h"
+#include "testdir.h"
 #include "util.h"
 
 #define MiB (1u << 20)
@@ -32,14 +33,6 @@ static char tdir[96];     /* per test, inside basedir */
 static char spath[128];
 static ckpt_store *st;
 static ckpt_pool *pool;
-
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
 
 static ckpt_store *open_store(void)
 {
@@ -60,21 +53,17 @@ static ckpt_store *open_store(void)
  * parent removes whatever the tests of the case left behind. */
 static void base_setup(void)
 {
-	strcpy(basedir, "/tmp/check_file-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(basedir));
+	testdir_make(basedir, sizeof(basedir), "/tmp", "check_file-");
 }
 
 static void base_teardown(void)
 {
-	if (basedir[0])
-		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	basedir[0] = '\0';
+	testdir_remove(basedir);
 }
 
 static void setup(void)
 {
-	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
-	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	testdir_make(tdir, sizeof(tdir), basedir, "t-");
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 	st = open_store();
 	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
@@ -86,9 +75,7 @@ static void teardown(void)
 	pool = NULL;
 	ckpt_store_free(st);
 	st = NULL;
-	if (tdir[0])
-		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	tdir[0] = '\0';
+	testdir_remove(tdir);
 }
 
 /* ---- helpers ---------------------------------------------------------- */

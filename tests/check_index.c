@@ -19,48 +19,35 @@
 #include <unistd.h>
 
 #include "index.h"
+#include "testdir.h"
 #include "util.h"
 
 static char basedir[64]; /* per test case, owned by the parent process */
 static char tdir[96];     /* per test, inside basedir */
 static char ixdir[128];
 
-static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 /* Unchecked fixture, run in the parent around each test case: a failed
  * test exits its forked child before the checked teardown runs, so the
  * parent removes whatever the tests of the case left behind. */
 static void base_setup(void)
 {
-	strcpy(basedir, "/tmp/check_index-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(basedir));
+	testdir_make(basedir, sizeof(basedir), "/tmp", "check_index-");
 }
 
 static void base_teardown(void)
 {
-	if (basedir[0])
-		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	basedir[0] = '\0';
+	testdir_remove(basedir);
 }
 
 static void setup(void)
 {
-	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
-	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	testdir_make(tdir, sizeof(tdir), basedir, "t-");
 	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
 }
 
 static void teardown(void)
 {
-	if (tdir[0])
-		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	tdir[0] = '\0';
+	testdir_remove(tdir);
 }
 
 static ckpt_index *open_ix(void)

@@ -24,6 +24,7 @@
 
 #include "pack.h"
 #include "store.h"
+#include "testdir.h"
 #include "util.h"
 
 #ifndef RENAME_NOREPLACE
@@ -37,42 +38,28 @@ static char basedir[64]; /* per test case, owned by the parent process */
 static char tdir[96];     /* per test, inside basedir */
 static char spath[128];
 
-static int rm_cb(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 /* Unchecked fixture, run in the parent around each test case: a failed
  * test exits its forked child before the checked teardown runs, so the
  * parent removes whatever the tests of the case left behind. */
 static void base_setup(void)
 {
-	strcpy(basedir, "/tmp/check_store-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(basedir));
+	testdir_make(basedir, sizeof(basedir), "/tmp", "check_store-");
 }
 
 static void base_teardown(void)
 {
-	if (basedir[0])
-		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	basedir[0] = '\0';
+	testdir_remove(basedir);
 }
 
 static void setup(void)
 {
-	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
-	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	testdir_make(tdir, sizeof(tdir), basedir, "t-");
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 }
 
 static void teardown(void)
 {
-	if (tdir[0])
-		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	tdir[0] = '\0';
+	testdir_remove(tdir);
 }
 
 /* ---- helpers ---------------------------------------------------------- */

@@ -29,6 +29,7 @@
 #include "safetensors.h"
 #include "shardmeta.h"
 #include "store.h"
+#include "testdir.h"
 #include "util.h"
 #include "view.h"
 
@@ -38,28 +39,17 @@ static char spath[128];
 static ckpt_store *st;
 static ckpt_pool *pool;
 
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 /* Unchecked fixture, run in the parent around each test case: a failed
  * test exits its forked child before the checked teardown runs, so the
  * parent removes whatever the tests of the case left behind. */
 static void base_setup(void)
 {
-	strcpy(basedir, "/tmp/check_view-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(basedir));
+	testdir_make(basedir, sizeof(basedir), "/tmp", "check_view-");
 }
 
 static void base_teardown(void)
 {
-	if (basedir[0])
-		nftw(basedir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	basedir[0] = '\0';
+	testdir_remove(basedir);
 }
 
 static void setup(void)
@@ -68,8 +58,7 @@ static void setup(void)
 	char err[512] = "";
 	int r;
 
-	snprintf(tdir, sizeof(tdir), "%s/t-XXXXXX", basedir);
-	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	testdir_make(tdir, sizeof(tdir), basedir, "t-");
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 	ckpt_store_opts_init(&o);
 	o.create = true;
@@ -85,9 +74,7 @@ static void teardown(void)
 	pool = NULL;
 	ckpt_store_free(st);
 	st = NULL;
-	if (tdir[0])
-		nftw(tdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-	tdir[0] = '\0';
+	testdir_remove(tdir);
 }
 
 /* ---- building sources ------------------------------------------------- */

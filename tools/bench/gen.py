@@ -305,6 +305,14 @@ def piece_of(arr_flat, ts, slicer):
     return part.tobytes()
 
 
+def _worker_init():
+    """Workers die on SIGTERM/SIGINT like plain processes, whatever handlers the parent
+    installed (a Python handler in a worker can deadlock on an inherited lock)."""
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _write_tensors(args):
     """Worker: generate tensors idx (list) and pwrite their pieces into the files."""
     model_args, step, outdir, jobs = args
@@ -354,8 +362,15 @@ def write_step(outdir, model, model_args, lay, step, workers=2):
     args = [(model_args, step, outdir, j) for j in jobs if j]
     if len(args) > 1:
         ctx = multiprocessing.get_context("fork")
-        with ctx.Pool(len(args)) as pool:
+        pool = ctx.Pool(len(args), initializer=_worker_init)
+        try:
             pool.map(_write_tensors, args)
+            pool.close()
+        except BaseException:
+            pool.terminate()
+            raise
+        finally:
+            pool.join()
     else:
         for a in args:
             _write_tensors(a)
