@@ -31,7 +31,11 @@ echo "== files"
 ls -l "$mnt" "$mnt/step_0003" "$mnt/tp4_pp2/step_0003"
 echo "== checkpoints in the store (ckpt ls)"
 "$top/tools/ckpt" ls "$store"
-echo "== store accounting (ckpt stat)"
+echo "== store accounting (ckpt stat), once background compression has settled"
+for _ in $(seq 150); do
+	"$top/tools/ckpt" stat "$store" 2>/dev/null | grep -qx "compression_pending: 0" && break
+	sleep 0.2
+done
 "$top/tools/ckpt" stat "$store"
 echo "== unmount and verify (ckpt fsck)"
 fusermount3 -u "$mnt"
