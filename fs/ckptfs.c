@@ -1326,8 +1326,8 @@ int main(int argc, char **argv)
 	 * them with fresh mmap()s, and every page of every buffer is faulted in
 	 * and zeroed again (clear_page was ~10% of the write path).  Keep them
 	 * on the heap and reuse them. */
-	mallopt(M_MMAP_THRESHOLD, 64 << 20);
-	mallopt(M_TRIM_THRESHOLD, 256 << 20);
+	mallopt(M_MMAP_THRESHOLD, 8 << 20);
+	mallopt(M_TRIM_THRESHOLD, 32 << 20);
 	if (fuse_opt_parse(&args, &o, opt_spec, opt_proc) < 0)
 		goto out;
 	if (fuse_parse_cmdline(&args, &cmd) != 0)
