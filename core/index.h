@@ -13,6 +13,8 @@
  *   'L' ino(be64)         -> symlink target (raw bytes)
  *   'O' ino(be64)         -> empty: inode is an orphan (nlink == 0), reaped
  *                            when the last user lets go or at the next mount
+ *   'P' ino(be64)         -> parsed safetensors header of a view source (a
+ *                            cache, see view.c; ignored when stale)
  * Every 'C', 'I', 'D' and 'F' value starts with a one-byte record version
  * (CKPT_REC_VERSION); 'M' values are raw (their layout is fixed by name),
  * 'L' is the raw target, 'O' is empty.
@@ -39,6 +41,7 @@
 #define CKPT_KEY_FILE 'F'
 #define CKPT_KEY_LINK 'L'
 #define CKPT_KEY_ORPHAN 'O'
+#define CKPT_KEY_PARSED 'P'
 
 #define CKPT_NAME_MAX 255
 #define CKPT_KEY_MAX (1 + 8 + CKPT_NAME_MAX)

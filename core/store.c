@@ -207,6 +207,11 @@ const char *ckpt_store_path(const ckpt_store *s)
 	return s->path;
 }
 
+bool ckpt_store_writable(const ckpt_store *s)
+{
+	return s->opts.mode == CKPT_STORE_RW;
+}
+
 bool ckpt_store_put_is_cheap(const ckpt_store *s)
 {
 	return s->opts.compress_level == 0 || (s->bg_started && !s->opts.inline_compress);
@@ -2304,6 +2309,7 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino));
 	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino));
 	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino));
+	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_PARSED, ino));
 	batch_orphan(b, ino, false);
 	r = ckpt_index_write(s->ix, b, false);
 	if (r == 0)

@@ -89,6 +89,8 @@ void ckpt_store_free(ckpt_store *s);
 ckpt_index *ckpt_store_index(ckpt_store *s);
 const char *ckpt_store_path(const ckpt_store *s);
 int ckpt_store_compress_level(const ckpt_store *s);
+/* True for a store opened CKPT_STORE_RW. */
+bool ckpt_store_writable(const ckpt_store *s);
 /* True when ckpt_store_put_chunk() does not compress (background
  * compression, or level 0): callers may run it inline. */
 bool ckpt_store_put_is_cheap(const ckpt_store *s);

@@ -46,6 +46,15 @@ struct srcdata {
 	uint64_t data_start;
 	bool source;
 	struct ckpt_tensor_meta *metas; /* per tensor (sorted order of hdr) */
+	/* The tensor table the view uses: from hdr/meta (parsed JSON) or from
+	 * the persisted parse (then hdr and meta are NULL, names and shapes
+	 * live in blob). */
+	struct ckpt_st_tensor *tensors;
+	size_t ntensors;
+	const char *group;
+	bool has_nl;
+	uint64_t nl;
+	void *blob;
 	int refs;             /* protected by src_lock */
 	bool kept;            /* the cache holds one of the refs */
 	struct srcdata *next; /* protected by src_lock */
@@ -66,6 +75,11 @@ struct src {
 	ckpt_st_header *hdr;
 	ckpt_shardmeta *meta;
 	const struct ckpt_tensor_meta *metas;
+	const struct ckpt_st_tensor *tensors;
+	size_t ntensors;
+	const char *group;
+	bool has_nl;
+	uint64_t nl;
 	uint64_t data_start; /* 8 + N */
 	int64_t mtime_ns;
 	bool source; /* consumed by the view (reshardable) */
@@ -92,6 +106,8 @@ static void srcdata_unref(struct srcdata *d)
 	ckpt_st_header_free(d->hdr);
 	ckpt_shardmeta_free(d->meta);
 	free(d->metas);
+	free(d->tensors);
+	free(d->blob);
 	free(d);
 }
 
@@ -376,6 +392,324 @@ fail:
 	return r < 0 ? r : -EIO;
 }
 
+
+/* ---------------------------------------------- persisted parse results */
+
+/*
+ * The parse of a source (tensor table, ckptfs metadata) is kept in the index
+ * under 'P' + ino (format in docs/format.md), so that the first view after a
+ * mount does not parse JSON again: 20,000-tensor headers cost ~0.7 s.  The
+ * record is valid while the chunks holding the file's header are the same
+ * (fingerprint of their extents), whatever else changed.
+ */
+#define PARSE_REC_VERSION 1
+
+struct wbuf {
+	uint8_t *p;
+	size_t n, cap;
+	bool oom;
+};
+
+static void wb_put(struct wbuf *b, const void *v, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->n + n > b->cap) {
+		size_t nc = b->cap ? b->cap * 2 : 4096;
+		uint8_t *np;
+		while (nc < b->n + n)
+			nc *= 2;
+		np = realloc(b->p, nc);
+		if (!np) {
+			b->oom = true;
+			return;
+		}
+		b->p = np;
+		b->cap = nc;
+	}
+	memcpy(b->p + b->n, v, n);
+	b->n += n;
+}
+
+static void wb_u8(struct wbuf *b, uint8_t v)
+{
+	wb_put(b, &v, 1);
+}
+
+static void wb_u16(struct wbuf *b, uint16_t v)
+{
+	uint8_t x[2];
+	ckpt_put_le16(x, v);
+	wb_put(b, x, 2);
+}
+
+static void wb_u32(struct wbuf *b, uint32_t v)
+{
+	uint8_t x[4];
+	ckpt_put_le32(x, v);
+	wb_put(b, x, 4);
+}
+
+static void wb_u64(struct wbuf *b, uint64_t v)
+{
+	uint8_t x[8];
+	ckpt_put_le64(x, v);
+	wb_put(b, x, 8);
+}
+
+struct rbuf {
+	const uint8_t *p;
+	size_t n, off;
+	bool bad;
+};
+
+static const uint8_t *rb_take(struct rbuf *b, size_t n)
+{
+	const uint8_t *p;
+
+	if (b->bad || b->n - b->off < n) {
+		b->bad = true;
+		return NULL;
+	}
+	p = b->p + b->off;
+	b->off += n;
+	return p;
+}
+
+static uint8_t rb_u8(struct rbuf *b)
+{
+	const uint8_t *p = rb_take(b, 1);
+	return p ? p[0] : 0;
+}
+
+static uint16_t rb_u16(struct rbuf *b)
+{
+	const uint8_t *p = rb_take(b, 2);
+	return p ? ckpt_get_le16(p) : 0;
+}
+
+static uint32_t rb_u32(struct rbuf *b)
+{
+	const uint8_t *p = rb_take(b, 4);
+	return p ? ckpt_get_le32(p) : 0;
+}
+
+static uint64_t rb_u64(struct rbuf *b)
+{
+	const uint8_t *p = rb_take(b, 8);
+	return p ? ckpt_get_le64(p) : 0;
+}
+
+/* Fingerprint of the extents that hold bytes [0, data_start). */
+static uint64_t header_fingerprint(const struct ckpt_extent_list *l, uint64_t data_start)
+{
+	struct wbuf b = { 0 };
+	uint64_t fp;
+
+	for (size_t i = 0; i < l->n && l->v[i].off < data_start; i++) {
+		wb_u32(&b, l->v[i].len);
+		wb_u8(&b, l->v[i].kind);
+		wb_put(&b, l->v[i].digest.bytes, CKPT_DIGEST_LEN);
+	}
+	fp = b.oom ? 0 : ckpt_checksum(b.p ? b.p : (const uint8_t *)"", b.n);
+	free(b.p);
+	return fp;
+}
+
+static void persist_parse(ckpt_store *s, const struct srcdata *d,
+			  const struct ckpt_extent_list *ext)
+{
+	struct wbuf b = { 0 };
+	uint8_t key[16];
+	ckpt_batch *batch;
+	size_t glen = d->group ? strlen(d->group) : 0;
+
+	if (!ckpt_store_writable(s) || !ext)
+		return;
+	wb_u8(&b, PARSE_REC_VERSION);
+	wb_u8(&b, d->source);
+	wb_u8(&b, d->has_nl);
+	wb_u8(&b, 0);
+	wb_u32(&b, (uint32_t)d->ntensors);
+	wb_u64(&b, header_fingerprint(ext, d->data_start));
+	wb_u64(&b, d->data_start);
+	wb_u64(&b, d->nl);
+	wb_u16(&b, (uint16_t)glen);
+	wb_put(&b, d->group ? d->group : "", glen);
+	for (size_t k = 0; k < d->ntensors; k++) {
+		const struct ckpt_st_tensor *t = &d->tensors[k];
+		const struct ckpt_tensor_meta *m = &d->metas[k];
+		const char *dt = ckpt_dtype_name(t->dtype);
+		size_t nl = strlen(t->name);
+
+		if (nl > UINT16_MAX) {
+			free(b.p);
+			return;
+		}
+		wb_u16(&b, (uint16_t)nl);
+		wb_put(&b, t->name, nl);
+		wb_u8(&b, (uint8_t)strlen(dt));
+		wb_put(&b, dt, strlen(dt));
+		wb_u8(&b, (uint8_t)t->ndim);
+		for (unsigned i = 0; i < t->ndim; i++)
+			wb_u64(&b, t->shape[i]);
+		wb_u64(&b, t->begin);
+		wb_u64(&b, t->end);
+		wb_u8(&b, (uint8_t)m->ndim);
+		for (unsigned i = 0; i < m->ndim; i++) {
+			wb_u64(&b, m->global_shape[i]);
+			wb_u64(&b, m->geom.box.off[i]);
+			wb_u64(&b, m->geom.box.shape[i]);
+		}
+		wb_u8(&b, m->geom.flat);
+		wb_u64(&b, m->geom.flat_begin);
+		wb_u64(&b, m->geom.flat_end);
+		wb_u32(&b, (uint32_t)m->tp_dim);
+		wb_u8(&b, m->has_pp);
+		wb_u8(&b, (uint8_t)m->pp.kind);
+		wb_u64(&b, m->pp.layer);
+	}
+	batch = b.oom ? NULL : ckpt_batch_new();
+	if (batch) {
+		ckpt_batch_put(batch, key, ckpt_key_ino(key, CKPT_KEY_PARSED, d->ino), b.p, b.n);
+		ckpt_index_write(ckpt_store_index(s), batch, false); /* a cache: best effort */
+		ckpt_batch_free(batch);
+	}
+	free(b.p);
+}
+
+/* srcdata from the persisted parse of src, or NULL (absent, stale, bad). */
+static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_t size)
+{
+	struct srcdata *d = NULL;
+	struct ckpt_extent_list *ext = NULL;
+	struct rbuf b = { 0 };
+	uint8_t key[16], *val = NULL;
+	size_t vlen, names = 0, dims = 0, pos_names = 0, pos_dims = 0;
+	uint32_t nt;
+	uint16_t glen;
+	uint64_t fp;
+	char *strs;
+	uint64_t *shapes;
+
+	if (ckpt_index_get(ckpt_store_index(s), key, ckpt_key_ino(key, CKPT_KEY_PARSED, src->ino),
+			   &val, &vlen) < 0)
+		return NULL;
+	b.p = val;
+	b.n = vlen;
+	if (rb_u8(&b) != PARSE_REC_VERSION)
+		goto bad;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		goto bad;
+	d->source = rb_u8(&b);
+	d->has_nl = rb_u8(&b);
+	rb_u8(&b);
+	nt = rb_u32(&b);
+	fp = rb_u64(&b);
+	d->data_start = rb_u64(&b);
+	d->nl = rb_u64(&b);
+	glen = rb_u16(&b);
+	if (b.bad || nt > vlen || (!d->source && nt))
+		goto bad;
+	if (ckpt_store_load_extents(s, src->ino, &ext) < 0 ||
+	    header_fingerprint(ext, d->data_start) != fp)
+		goto bad;
+	/* pass 1: sizes of the name and shape blobs */
+	{
+		struct rbuf c = b;
+		rb_take(&c, glen);
+		names += glen + 1;
+		for (uint32_t k = 0; k < nt && !c.bad; k++) {
+			uint16_t n = rb_u16(&c);
+			uint8_t dl, nd, md;
+			rb_take(&c, n);
+			names += (size_t)n + 1;
+			dl = rb_u8(&c);
+			rb_take(&c, dl);
+			nd = rb_u8(&c);
+			dims += nd;
+			rb_take(&c, (size_t)nd * 8 + 16);
+			md = rb_u8(&c);
+			rb_take(&c, (size_t)md * 24 + 1 + 16 + 4 + 2 + 8);
+			if (nd > CKPT_MAX_DIMS || md > CKPT_MAX_DIMS)
+				c.bad = true;
+		}
+		if (c.bad || c.off != c.n)
+			goto bad;
+	}
+	d->blob = malloc(names + dims * sizeof(uint64_t) + 8);
+	d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
+	d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
+	if (!d->blob || !d->tensors || !d->metas)
+		goto bad;
+	shapes = d->blob;
+	strs = (char *)(shapes + dims);
+	memcpy(strs, rb_take(&b, glen), glen);
+	strs[glen] = '\0';
+	d->group = strs;
+	pos_names = glen + 1;
+	for (uint32_t k = 0; k < nt; k++) {
+		struct ckpt_st_tensor *t = &d->tensors[k];
+		struct ckpt_tensor_meta *m = &d->metas[k];
+		uint16_t n = rb_u16(&b);
+		char dt[32];
+		uint8_t dl;
+
+		memcpy(strs + pos_names, rb_take(&b, n), n);
+		strs[pos_names + n] = '\0';
+		t->name = strs + pos_names;
+		pos_names += (size_t)n + 1;
+		dl = rb_u8(&b);
+		if (dl >= sizeof(dt))
+			goto bad;
+		memcpy(dt, rb_take(&b, dl), dl);
+		dt[dl] = '\0';
+		if (ckpt_dtype_from_name(dt, &t->dtype) < 0)
+			goto bad;
+		t->ndim = rb_u8(&b);
+		t->shape = shapes + pos_dims;
+		for (unsigned i = 0; i < t->ndim; i++)
+			shapes[pos_dims++] = rb_u64(&b);
+		t->begin = rb_u64(&b);
+		t->end = rb_u64(&b);
+		m->ndim = rb_u8(&b);
+		m->geom.box.ndim = m->ndim;
+		for (unsigned i = 0; i < m->ndim; i++) {
+			m->global_shape[i] = rb_u64(&b);
+			m->geom.box.off[i] = rb_u64(&b);
+			m->geom.box.shape[i] = rb_u64(&b);
+		}
+		m->geom.flat = rb_u8(&b);
+		m->geom.flat_begin = rb_u64(&b);
+		m->geom.flat_end = rb_u64(&b);
+		m->tp_dim = (int32_t)rb_u32(&b);
+		m->has_pp = rb_u8(&b);
+		m->pp.kind = rb_u8(&b);
+		m->pp.layer = rb_u64(&b);
+		if (b.bad)
+			goto bad;
+	}
+	d->ntensors = nt;
+	d->s = s;
+	d->ino = src->ino;
+	d->size = size;
+	d->mtime_ns = src->mtime_ns;
+	d->ext = ext;
+	free(val);
+	return d;
+bad:
+	if (d) {
+		free(d->blob);
+		free(d->tensors);
+		free(d->metas);
+		free(d);
+	}
+	ckpt_extent_list_free(ext);
+	free(val);
+	return NULL;
+}
+
 /* Parse a source, or share the parse of an unchanged one. */
 static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err, size_t errlen)
 {
@@ -390,7 +724,16 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 	if (d)
 		d->refs++;
 	pthread_mutex_unlock(&src_lock);
-	if (!d) {
+	if (!d && (d = load_parse_record(s, src, size)) != NULL) {
+		/* parsed on an earlier mount: no JSON to parse */
+		d->refs = 2;
+		d->kept = true;
+		pthread_mutex_lock(&src_lock);
+		d->next = src_cache;
+		src_cache = d;
+		pthread_mutex_unlock(&src_lock);
+	} else if (!d) {
+		bool from_record = false;
 		r = parse_source(s, src, err, errlen);
 		if (r < 0) {
 			ckpt_extent_list_free(src->ext);
@@ -420,13 +763,20 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 		if (d->source) {
 			size_t nt = ckpt_st_tensor_count(d->hdr);
 			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
-			for (size_t k = 0; d->metas && k < nt; k++)
-				if (ckpt_shardmeta_tensor(d->meta, ckpt_st_tensor_at(d->hdr, k),
-							  &d->metas[k]) < 0)
+			d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
+			for (size_t k = 0; d->metas && d->tensors && k < nt; k++) {
+				d->tensors[k] = *ckpt_st_tensor_at(d->hdr, k);
+				if (ckpt_shardmeta_tensor(d->meta, &d->tensors[k], &d->metas[k]) < 0)
 					d->source = false; /* validated by parse: cannot happen */
-			if (!d->metas)
+			}
+			if (!d->metas || !d->tensors)
 				d->source = false;
+			d->ntensors = d->source ? nt : 0;
+			d->group = ckpt_shardmeta_group(d->meta);
+			d->has_nl = ckpt_shardmeta_num_layers(d->meta, &d->nl);
 		}
+		if (!from_record)
+			persist_parse(s, d, src->ext);
 		d->refs = 2; /* the caller's and the cache's */
 		d->kept = true;
 		pthread_mutex_lock(&src_lock);
@@ -453,6 +803,11 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 	src->data_start = d->data_start;
 	src->source = d->source;
 	src->metas = d->metas;
+	src->tensors = d->tensors;
+	src->ntensors = d->ntensors;
+	src->group = d->group;
+	src->has_nl = d->has_nl;
+	src->nl = d->nl;
 	return 0;
 }
 
@@ -518,7 +873,7 @@ static int collect_pieces(ckpt_view *v)
 
 	for (size_t i = 0; i < v->nsrcs; i++)
 		if (v->srcs[i].source)
-			n += ckpt_st_tensor_count(v->srcs[i].hdr);
+			n += v->srcs[i].ntensors;
 	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
 	if (!v->pieces)
 		return -ENOMEM;
@@ -526,11 +881,11 @@ static int collect_pieces(ckpt_view *v)
 		struct src *src = &v->srcs[i];
 		if (!src->source)
 			continue;
-		for (size_t k = 0; k < ckpt_st_tensor_count(src->hdr); k++) {
+		for (size_t k = 0; k < src->ntensors; k++) {
 			struct piece *p = &v->pieces[v->npieces];
 			p->src = i;
-			p->t = ckpt_st_tensor_at(src->hdr, k);
-			p->group = ckpt_shardmeta_group(src->meta);
+			p->t = &src->tensors[k];
+			p->group = src->group;
 			p->m = src->metas[k];
 			v->npieces++;
 		}
@@ -658,15 +1013,15 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 		const struct src *src = &v->srcs[si];
 		uint64_t first = UINT64_MAX;
 		size_t k;
-		if (!src->source || strcmp(ckpt_shardmeta_group(src->meta), grp->name))
+		if (!src->source || strcmp(src->group, grp->name))
 			continue;
-		for (size_t i = 0; i < ckpt_st_tensor_count(src->hdr); i++) {
+		for (size_t i = 0; i < src->ntensors; i++) {
 			const struct ckpt_tensor_meta *m = &src->metas[i];
 			struct ckpt_pp pp;
 			if (m->has_pp)
 				pp = m->pp;
 			else
-				ckpt_pp_from_name(ckpt_st_tensor_at(src->hdr, i)->name, &pp);
+				ckpt_pp_from_name(src->tensors[i].name, &pp);
 			if (pp.kind == CKPT_PP_LAYER && pp.layer < first)
 				first = pp.layer;
 		}
@@ -718,11 +1073,11 @@ static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
 
 		for (size_t si = 0; si < v->nsrcs; si++) {
 			uint64_t x;
-			if (!v->srcs[si].source ||
-			    strcmp(ckpt_shardmeta_group(v->srcs[si].meta), grp->name))
+			if (!v->srcs[si].source || strcmp(v->srcs[si].group, grp->name))
 				continue;
 			grp->nfiles++;
-			if (ckpt_shardmeta_num_layers(v->srcs[si].meta, &x)) {
+			x = v->srcs[si].nl;
+			if (v->srcs[si].has_nl) {
 				if (!explicit || x > n)
 					n = x;
 				explicit = true;
@@ -998,6 +1353,38 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	}
 	*ret_view = v;
 	return 0;
+}
+
+void ckpt_view_forget_store(ckpt_store *s)
+{
+	struct srcdata *drop[64];
+	struct vmodel *mdrop[MODEL_KEEP + 4];
+	size_t nd, nm;
+
+	do { /* the cache's holds on parsed sources */
+		nd = 0;
+		pthread_mutex_lock(&src_lock);
+		for (struct srcdata *e = src_cache; e && nd < CKPT_ARRAY_SIZE(drop); e = e->next)
+			if (e->s == s && e->kept) {
+				e->kept = false;
+				drop[nd++] = e;
+			}
+		pthread_mutex_unlock(&src_lock);
+		for (size_t i = 0; i < nd; i++)
+			srcdata_unref(drop[i]);
+	} while (nd == CKPT_ARRAY_SIZE(drop));
+	do { /* and on models */
+		nm = 0;
+		pthread_mutex_lock(&model_lock);
+		for (struct vmodel *m = models; m && nm < CKPT_ARRAY_SIZE(mdrop); m = m->next)
+			if (m->s == s && m->kept) {
+				m->kept = false;
+				mdrop[nm++] = m;
+			}
+		pthread_mutex_unlock(&model_lock);
+		for (size_t i = 0; i < nm; i++)
+			model_unref(mdrop[i]);
+	} while (nm == CKPT_ARRAY_SIZE(mdrop));
 }
 
 int ckpt_view_prefetch(ckpt_store *s, uint64_t ino)

@@ -21,6 +21,10 @@
  * keeps serving the same bytes whatever happens to the sources (chunks are
  * only removed by `ckpt gc`, which needs the store unmounted).
  *
+ * Parses of sources are cached in memory and persisted in the index ('P'
+ * keys), checked against the chunks holding each file's header, so the
+ * first view after a mount does not parse JSON again.
+ *
  * Source safetensors files whose ckptfs metadata is invalid or of a newer
  * version are not reshardable: they are not consumed by the view and appear
  * in it as ordinary files (ckpt_view_is_source() is false for them).
@@ -55,6 +59,9 @@ void ckpt_view_ref(ckpt_view *v);
  * cache that view builds share, so that the first view of its directory
  * opens quickly.  No-op for other files. */
 int ckpt_view_prefetch(ckpt_store *s, uint64_t ino);
+/* Drop the process-wide caches' holds on everything parsed from store s
+ * (call before ckpt_store_free(s); views still referenced stay valid). */
+void ckpt_view_forget_store(ckpt_store *s);
 void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
 
 /* A cheap fingerprint of the sources of dir's view (inode, size, mtime and

@@ -45,6 +45,7 @@
 #include "shardmeta.h"
 #include "store.h"
 #include "util.h"
+#include "view.h"
 #include "vtree.h"
 
 #define ATTR_TIMEOUT 1.0
@@ -1531,8 +1532,10 @@ out:
 		fuse_session_destroy(se);
 	fuse_loop_cfg_destroy(lcfg);
 	ckpt_pool_free(fs.pool);
-	if (fs.store)
+	if (fs.store) {
 		vtree_fini();
+		ckpt_view_forget_store(fs.store);
+	}
 	ckpt_store_free(fs.store);
 	ckpt_tp_rules_free(rules);
 	free(o.tp_rules);

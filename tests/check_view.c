@@ -72,6 +72,8 @@ static void teardown(void)
 {
 	ckpt_pool_free(pool);
 	pool = NULL;
+	if (st)
+		ckpt_view_forget_store(st);
 	ckpt_store_free(st);
 	st = NULL;
 	testdir_remove(tdir);
@@ -412,6 +414,58 @@ START_TEST(test_tp1_whole)
 	ck_assert_uint_eq(vb.size, vb.ds + (60 + 36 + 10) * 4);
 	vbuf_free(&vb);
 	ckpt_view_unref(v);
+	tp_teardown(&x);
+}
+END_TEST
+
+
+/* The parse of the sources is persisted in the index ('P' keys): after the
+ * in-memory caches are dropped and the store reopened, views are built from
+ * the records, byte-identical; a rewritten header invalidates its record. */
+START_TEST(test_persisted_parse)
+{
+	struct tpfix x;
+	struct vbuf a = { 0 }, b = { 0 }, c = { 0 };
+	struct ckpt_store_opts o;
+	uint8_t key[16], *val = NULL;
+	size_t vlen;
+	char err[512] = "";
+	ckpt_view *v;
+
+	tp_setup(&x);
+	v = build(x.dir, 2, 1, NULL);
+	vread(v, "model_tp1_pp0.safetensors", 4097, &a);
+	ckpt_view_unref(v);
+	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
+					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val, &vlen), 0);
+	free(val);
+	/* reopen: nothing cached in memory, the records are used */
+	ckpt_pool_free(pool);
+	ckpt_view_forget_store(st);
+	ckpt_store_free(st);
+	ckpt_store_opts_init(&o);
+	ck_assert_int_eq(ckpt_store_open(spath, &o, &st, err, sizeof(err)), 0);
+	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
+	v = build(x.dir, 2, 1, NULL);
+	vread(v, "model_tp1_pp0.safetensors", 4097, &b);
+	ck_assert_uint_eq(a.size, b.size);
+	ck_assert_mem_eq(a.b, b.b, a.size);
+	ckpt_view_unref(v);
+	/* a damaged record is ignored (the JSON is parsed again) */
+	{
+		ckpt_batch *bt = ckpt_batch_new();
+		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[1]), "\x01junk", 5);
+		ck_assert_int_eq(ckpt_index_write(ckpt_store_index(st), bt, false), 0);
+		ckpt_batch_free(bt);
+	}
+	ckpt_view_forget_store(st);
+	v = build(x.dir, 2, 1, NULL);
+	vread(v, "model_tp1_pp0.safetensors", 1 << 20, &c);
+	ck_assert_mem_eq(a.b, c.b, a.size);
+	ckpt_view_unref(v);
+	vbuf_free(&a);
+	vbuf_free(&b);
+	vbuf_free(&c);
 	tp_teardown(&x);
 }
 END_TEST
@@ -1765,6 +1819,7 @@ static Suite *view_suite(void)
 		suite_add_tcase(s, all[i]);
 	}
 	tcase_add_test(tp, test_tp1_whole);
+	tcase_add_test(tp, test_persisted_parse);
 	tcase_add_test(tp, test_tp4_uneven);
 	tcase_add_test(tp, test_tp3_cross_dim);
 	tcase_add_test(tp, test_header_and_reads);

@@ -252,6 +252,7 @@ static int cmd_ls(const char *store, const char *path)
 		return 1;
 	}
 	r = ls_dir(s, in.ino, path);
+	ckpt_view_forget_store(s);
 	ckpt_store_free(s);
 	return r;
 }
@@ -307,6 +308,8 @@ static int cmd_check(const char *store, const char *path, const char *rules_path
 	}
 out:
 	ckpt_view_unref(v);
+	if (s)
+		ckpt_view_forget_store(s);
 	ckpt_store_free(s);
 	ckpt_tp_rules_free(rules);
 	return ret;
@@ -486,6 +489,8 @@ static int cmd_export(const char *store, const char *path, const char *layout, c
 	if (ret == 0)
 		printf("exported %s as %s into %s\n", path, layout, out);
 out:
+	if (s)
+		ckpt_view_forget_store(s);
 	ckpt_store_free(s);
 	ckpt_tp_rules_free(rules);
 	return ret;
