@@ -772,7 +772,7 @@ struct chunk_info {
 static int load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
 static int list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes);
 
-#define BG_IDLE_NS (100 * 1000000ll) /* writes paused this long: background may run */
+#define BG_IDLE_NS (1000 * 1000000ll) /* writes paused this long: background may run */
 #define BG_BATCH 32
 #define BG_COMPACT_LIVE 50 /* compact sealed packs under this % live */
 
