@@ -25,6 +25,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,10 +35,117 @@
 #include "safetensors.h"
 #include "util.h"
 
+/*
+ * A small process-wide cache of reference-counted entries (parsed sources,
+ * models).  The cache holds one reference on each of its `keep` newest
+ * entries ("kept"); users hold their own.  An entry is destroyed when its
+ * last reference goes.  Lookups are type-specific (hcache_find + match).
+ */
+struct hnode {
+	ckpt_store *s;     /* the store the entry was parsed from */
+	int refs;          /* protected by the cache's lock */
+	bool kept;         /* the cache holds one of the refs */
+	struct hnode *next;
+};
+
+struct hcache {
+	pthread_mutex_t lock;
+	struct hnode *head; /* newest first */
+	size_t keep;
+	void (*destroy)(struct hnode *n);
+};
+
+#define hcache_entry(ptr, type) ((type *)(void *)((char *)(ptr) - offsetof(type, node)))
+
+static void hnode_unref(struct hcache *c, struct hnode *n)
+{
+	struct hnode **pp;
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (--n->refs > 0) {
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	for (pp = &c->head; *pp && *pp != n; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = n->next;
+	pthread_mutex_unlock(&c->lock);
+	c->destroy(n);
+}
+
+/* Drop the cache's hold on one kept entry that pred selects (idx: its
+ * position in the list).  Returns false when there is none. */
+static bool hcache_release_one(struct hcache *c,
+			       bool (*pred)(const struct hnode *n, size_t idx, const void *arg),
+			       const void *arg)
+{
+	struct hnode *n;
+	size_t k = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (n = c->head; n; n = n->next, k++)
+		if (n->kept && pred(n, k, arg))
+			break;
+	if (n)
+		n->kept = false;
+	pthread_mutex_unlock(&c->lock);
+	if (!n)
+		return false;
+	hnode_unref(c, n);
+	return true;
+}
+
+static bool past_keep(const struct hnode *n, size_t idx, const void *arg)
+{
+	(void)n;
+	return idx >= *(const size_t *)arg;
+}
+
+static bool of_store(const struct hnode *n, size_t idx, const void *arg)
+{
+	(void)idx;
+	return n->s == arg;
+}
+
+/* Insert a new entry holding the caller's reference and the cache's; the
+ * cache then lets go of entries past its `keep` newest. */
+static void hcache_insert(struct hcache *c, struct hnode *n, ckpt_store *s)
+{
+	n->s = s;
+	n->refs = 2;
+	n->kept = true;
+	pthread_mutex_lock(&c->lock);
+	n->next = c->head;
+	c->head = n;
+	pthread_mutex_unlock(&c->lock);
+	while (hcache_release_one(c, past_keep, &c->keep))
+		;
+}
+
+/* The first entry match() accepts, with a reference taken, or NULL. */
+static struct hnode *hcache_find(struct hcache *c, bool (*match)(const struct hnode *n,
+								 const void *key),
+				 const void *key)
+{
+	struct hnode *n;
+
+	pthread_mutex_lock(&c->lock);
+	for (n = c->head; n; n = n->next)
+		if (match(n, key))
+			break;
+	if (n)
+		n->refs++;
+	pthread_mutex_unlock(&c->lock);
+	return n;
+}
+
 /* Parsed sources are shared by every view built while they are unchanged
  * (several layouts of one directory parse each header once). */
 struct srcdata {
-	ckpt_store *s;
+	struct hnode node;
 	uint64_t ino, size;
 	int64_t mtime_ns;
 	struct ckpt_extent_list *ext;
@@ -55,18 +163,14 @@ struct srcdata {
 	bool has_nl;
 	uint64_t nl;
 	void *blob;
-	int refs;             /* protected by src_lock */
-	bool kept;            /* the cache holds one of the refs */
-	struct srcdata *next; /* protected by src_lock */
 };
 
-static pthread_mutex_t src_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct srcdata *src_cache; /* protected by src_lock; newest first */
+static void srcdata_destroy(struct hnode *n);
 
-/* The cache itself holds a reference on its SRC_KEEP newest entries, so a
- * header parsed ahead of time (ckpt_view_prefetch) or for a view since
- * dropped is still there for the next view. */
-#define SRC_KEEP 64
+/* The cache keeps its 64 newest parses, so a header parsed ahead of time
+ * (ckpt_view_prefetch) or for a view since dropped is still there for the
+ * next view. */
+static struct hcache src_cache = { PTHREAD_MUTEX_INITIALIZER, NULL, 64, srcdata_destroy };
 
 struct src {
 	uint64_t ino;
@@ -86,22 +190,10 @@ struct src {
 	struct srcdata *cached;
 };
 
-static void srcdata_unref(struct srcdata *d)
+static void srcdata_destroy(struct hnode *n)
 {
-	struct srcdata **pp;
+	struct srcdata *d = hcache_entry(n, struct srcdata);
 
-	if (!d)
-		return;
-	pthread_mutex_lock(&src_lock);
-	if (--d->refs > 0) {
-		pthread_mutex_unlock(&src_lock);
-		return;
-	}
-	for (pp = &src_cache; *pp && *pp != d; pp = &(*pp)->next)
-		;
-	if (*pp)
-		*pp = d->next;
-	pthread_mutex_unlock(&src_lock);
 	ckpt_extent_list_free(d->ext);
 	ckpt_st_header_free(d->hdr);
 	ckpt_shardmeta_free(d->meta);
@@ -109,6 +201,12 @@ static void srcdata_unref(struct srcdata *d)
 	free(d->tensors);
 	free(d->blob);
 	free(d);
+}
+
+static void srcdata_unref(struct srcdata *d)
+{
+	if (d)
+		hnode_unref(&src_cache, &d->node);
 }
 
 struct piece {
@@ -162,7 +260,7 @@ struct vfile_plan {
 /* The layout-independent part of a view (sources, pieces, global tensors,
  * groups), shared by the views of every layout of one unchanged directory. */
 struct vmodel {
-	ckpt_store *s;
+	struct hnode node;
 	uint64_t dir, sig;
 	const ckpt_tp_rules *rules;
 	int64_t mtime_ns;
@@ -174,9 +272,6 @@ struct vmodel {
 	size_t ngts;
 	struct vgroup *groups;
 	size_t ngroups;
-	int refs;             /* protected by model_lock */
-	bool kept;            /* the cache holds one of the refs */
-	struct vmodel *next;  /* protected by model_lock */
 };
 
 struct ckpt_view {
@@ -233,9 +328,8 @@ void ckpt_view_ref(ckpt_view *v)
 	atomic_fetch_add(&v->refs, 1);
 }
 
-static pthread_mutex_t model_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct vmodel *models; /* protected by model_lock; newest first */
-#define MODEL_KEEP 16
+static void model_destroy(struct hnode *n);
+static struct hcache model_cache = { PTHREAD_MUTEX_INITIALIZER, NULL, 16, model_destroy };
 
 static void model_parts_free(struct src *srcs, size_t nsrcs, struct piece *pieces,
 			     struct gtensor *gts, size_t ngts, struct vgroup *groups,
@@ -255,24 +349,18 @@ static void model_parts_free(struct src *srcs, size_t nsrcs, struct piece *piece
 	free(groups);
 }
 
-static void model_unref(struct vmodel *m)
+static void model_destroy(struct hnode *n)
 {
-	struct vmodel **pp;
+	struct vmodel *m = hcache_entry(n, struct vmodel);
 
-	if (!m)
-		return;
-	pthread_mutex_lock(&model_lock);
-	if (--m->refs > 0) {
-		pthread_mutex_unlock(&model_lock);
-		return;
-	}
-	for (pp = &models; *pp && *pp != m; pp = &(*pp)->next)
-		;
-	if (*pp)
-		*pp = m->next;
-	pthread_mutex_unlock(&model_lock);
 	model_parts_free(m->srcs, m->nsrcs, m->pieces, m->gts, m->ngts, m->groups, m->ngroups);
 	free(m);
+}
+
+static void model_unref(struct vmodel *m)
+{
+	if (m)
+		hnode_unref(&model_cache, &m->node);
 }
 
 static void view_destroy(ckpt_view *v)
@@ -691,7 +779,6 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 			goto bad;
 	}
 	d->ntensors = nt;
-	d->s = s;
 	d->ino = src->ino;
 	d->size = size;
 	d->mtime_ns = src->mtime_ns;
@@ -710,30 +797,36 @@ bad:
 	return NULL;
 }
 
+struct src_key {
+	ckpt_store *s;
+	uint64_t ino, size;
+	int64_t mtime_ns;
+};
+
+static bool src_match(const struct hnode *n, const void *key)
+{
+	const struct srcdata *d = hcache_entry(n, const struct srcdata);
+	const struct src_key *k = key;
+
+	return n->s == k->s && d->ino == k->ino && d->size == k->size &&
+	       d->mtime_ns == k->mtime_ns;
+}
+
 /* Parse a source, or share the parse of an unchanged one. */
 static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err, size_t errlen)
 {
 	struct srcdata *d;
 	int r;
 
-	pthread_mutex_lock(&src_lock);
-	for (d = src_cache; d; d = d->next)
-		if (d->s == s && d->ino == src->ino && d->size == size &&
-		    d->mtime_ns == src->mtime_ns)
-			break;
-	if (d)
-		d->refs++;
-	pthread_mutex_unlock(&src_lock);
+	{
+		struct src_key key = { s, src->ino, size, src->mtime_ns };
+		struct hnode *n = hcache_find(&src_cache, src_match, &key);
+		d = n ? hcache_entry(n, struct srcdata) : NULL;
+	}
 	if (!d && (d = load_parse_record(s, src, size)) != NULL) {
 		/* parsed on an earlier mount: no JSON to parse */
-		d->refs = 2;
-		d->kept = true;
-		pthread_mutex_lock(&src_lock);
-		d->next = src_cache;
-		src_cache = d;
-		pthread_mutex_unlock(&src_lock);
+		hcache_insert(&src_cache, &d->node, s);
 	} else if (!d) {
-		bool from_record = false;
 		r = parse_source(s, src, err, errlen);
 		if (r < 0) {
 			ckpt_extent_list_free(src->ext);
@@ -751,7 +844,6 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 			ckpt_shardmeta_free(src->meta);
 			return -ENOMEM;
 		}
-		d->s = s;
 		d->ino = src->ino;
 		d->size = size;
 		d->mtime_ns = src->mtime_ns;
@@ -775,26 +867,8 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 			d->group = ckpt_shardmeta_group(d->meta);
 			d->has_nl = ckpt_shardmeta_num_layers(d->meta, &d->nl);
 		}
-		if (!from_record)
-			persist_parse(s, d, src->ext);
-		d->refs = 2; /* the caller's and the cache's */
-		d->kept = true;
-		pthread_mutex_lock(&src_lock);
-		d->next = src_cache;
-		src_cache = d;
-		{
-			/* drop the cache's hold on entries past SRC_KEEP */
-			struct srcdata *e = src_cache, *drop[16];
-			size_t k = 0, nd = 0;
-			for (; e; e = e->next, k++)
-				if (k >= SRC_KEEP && e->kept && nd < CKPT_ARRAY_SIZE(drop)) {
-					e->kept = false;
-					drop[nd++] = e;
-				}
-			pthread_mutex_unlock(&src_lock);
-			for (size_t i = 0; i < nd; i++)
-				srcdata_unref(drop[i]);
-		}
+		persist_parse(s, d, src->ext);
+		hcache_insert(&src_cache, &d->node, s);
 	}
 	src->cached = d;
 	src->ext = d->ext;
@@ -1246,18 +1320,27 @@ static int ensure_plan(ckpt_view *v, size_t i)
 	return r;
 }
 
+struct model_key {
+	ckpt_store *s;
+	uint64_t dir, sig;
+	const ckpt_tp_rules *rules;
+};
+
+static bool model_match(const struct hnode *n, const void *key)
+{
+	const struct vmodel *m = hcache_entry(n, const struct vmodel);
+	const struct model_key *k = key;
+
+	return n->s == k->s && m->dir == k->dir && m->sig == k->sig && m->rules == k->rules;
+}
+
 /* Point v at the cached model of (dir, v->sig, rules), if any. */
 static bool model_get(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
 {
-	struct vmodel *m;
+	struct model_key key = { v->s, dir, v->sig, rules };
+	struct hnode *n = hcache_find(&model_cache, model_match, &key);
+	struct vmodel *m = n ? hcache_entry(n, struct vmodel) : NULL;
 
-	pthread_mutex_lock(&model_lock);
-	for (m = models; m; m = m->next)
-		if (m->s == v->s && m->dir == dir && m->sig == v->sig && m->rules == rules)
-			break;
-	if (m)
-		m->refs++;
-	pthread_mutex_unlock(&model_lock);
 	if (!m)
 		return false;
 	v->model = m;
@@ -1276,12 +1359,10 @@ static bool model_get(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
 /* Hand v's freshly built model to the cache (v keeps using it). */
 static void model_put(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
 {
-	struct vmodel *m = calloc(1, sizeof(*m)), *e, *drop[4];
-	size_t k = 0, nd = 0;
+	struct vmodel *m = calloc(1, sizeof(*m));
 
 	if (!m)
 		return;
-	m->s = v->s;
 	m->dir = dir;
 	m->sig = v->sig;
 	m->rules = rules;
@@ -1294,21 +1375,8 @@ static void model_put(ckpt_view *v, uint64_t dir, const ckpt_tp_rules *rules)
 	m->ngts = v->ngts;
 	m->groups = v->groups;
 	m->ngroups = v->ngroups;
-	m->refs = 2; /* v's and the cache's */
-	m->kept = true;
 	v->model = m;
-	pthread_mutex_lock(&model_lock);
-	m->next = models;
-	models = m;
-	for (e = models; e; e = e->next, k++) {
-		if (k >= MODEL_KEEP && e->kept && nd < CKPT_ARRAY_SIZE(drop)) {
-			e->kept = false;
-			drop[nd++] = e;
-		}
-	}
-	pthread_mutex_unlock(&model_lock);
-	for (size_t i = 0; i < nd; i++)
-		model_unref(drop[i]);
+	hcache_insert(&model_cache, &m->node, v->s); /* v's reference and the cache's */
 }
 
 int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
@@ -1357,34 +1425,10 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 
 void ckpt_view_forget_store(ckpt_store *s)
 {
-	struct srcdata *drop[64];
-	struct vmodel *mdrop[MODEL_KEEP + 4];
-	size_t nd, nm;
-
-	do { /* the cache's holds on parsed sources */
-		nd = 0;
-		pthread_mutex_lock(&src_lock);
-		for (struct srcdata *e = src_cache; e && nd < CKPT_ARRAY_SIZE(drop); e = e->next)
-			if (e->s == s && e->kept) {
-				e->kept = false;
-				drop[nd++] = e;
-			}
-		pthread_mutex_unlock(&src_lock);
-		for (size_t i = 0; i < nd; i++)
-			srcdata_unref(drop[i]);
-	} while (nd == CKPT_ARRAY_SIZE(drop));
-	do { /* and on models */
-		nm = 0;
-		pthread_mutex_lock(&model_lock);
-		for (struct vmodel *m = models; m && nm < CKPT_ARRAY_SIZE(mdrop); m = m->next)
-			if (m->s == s && m->kept) {
-				m->kept = false;
-				mdrop[nm++] = m;
-			}
-		pthread_mutex_unlock(&model_lock);
-		for (size_t i = 0; i < nm; i++)
-			model_unref(mdrop[i]);
-	} while (nm == CKPT_ARRAY_SIZE(mdrop));
+	while (hcache_release_one(&src_cache, of_store, s))
+		;
+	while (hcache_release_one(&model_cache, of_store, s))
+		;
 }
 
 int ckpt_view_prefetch(ckpt_store *s, uint64_t ino)
