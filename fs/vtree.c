@@ -283,6 +283,17 @@ static int vnode_find(uint64_t vino, struct vnode **ret)
 	return 0;
 }
 
+/* The cache entry of (layout, dir), or NULL.  Caller holds vt.lock. */
+static struct vcache *vcache_find_locked(const struct ckpt_layout *l, uint64_t dir)
+{
+	struct vcache *c;
+
+	for (c = vt.cache; c; c = c->next)
+		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
+			break;
+	return c;
+}
+
 /* The view of (layout, dir), rebuilt if its sources changed.  Returns a
  * reference. */
 static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
@@ -295,9 +306,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 
 	pthread_mutex_lock(&vt.lock);
 	gen = vt.gen;
-	for (c = vt.cache; c; c = c->next)
-		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
-			break;
+	c = vcache_find_locked(l, dir);
 	if (c && c->gen == gen) {
 		v = c->view;
 		ckpt_view_ref(v);
@@ -311,9 +320,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&vt.lock);
-	for (c = vt.cache; c; c = c->next)
-		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
-			break;
+	c = vcache_find_locked(l, dir);
 	if (c && ckpt_view_sig(c->view) == sig) {
 		c->gen = gen;
 		v = c->view;
@@ -334,9 +341,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 		return r;
 	}
 	pthread_mutex_lock(&vt.lock);
-	for (c = vt.cache; c; c = c->next)
-		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
-			break;
+	c = vcache_find_locked(l, dir);
 	if (!c && (c = calloc(1, sizeof(*c)))) {
 		c->dir = dir;
 		c->layout = *l;
