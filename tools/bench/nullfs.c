@@ -9,6 +9,8 @@
  * the file size; a read returns zeros up to the size.
  *
  * usage: nullfs MOUNTPOINT [-f] [-s] [-o opt,...]
+ *   -o direct_read   read-only handles bypass the page cache too (direct_io),
+ *                    to compare page-cache reads with direct reads
  *
  * All state (the inode table) lives in one struct guarded by one mutex; inodes
  * are never freed before unmount.  Not meant for anything but benchmarks.
@@ -48,6 +50,7 @@ static struct {
 	size_t n;
 	size_t cap;
 	uint8_t zeros[NULLFS_IO_MAX];
+	int direct_read;	/* -o direct_read; set before the loop starts */
 } nfs = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
 };
@@ -258,7 +261,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		fuse_reply_err(req, ENOENT);
 		return;
 	}
-	fi->direct_io = (fi->flags & O_ACCMODE) != O_RDONLY;
+	fi->direct_io = (fi->flags & O_ACCMODE) != O_RDONLY || nfs.direct_read;
 	fi->keep_cache = 0;
 	fuse_reply_open(req, fi);
 }
@@ -486,7 +489,14 @@ int main(int argc, char *argv[])
 	fuse_ino_t root;
 	int ret = 1;
 
+	static const struct fuse_opt nopts[] = {
+		{ "direct_read", 0, 1 },
+		FUSE_OPT_END
+	};
+
 	memset(&cmd, 0, sizeof(cmd));
+	if (fuse_opt_parse(&args, &nfs.direct_read, nopts, NULL) != 0)
+		goto out;
 	if (fuse_parse_cmdline(&args, &cmd) != 0)
 		goto out;
 	if (cmd.show_help || !cmd.mountpoint) {
