@@ -23,12 +23,14 @@ struct ckpt_cache_entry {
 	size_t len;
 	unsigned pins;
 	bool dead; /* forgotten while pinned: free at last release */
+	bool loading; /* placeholder: its owner is loading the data (len 0) */
 	struct ckpt_cache_entry *hnext;
 	struct ckpt_cache_entry *lru_prev, *lru_next; /* valid iff pins == 0 */
 };
 
 struct ckpt_cache {
 	pthread_mutex_t lock;
+	pthread_cond_t loaded; /* broadcast when a placeholder is filled or abandoned */
 	/* Fields below are protected by lock. */
 	uint64_t capacity;
 	uint64_t bytes;
@@ -60,6 +62,7 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->loaded, NULL);
 	c->capacity = capacity;
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
 	*ret_cache = c;
@@ -146,6 +149,7 @@ void ckpt_cache_free(ckpt_cache *c)
 		}
 	}
 	free(c->buckets);
+	pthread_cond_destroy(&c->loaded);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -172,6 +176,8 @@ ckpt_cache_entry *ckpt_cache_lookup(ckpt_cache *c, const ckpt_digest *d,
 
 	pthread_mutex_lock(&c->lock);
 	e = find_locked(c, d);
+	if (e && e->loading)
+		e = NULL;
 	if (e) {
 		pin_locked(e);
 		c->stats.hits++;
@@ -190,7 +196,8 @@ ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t
 	struct ckpt_cache_entry *e;
 
 	pthread_mutex_lock(&c->lock);
-	e = find_locked(c, d);
+	while ((e = find_locked(c, d)) && e->loading)
+		pthread_cond_wait(&c->loaded, &c->lock);
 	if (e) {
 		free(data);
 		pin_locked(e);
@@ -241,7 +248,7 @@ void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d)
 
 	pthread_mutex_lock(&c->lock);
 	e = find_locked(c, d);
-	if (e) {
+	if (e && !e->loading) {
 		hash_unlink(c, e);
 		if (e->pins == 0) {
 			lru_unlink(e);
@@ -251,6 +258,91 @@ void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d)
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
+}
+
+/* New placeholder for d, pinned once; caller holds the lock and knows d is absent. */
+static struct ckpt_cache_entry *placeholder_locked(ckpt_cache *c, const ckpt_digest *d)
+{
+	struct ckpt_cache_entry *e = calloc(1, sizeof(*e));
+
+	if (!e)
+		return NULL;
+	e->digest = *d;
+	e->loading = true;
+	e->pins = 1;
+	e->hnext = c->buckets[bucket_of(c, d)];
+	c->buckets[bucket_of(c, d)] = e;
+	c->nentries++;
+	if (c->nentries > c->nbuckets)
+		grow_locked(c);
+	return e;
+}
+
+ckpt_cache_entry *ckpt_cache_acquire(ckpt_cache *c, const ckpt_digest *d,
+				     const uint8_t **ret_data, size_t *ret_len, bool *ret_fill)
+{
+	struct ckpt_cache_entry *e;
+
+	*ret_fill = false;
+	pthread_mutex_lock(&c->lock);
+	while ((e = find_locked(c, d)) && e->loading)
+		pthread_cond_wait(&c->loaded, &c->lock);
+	if (e) {
+		pin_locked(e);
+		c->stats.hits++;
+		*ret_data = e->data;
+		*ret_len = e->len;
+	} else {
+		c->stats.misses++;
+		e = placeholder_locked(c, d);
+		*ret_fill = e != NULL;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return e;
+}
+
+ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d)
+{
+	struct ckpt_cache_entry *e = NULL;
+
+	pthread_mutex_lock(&c->lock);
+	if (!find_locked(c, d))
+		e = placeholder_locked(c, d);
+	pthread_mutex_unlock(&c->lock);
+	return e;
+}
+
+bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d)
+{
+	bool r;
+
+	pthread_mutex_lock(&c->lock);
+	r = find_locked(c, d) != NULL;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len)
+{
+	pthread_mutex_lock(&c->lock);
+	e->data = data;
+	e->len = len;
+	e->loading = false;
+	c->bytes += len;
+	evict_locked(c);
+	pthread_cond_broadcast(&c->loaded);
+	pthread_mutex_unlock(&c->lock);
+	return data;
+}
+
+void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e)
+{
+	pthread_mutex_lock(&c->lock);
+	hash_unlink(c, e);
+	c->nentries--;
+	pthread_cond_broadcast(&c->loaded);
+	pthread_mutex_unlock(&c->lock);
+	free(e);
 }
 
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)

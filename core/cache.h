@@ -15,6 +15,7 @@
 #ifndef CKPT_CACHE_H
 #define CKPT_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -41,7 +42,33 @@ ckpt_cache_entry *ckpt_cache_lookup(ckpt_cache *c, const ckpt_digest *d,
 ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t *data,
 				    size_t len, const uint8_t **ret_data);
 
-/* Unpin an entry returned by lookup or insert. */
+/*
+ * Single-flight loading.  Entries may be placeholders whose data one thread
+ * (the owner) is loading; lookup treats them as misses, insert, acquire wait
+ * for them.
+ *
+ * acquire: on a hit returns the pinned entry with its data (*ret_fill false),
+ * waiting first if the digest is being loaded.  On a miss inserts a
+ * placeholder and returns it pinned with *ret_fill true: the caller must load
+ * the data and call ckpt_cache_fill() or ckpt_cache_abandon().  NULL only on
+ * allocation failure.
+ * reserve: a pinned placeholder if d is absent (the caller must fill or
+ * abandon it), else NULL (present, being loaded, or no memory): for
+ * prefetching, which never waits.
+ * fill: give the placeholder its data (malloc'd, ownership passes); the entry
+ * stays pinned by the caller; returns data.
+ * abandon: drop a placeholder that could not be loaded (waiters retry).
+ */
+ckpt_cache_entry *ckpt_cache_acquire(ckpt_cache *c, const ckpt_digest *d,
+				     const uint8_t **ret_data, size_t *ret_len, bool *ret_fill);
+ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d);
+const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len);
+void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e);
+/* Whether d is cached or being loaded (no pin; may change at once). */
+bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d);
+
+/* Unpin an entry returned by lookup, insert, acquire or reserve (after
+ * fill). */
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
 
 /* Drop a digest if present and unpinned (used when a chunk is found damaged). */

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_d_forceIgnoreChecksum */
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -477,6 +478,13 @@ int ckpt_decompressor_new(ckpt_decompressor **ret)
 	}
 	*ret = d;
 	return 0;
+}
+
+void ckpt_decompressor_skip_checksum(ckpt_decompressor *d)
+{
+	if (d)
+		ZSTD_DCtx_setParameter(d->dctx, ZSTD_d_forceIgnoreChecksum,
+				       ZSTD_d_ignoreChecksum);
 }
 
 void ckpt_decompressor_free(ckpt_decompressor *d)

@@ -96,6 +96,16 @@ typedef struct ckpt_decompressor ckpt_decompressor;
 /* Create a decompressor.  Returns 0, -EINVAL (ret NULL) or -ENOMEM. */
 int ckpt_decompressor_new(ckpt_decompressor **ret);
 
+/*
+ * Stop verifying zstd frame checksums (XXH64 of the decoded bytes) in d.
+ * Only for callers that verify the decoded bytes themselves: the store
+ * checks every chunk against its keyed digest, which makes the frame
+ * checksum a second pass over the same bytes (about a third of the
+ * decompression time of shuffled bf16 here).  Corrupt frames are still
+ * rejected when they do not decode to exactly raw_len bytes.
+ */
+void ckpt_decompressor_skip_checksum(ckpt_decompressor *d);
+
 /* Free a decompressor.  Accepts NULL. */
 void ckpt_decompressor_free(ckpt_decompressor *d);
 

@@ -176,6 +176,8 @@ static struct tls_ctx *tls_get(ckpt_store *s)
 		tls_free(t);
 		return NULL;
 	}
+	/* every decoded chunk is checked against its keyed digest */
+	ckpt_decompressor_skip_checksum(t->dc);
 	pthread_setspecific(s->tls_key, t);
 	return t;
 }
@@ -495,45 +497,109 @@ out:
 	return r;
 }
 
-int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
-			  size_t len)
+/* Read and verify chunk d (uncached) into a new malloc'd buffer. */
+static int load_chunk(ckpt_store *s, const ckpt_digest *d, uint8_t **ret_buf, size_t *ret_len)
 {
 	struct ckpt_chunk_loc loc;
-	ckpt_cache_entry *e;
-	const uint8_t *data;
-	size_t dlen;
 	uint8_t *buf;
 	int r;
 
-	e = ckpt_cache_lookup(s->cache, d, &data, &dlen);
-	if (!e) {
-		r = ckpt_store_chunk_loc(s, d, &loc, NULL);
-		if (r < 0)
-			return r == -ENOENT ? -EIO : r;
-		buf = malloc(loc.raw_len ? loc.raw_len : 1);
-		if (!buf)
-			return -ENOMEM;
-		r = ckpt_store_verify_chunk(s, d, &loc, buf);
-		if (r == -EIO) {
-			/* background work may have moved the chunk (and deleted
-			 * its old pack) between the lookup and the read */
-			struct ckpt_chunk_loc now;
-			if (ckpt_store_chunk_loc(s, d, &now, NULL) == 0 &&
-			    (now.pack_id != loc.pack_id || now.offset != loc.offset) &&
-			    now.raw_len == loc.raw_len) {
-				loc = now;
-				r = ckpt_store_verify_chunk(s, d, &loc, buf);
-			}
+	r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+	if (r < 0)
+		return r == -ENOENT ? -EIO : r;
+	buf = malloc(loc.raw_len ? loc.raw_len : 1);
+	if (!buf)
+		return -ENOMEM;
+	r = ckpt_store_verify_chunk(s, d, &loc, buf);
+	if (r == -EIO) {
+		/* background work may have moved the chunk (and deleted
+		 * its old pack) between the lookup and the read */
+		struct ckpt_chunk_loc now;
+		if (ckpt_store_chunk_loc(s, d, &now, NULL) == 0 &&
+		    (now.pack_id != loc.pack_id || now.offset != loc.offset) &&
+		    now.raw_len == loc.raw_len) {
+			loc = now;
+			r = ckpt_store_verify_chunk(s, d, &loc, buf);
 		}
+	}
+	if (r < 0) {
+		free(buf);
+		return r;
+	}
+	*ret_buf = buf;
+	*ret_len = loc.raw_len;
+	return 0;
+}
+
+int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, ckpt_cache_entry **ret_entry,
+			 const uint8_t **ret_data, size_t *ret_len)
+{
+	ckpt_cache_entry *e;
+	const uint8_t *data = NULL;
+	size_t dlen = 0;
+	uint8_t *buf;
+	bool fill;
+	int r;
+
+	/* Single flight: a chunk being loaded (by another reader or by
+	 * read-ahead) is waited for, not loaded twice. */
+	e = ckpt_cache_acquire(s->cache, d, &data, &dlen, &fill);
+	if (!e)
+		return -ENOMEM;
+	if (fill) {
+		r = load_chunk(s, d, &buf, &dlen);
 		if (r < 0) {
-			free(buf);
+			ckpt_cache_abandon(s->cache, e);
 			return r;
 		}
-		e = ckpt_cache_insert(s->cache, d, buf, loc.raw_len, &data);
-		if (!e)
-			return -ENOMEM;
-		dlen = loc.raw_len;
+		data = ckpt_cache_fill(s->cache, e, buf, dlen);
 	}
+	*ret_entry = e;
+	*ret_data = data;
+	*ret_len = dlen;
+	return 0;
+}
+
+void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e)
+{
+	ckpt_cache_release(s->cache, e);
+}
+
+int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d)
+{
+	ckpt_cache_entry *e = ckpt_cache_reserve(s->cache, d);
+	uint8_t *buf;
+	size_t len;
+	int r;
+
+	if (!e)
+		return 0; /* cached, being loaded, or no memory: nothing to do */
+	r = load_chunk(s, d, &buf, &len);
+	if (r < 0) {
+		ckpt_cache_abandon(s->cache, e);
+		return r;
+	}
+	ckpt_cache_fill(s->cache, e, buf, len);
+	ckpt_cache_release(s->cache, e);
+	return 0;
+}
+
+bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d)
+{
+	return ckpt_cache_contains(s->cache, d);
+}
+
+int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
+			  size_t len)
+{
+	ckpt_cache_entry *e;
+	const uint8_t *data;
+	size_t dlen;
+	int r;
+
+	r = ckpt_store_chunk_get(s, d, &e, &data, &dlen);
+	if (r < 0)
+		return r;
 	if (off > dlen || len > dlen - off) {
 		r = -EIO;
 	} else {
@@ -1213,18 +1279,39 @@ static int requeue_deferred(ckpt_store *s)
 
 /* ---------------------------------------------------------------- files */
 
-ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,
-				size_t len, uint64_t off)
+void ckpt_read_cursor_init(struct ckpt_read_cursor *c, const struct ckpt_extent_list *l)
 {
+	memset(c, 0, sizeof(*c));
+	c->l = l;
+}
+
+void ckpt_store_cursor_done(ckpt_store *s, struct ckpt_read_cursor *c)
+{
+	if (c->e)
+		ckpt_cache_release(s->cache, c->e);
+	c->e = NULL;
+}
+
+ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *dst, size_t len,
+			       uint64_t off)
+{
+	const struct ckpt_extent_list *l = c->l;
 	uint8_t *p = dst;
 	size_t done = 0;
-	size_t i;
+	size_t i = c->hint;
 
 	if (off >= l->size)
 		return 0;
 	if (len > l->size - off)
 		len = (size_t)(l->size - off);
-	i = ckpt_extent_list_find(l, off);
+	/* Views read many short runs in order: try the last extent and the
+	 * next one before searching. */
+	if (!(i < l->n && l->v[i].off <= off && off - l->v[i].off < l->v[i].len)) {
+		if (i + 1 < l->n && l->v[i + 1].off <= off && off - l->v[i + 1].off < l->v[i + 1].len)
+			i++;
+		else
+			i = ckpt_extent_list_find(l, off);
+	}
 	while (done < len && i < l->n) {
 		const struct ckpt_extent *e = &l->v[i];
 		uint64_t in = off + done - e->off;
@@ -1232,14 +1319,57 @@ ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l,
 		if (e->kind == CKPT_EXT_ZERO) {
 			memset(p + done, 0, n);
 		} else {
-			int r = ckpt_store_read_chunk(s, &e->digest, in, p + done, n);
-			if (r < 0)
-				return r;
+			if (!c->e || c->ei != i) {
+				ckpt_store_cursor_done(s, c);
+				int r = ckpt_store_chunk_get(s, &e->digest, &c->e, &c->data,
+							     &c->dlen);
+				if (r < 0)
+					return r;
+				c->ei = i;
+			}
+			if (in > c->dlen || n > c->dlen - in)
+				return -EIO;
+			memcpy(p + done, c->data + in, n);
 		}
+		c->hint = i;
 		done += n;
 		i++;
 	}
 	return (ssize_t)done;
+}
+
+ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,
+				size_t len, uint64_t off)
+{
+	struct ckpt_read_cursor c;
+	ssize_t r;
+
+	ckpt_read_cursor_init(&c, l);
+	r = ckpt_store_cursor_read(s, &c, dst, len, off);
+	ckpt_store_cursor_done(s, &c);
+	return r;
+}
+
+size_t ckpt_store_prefetch_list(const struct ckpt_extent_list *l, uint64_t off, uint64_t len,
+				ckpt_digest *out, size_t max, const ckpt_digest *skip)
+{
+	size_t n = 0, i;
+
+	if (off >= l->size)
+		return 0;
+	if (len > l->size - off)
+		len = l->size - off;
+	for (i = ckpt_extent_list_find(l, off); i < l->n && l->v[i].off < off + len && n < max;
+	     i++) {
+		const struct ckpt_extent *e = &l->v[i];
+		if (e->kind == CKPT_EXT_ZERO)
+			continue;
+		if (n ? !memcmp(out[n - 1].bytes, e->digest.bytes, CKPT_DIGEST_LEN) :
+			(skip && !memcmp(skip->bytes, e->digest.bytes, CKPT_DIGEST_LEN)))
+			continue;
+		out[n++] = e->digest;
+	}
+	return n;
 }
 
 int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)

@@ -51,6 +51,7 @@
 #include <sys/statvfs.h>
 #include <sys/types.h>
 
+#include "cache.h"
 #include "hash.h"
 #include "index.h"
 
@@ -108,6 +109,17 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
  * unknown (a file naming a chunk the store lacks is damaged too). */
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
 			  size_t len);
+/* Pin chunk d in the chunk cache, loading and verifying it on a miss (one
+ * load per chunk however many threads ask at once); *ret_data holds
+ * *ret_len bytes until ckpt_store_chunk_put(). */
+int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, ckpt_cache_entry **ret_entry,
+			 const uint8_t **ret_data, size_t *ret_len);
+void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
+/* Load chunk d into the chunk cache unless it is there or being loaded
+ * (read-ahead).  Returns 0 or the load's error (nothing is cached then). */
+int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d);
+/* Whether d is in the chunk cache or being loaded (a hint). */
+bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d);
 /* Location of a chunk (pending or indexed). */
 int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
 			 uint64_t *ret_refcount);
@@ -122,6 +134,25 @@ int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
  * number of bytes read (short at end of content) or -errno. */
 ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,
 				size_t len, uint64_t off);
+/* A read position in l for many reads in ascending order (views): keeps
+ * the extent index and the last chunk pinned between reads.  Call
+ * ckpt_store_cursor_done() to unpin; the cursor can be reused after. */
+struct ckpt_read_cursor {
+	const struct ckpt_extent_list *l;
+	size_t hint, ei;
+	ckpt_cache_entry *e; /* pinned chunk of extent ei, or NULL */
+	const uint8_t *data;
+	size_t dlen;
+};
+void ckpt_read_cursor_init(struct ckpt_read_cursor *c, const struct ckpt_extent_list *l);
+ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *dst, size_t len,
+			       uint64_t off);
+void ckpt_store_cursor_done(ckpt_store *s, struct ckpt_read_cursor *c);
+/* Digests of the chunks under [off, off+len) of l, in order, at most max,
+ * consecutive repeats and a first one equal to skip (may be NULL) left out.
+ * Returns how many were written to out. */
+size_t ckpt_store_prefetch_list(const struct ckpt_extent_list *l, uint64_t off, uint64_t len,
+				ckpt_digest *out, size_t max, const ckpt_digest *skip);
 /* Load the committed extent list of regular file ino (empty list if none). */
 int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
 /* Atomically replace the content of regular file ino with l (see the

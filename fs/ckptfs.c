@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "file.h"
+#include "readahead.h"
 #include "shardmeta.h"
 #include "store.h"
 #include "util.h"
@@ -79,6 +80,7 @@ struct handle {
 	struct ckpt_extent_list *snap; /* read-only handles */
 	uint64_t version;
 	struct vtree_file *vf;         /* files of the virtual view trees */
+	struct ckpt_ra_window ra;      /* read-only handles: read-ahead state */
 };
 
 struct dir_handle {
@@ -88,6 +90,7 @@ struct dir_handle {
 
 static struct {
 	ckpt_store *store;
+	ckpt_readahead *ra; /* NULL: read-ahead off */
 	ckpt_pool *pool;
 	struct fuse_session *se;
 	/* Kernel cache invalidations, sent from their own thread (sending
@@ -888,6 +891,42 @@ static int refresh_snapshot(fuse_ino_t ino, struct handle *h)
 	return 0;
 }
 
+/*
+ * Read-ahead (core/readahead.h): a read that continues the handle's previous
+ * one queues the chunks of the next RA_WINDOW bytes for the workers before
+ * this request is served, so they are read and decompressed while this
+ * request and the next ones are.  The kernel's own read-ahead (1 MiB
+ * requests, see raise_readahead) stays on: it decides what is asked, this
+ * only makes the chunks ready.
+ */
+#define RA_WINDOW (8ull << 20)
+#define RA_MAX_CHUNKS 64
+
+static void read_ahead(struct handle *h, size_t size, off_t off)
+{
+	ckpt_digest d[RA_MAX_CHUNKS];
+	uint64_t from, to, fsize;
+	size_t n;
+
+	if (!fs.ra)
+		return;
+	if (h->vf) {
+		fsize = vtree_file_size(h->vf);
+		if (!ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to))
+			return;
+		n = vtree_chunks(h->vf, from, to - from, d, RA_MAX_CHUNKS);
+	} else {
+		pthread_rwlock_rdlock(&h->snap_lock);
+		fsize = h->snap->size;
+		n = 0;
+		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to))
+			n = ckpt_store_prefetch_list(h->snap, from, to - from, d, RA_MAX_CHUNKS,
+						     NULL);
+		pthread_rwlock_unlock(&h->snap_lock);
+	}
+	ckpt_readahead_submit(fs.ra, d, n);
+}
+
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
@@ -900,12 +939,14 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		return;
 	}
 	if (h->vf) {
+		read_ahead(h, size, off);
 		r = vtree_read(h->vf, buf, size, (uint64_t)off);
 	} else if (h->writable) {
 		r = ckpt_writer_read(h->node->writer, buf, size, (uint64_t)off);
 	} else {
 		r = refresh_snapshot(ino, h);
 		if (r == 0) {
+			read_ahead(h, size, off);
 			pthread_rwlock_rdlock(&h->snap_lock);
 			r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
 			pthread_rwlock_unlock(&h->snap_lock);
@@ -1161,6 +1202,7 @@ struct options {
 	char *tp_rules;
 	unsigned workers;
 	unsigned readahead_kb;
+	unsigned ra_workers;
 	int nonopt;
 };
 
@@ -1175,6 +1217,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
 	OPT("readahead_kb=%u", readahead_kb),
+	OPT("ra_workers=%u", ra_workers),
 	FUSE_OPT_END
 };
 
@@ -1228,6 +1271,8 @@ static void usage(const char *prog)
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
 	       "  -o readahead_kb=N    read-ahead of the mount in KiB (default 1024; 0 keeps\n"
 	       "                       the kernel's)\n"
+	       "  -o ra_workers=N      threads loading chunks ahead of sequential readers\n"
+	       "                       (default: two per CPU; 0 turns chunk read-ahead off)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1383,6 +1428,7 @@ int main(int argc, char **argv)
 	memset(&cmd, 0, sizeof(cmd));
 	o.compress = INT_MIN; /* unset */
 	o.readahead_kb = UINT_MAX; /* unset */
+	o.ra_workers = UINT_MAX;   /* unset */
 	/* Chunk and request buffers are 128 KiB..4 MiB: by default glibc serves
 	 * them with fresh mmap()s, and every page of every buffer is faulted in
 	 * and zeroed again (clear_page was ~10% of the write path).  Keep them
@@ -1468,6 +1514,14 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot start workers: %s\n", strerror(-r));
 		goto out;
 	}
+	if (o.ra_workers != 0) {
+		r = ckpt_readahead_new(fs.store, o.ra_workers == UINT_MAX ? 0 : o.ra_workers, 256,
+				       &fs.ra);
+		if (r < 0) {
+			report("ckptfs: cannot start read-ahead workers: %s\n", strerror(-r));
+			goto out;
+		}
+	}
 	pthread_mutex_init(&fs.nodes_lock, NULL);
 	vtree_init(fs.store, rules);
 	se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
@@ -1531,6 +1585,14 @@ out:
 	if (se)
 		fuse_session_destroy(se);
 	fuse_loop_cfg_destroy(lcfg);
+	if (fs.ra) {
+		struct ckpt_ra_stats st;
+		ckpt_readahead_get_stats(fs.ra, &st);
+		ckpt_info("read-ahead: %" PRIu64 " chunks queued, %" PRIu64 " loaded, %" PRIu64
+			  " found cached, %" PRIu64 " dropped (queue full), %" PRIu64 " failed",
+			  st.submitted, st.loaded, st.skipped, st.dropped, st.failed);
+	}
+	ckpt_readahead_free(fs.ra);
 	ckpt_pool_free(fs.pool);
 	if (fs.store) {
 		vtree_fini();

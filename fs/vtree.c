@@ -597,6 +597,19 @@ ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off)
 	return ckpt_store_read_extents(vt.s, f->snap, buf, len, off);
 }
 
+uint64_t vtree_file_size(const struct vtree_file *f)
+{
+	return f->vf ? ckpt_vfile_size(f->vf) : f->snap->size;
+}
+
+size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_digest *out,
+		    size_t max)
+{
+	if (f->vf)
+		return ckpt_vfile_chunks(f->vf, off, len, out, max);
+	return ckpt_store_prefetch_list(f->snap, off, len, out, max, NULL);
+}
+
 void vtree_close(struct vtree_file *f)
 {
 	if (!f)

@@ -56,6 +56,11 @@ struct vtree_file;
  * cannot be served; -EISDIR for directories. */
 int vtree_open(uint64_t vino, struct vtree_file **ret);
 ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off);
+/* Size of an open file, and the chunks behind [off, off+len) of it (for
+ * read-ahead; see ckpt_vfile_chunks()). */
+uint64_t vtree_file_size(const struct vtree_file *f);
+size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_digest *out,
+		    size_t max);
 void vtree_close(struct vtree_file *f);
 
 #endif

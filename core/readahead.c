@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * readahead.c - worker threads that load chunks ahead of sequential readers.
+ */
+#include "readahead.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define RA_MAX_THREADS 16
+#define RA_SLACK (4ull << 20) /* reads this far from the last one still count as sequential */
+
+struct ckpt_readahead {
+	ckpt_store *s;
+	pthread_mutex_t lock;
+	pthread_cond_t work;
+	/* Fields below are protected by lock. */
+	ckpt_digest *q; /* ring of queue_len digests */
+	unsigned qlen, qhead, qcount;
+	bool stop;
+	struct ckpt_ra_stats stats;
+	/* Set before the workers start. */
+	unsigned nthreads;
+	pthread_t threads[RA_MAX_THREADS];
+};
+
+static void *ra_main(void *arg)
+{
+	ckpt_readahead *ra = arg;
+
+	pthread_mutex_lock(&ra->lock);
+	for (;;) {
+		ckpt_digest d;
+		int r;
+
+		while (!ra->stop && ra->qcount == 0)
+			pthread_cond_wait(&ra->work, &ra->lock);
+		if (ra->stop)
+			break;
+		d = ra->q[ra->qhead];
+		ra->qhead = (ra->qhead + 1) % ra->qlen;
+		ra->qcount--;
+		pthread_mutex_unlock(&ra->lock);
+		if (ckpt_store_chunk_cached(ra->s, &d)) {
+			r = 1;
+		} else {
+			r = ckpt_store_prefetch_chunk(ra->s, &d);
+		}
+		pthread_mutex_lock(&ra->lock);
+		if (r > 0)
+			ra->stats.skipped++;
+		else if (r < 0)
+			ra->stats.failed++; /* the reader will hit (and report) it itself */
+		else
+			ra->stats.loaded++;
+	}
+	pthread_mutex_unlock(&ra->lock);
+	return NULL;
+}
+
+int ckpt_readahead_new(ckpt_store *s, unsigned nthreads, unsigned queue_len,
+		       ckpt_readahead **ret)
+{
+	ckpt_readahead *ra;
+	int r = 0;
+
+	if (!s || !ret || !queue_len)
+		return -EINVAL;
+	if (!nthreads) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		nthreads = n > 0 ? (unsigned)(2 * n) : 2;
+	}
+	if (nthreads > RA_MAX_THREADS)
+		nthreads = RA_MAX_THREADS;
+	ra = calloc(1, sizeof(*ra));
+	if (!ra)
+		return -ENOMEM;
+	ra->q = calloc(queue_len, sizeof(*ra->q));
+	if (!ra->q) {
+		free(ra);
+		return -ENOMEM;
+	}
+	ra->s = s;
+	ra->qlen = queue_len;
+	pthread_mutex_init(&ra->lock, NULL);
+	pthread_cond_init(&ra->work, NULL);
+	for (ra->nthreads = 0; ra->nthreads < nthreads; ra->nthreads++) {
+		r = -pthread_create(&ra->threads[ra->nthreads], NULL, ra_main, ra);
+		if (r < 0)
+			break;
+	}
+	if (ra->nthreads == 0) {
+		ckpt_readahead_free(ra);
+		return r;
+	}
+	*ret = ra;
+	return 0;
+}
+
+void ckpt_readahead_free(ckpt_readahead *ra)
+{
+	if (!ra)
+		return;
+	pthread_mutex_lock(&ra->lock);
+	ra->stop = true;
+	pthread_cond_broadcast(&ra->work);
+	pthread_mutex_unlock(&ra->lock);
+	for (unsigned i = 0; i < ra->nthreads; i++)
+		pthread_join(ra->threads[i], NULL);
+	pthread_cond_destroy(&ra->work);
+	pthread_mutex_destroy(&ra->lock);
+	free(ra->q);
+	free(ra);
+}
+
+void ckpt_readahead_submit(ckpt_readahead *ra, const ckpt_digest *d, size_t n)
+{
+	size_t added = 0;
+
+	if (!ra || !n)
+		return;
+	pthread_mutex_lock(&ra->lock);
+	for (size_t i = 0; i < n; i++) {
+		ra->stats.submitted++;
+		if (ra->qcount == ra->qlen) {
+			ra->stats.dropped += n - i;
+			break;
+		}
+		ra->q[(ra->qhead + ra->qcount) % ra->qlen] = d[i];
+		ra->qcount++;
+		added++;
+	}
+	if (added == 1)
+		pthread_cond_signal(&ra->work);
+	else if (added > 1)
+		pthread_cond_broadcast(&ra->work);
+	pthread_mutex_unlock(&ra->lock);
+}
+
+void ckpt_readahead_get_stats(ckpt_readahead *ra, struct ckpt_ra_stats *ret)
+{
+	pthread_mutex_lock(&ra->lock);
+	*ret = ra->stats;
+	pthread_mutex_unlock(&ra->lock);
+}
+
+bool ckpt_ra_window_next(struct ckpt_ra_window *w, uint64_t off, uint64_t len, uint64_t size,
+			 uint64_t window, uint64_t *from, uint64_t *to)
+{
+	uint64_t end = off + len, prev, cur, lo, hi;
+
+	prev = __atomic_exchange_n(&w->last_end, end, __ATOMIC_RELAXED);
+	if (off != 0 && (off + RA_SLACK < prev || off > prev + RA_SLACK))
+		return false; /* random access: leave it to the kernel's read-ahead */
+	cur = __atomic_load_n(&w->ra_end, __ATOMIC_RELAXED);
+	for (;;) {
+		/* ahead by more than a window: stale (the reader went back) */
+		lo = CKPT_MAX(cur > end + window ? end : cur, end);
+		hi = CKPT_MIN(size, end + window);
+		if (hi <= lo || (lo > end && lo - end >= window / 2))
+			return false; /* enough queued already */
+		if (__atomic_compare_exchange_n(&w->ra_end, &cur, hi, false, __ATOMIC_RELAXED,
+						__ATOMIC_RELAXED))
+			break;
+	}
+	*from = lo;
+	*to = hi;
+	return true;
+}
