@@ -226,6 +226,13 @@ out:
 	return e;
 }
 
+void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e)
+{
+	pthread_mutex_lock(&c->lock);
+	e->pins++;
+	pthread_mutex_unlock(&c->lock);
+}
+
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e)
 {
 	if (!e)

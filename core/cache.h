@@ -67,6 +67,10 @@ void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e);
 /* Whether d is cached or being loaded (no pin; may change at once). */
 bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d);
 
+/* Pin an entry the caller has pinned already once more (each pin needs its
+ * own release). */
+void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e);
+
 /* Unpin an entry returned by lookup, insert, acquire or reserve (after
  * fill). */
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);

@@ -1318,6 +1318,8 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 		size_t n = CKPT_MIN((size_t)(e->len - in), len - done);
 		if (e->kind == CKPT_EXT_ZERO) {
 			memset(p + done, 0, n);
+			if (c->g)
+				ckpt_gather_buf(c->g, p + done, n);
 		} else {
 			if (!c->e || c->ei != i) {
 				ckpt_store_cursor_done(s, c);
@@ -1329,13 +1331,68 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 			}
 			if (in > c->dlen || n > c->dlen - in)
 				return -EIO;
-			memcpy(p + done, c->data + in, n);
+			if (c->g && n >= CKPT_GATHER_MIN && c->g->niov + 2 <= CKPT_GATHER_MAX) {
+				/* reference the cached bytes; one slot stays free for
+				 * the pieces after the last reference */
+				ckpt_cache_ref(s->cache, c->e);
+				c->g->pins[c->g->npins++] = c->e;
+				c->g->iov[c->g->niov].iov_base = (void *)(c->data + in);
+				c->g->iov[c->g->niov].iov_len = n;
+				c->g->niov++;
+			} else {
+				memcpy(p + done, c->data + in, n);
+				if (c->g)
+					ckpt_gather_buf(c->g, p + done, n);
+			}
 		}
 		c->hint = i;
 		done += n;
 		i++;
 	}
 	return (ssize_t)done;
+}
+
+void ckpt_gather_init(struct ckpt_gather *g)
+{
+	g->niov = 0;
+	g->npins = 0;
+}
+
+void ckpt_gather_buf(struct ckpt_gather *g, const uint8_t *p, size_t n)
+{
+	struct iovec *last = g->niov ? &g->iov[g->niov - 1] : NULL;
+
+	if (!n)
+		return;
+	if (last && (const uint8_t *)last->iov_base + last->iov_len == p) {
+		last->iov_len += n;
+		return;
+	}
+	/* the cursor keeps a slot free for this (see ckpt_store_cursor_read) */
+	g->iov[g->niov].iov_base = (void *)p;
+	g->iov[g->niov].iov_len = n;
+	g->niov++;
+}
+
+void ckpt_store_gather_done(ckpt_store *s, struct ckpt_gather *g)
+{
+	for (size_t i = 0; i < g->npins; i++)
+		ckpt_cache_release(s->cache, g->pins[i]);
+	g->npins = 0;
+	g->niov = 0;
+}
+
+ssize_t ckpt_store_read_extents_gather(ckpt_store *s, const struct ckpt_extent_list *l,
+				       void *dst, size_t len, uint64_t off, struct ckpt_gather *g)
+{
+	struct ckpt_read_cursor c;
+	ssize_t r;
+
+	ckpt_read_cursor_init(&c, l);
+	c.g = g;
+	r = ckpt_store_cursor_read(s, &c, dst, len, off);
+	ckpt_store_cursor_done(s, &c);
+	return r;
 }
 
 ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l, void *dst,

@@ -50,6 +50,7 @@
 #include <stdint.h>
 #include <sys/statvfs.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #include "cache.h"
 #include "hash.h"
@@ -137,8 +138,33 @@ ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l,
 /* A read position in l for many reads in ascending order (views): keeps
  * the extent index and the last chunk pinned between reads.  Call
  * ckpt_store_cursor_done() to unpin; the cursor can be reused after. */
+/*
+ * Zero-copy reads.  A read with a gather still fills dst, except for chunk
+ * pieces of at least CKPT_GATHER_MIN bytes: those are left out of dst and
+ * described by an iovec into the (pinned) cache entry instead.  iov[0..niov)
+ * then lists the read's bytes in order (pieces in dst are merged), ready for
+ * writev / fuse_reply_iov; ckpt_store_gather_done() unpins.  Beyond
+ * CKPT_GATHER_MAX iovecs everything is copied into dst.
+ */
+#define CKPT_GATHER_MAX 64
+#define CKPT_GATHER_MIN (32u << 10)
+struct ckpt_gather {
+	struct iovec iov[CKPT_GATHER_MAX];
+	size_t niov;
+	ckpt_cache_entry *pins[CKPT_GATHER_MAX];
+	size_t npins;
+};
+void ckpt_gather_init(struct ckpt_gather *g);
+/* Record that n bytes were written to p (in dst, after the previous piece). */
+void ckpt_gather_buf(struct ckpt_gather *g, const uint8_t *p, size_t n);
+void ckpt_store_gather_done(ckpt_store *s, struct ckpt_gather *g);
+/* ckpt_store_read_extents with a gather (g may be NULL). */
+ssize_t ckpt_store_read_extents_gather(ckpt_store *s, const struct ckpt_extent_list *l,
+				       void *dst, size_t len, uint64_t off, struct ckpt_gather *g);
+
 struct ckpt_read_cursor {
 	const struct ckpt_extent_list *l;
+	struct ckpt_gather *g; /* NULL: copy everything into dst */
 	size_t hint, ei;
 	ckpt_cache_entry *e; /* pinned chunk of extent ei, or NULL */
 	const uint8_t *data;

@@ -1894,6 +1894,12 @@ static size_t vfile_first_run(const ckpt_vfile *f, uint64_t pos)
 
 ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 {
+	return ckpt_vfile_read_gather(f, buf, len, off, NULL);
+}
+
+ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t off,
+			       struct ckpt_gather *g)
+{
 	const struct vfile_plan *p = f->plan;
 	uint8_t *out = buf;
 	size_t done = 0;
@@ -1908,6 +1914,8 @@ ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 	if (off < p->hdr_len) {
 		size_t n = (size_t)CKPT_MIN((uint64_t)len, p->hdr_len - off);
 		memcpy(out, p->hdr + off, n);
+		if (g)
+			ckpt_gather_buf(g, out, n);
 		done = n;
 	}
 	for (size_t k = vfile_first_run(f, off + done); done < len && k < f->nruns; k++) {
@@ -1932,6 +1940,7 @@ ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 				ckpt_store_cursor_done(f->v->s, &cur[c]);
 			}
 			ckpt_read_cursor_init(&cur[c], f->v->srcs[r->src].ext);
+			cur[c].g = g;
 			cur_src[c] = r->src;
 		}
 		got = ckpt_store_cursor_read(f->v->s, &cur[c], out + done, n, r->src_off + in);

@@ -113,6 +113,9 @@ uint64_t ckpt_vfile_size(const ckpt_vfile *f);
 /* Read up to len bytes at off; returns bytes read (short only at EOF) or
  * -errno (-EIO: a damaged chunk). */
 ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off);
+/* The same with a gather (zero-copy, see struct ckpt_gather; g may be NULL). */
+ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t off,
+			       struct ckpt_gather *g);
 /* Digests of the source chunks behind [off, off+len) of f in read order, at
  * most max, mostly without repeats (for read-ahead).  Returns the count. */
 size_t ckpt_vfile_chunks(ckpt_vfile *f, uint64_t off, uint64_t len, ckpt_digest *out,

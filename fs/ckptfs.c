@@ -927,20 +927,30 @@ static void read_ahead(struct handle *h, size_t size, off_t off)
 	ckpt_readahead_submit(fs.ra, d, n);
 }
 
+/*
+ * Committed content is replied from the chunk cache without copying: the
+ * reply's iovecs point into the pinned cache entries for pieces of 32 KiB
+ * and more (struct ckpt_gather), only short pieces (views interleaving
+ * tensor-parallel rows, zeros, headers) are copied into buf.
+ */
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
 	struct handle *h = fh_of(fi);
 	uint8_t *buf = malloc(size ? size : 1);
+	struct ckpt_gather g;
+	bool gathered = false;
 	ssize_t r;
 
 	if (!buf) {
 		reply_err(req, -ENOMEM);
 		return;
 	}
+	ckpt_gather_init(&g);
 	if (h->vf) {
 		read_ahead(h, size, off);
-		r = vtree_read(h->vf, buf, size, (uint64_t)off);
+		r = vtree_read(h->vf, buf, size, (uint64_t)off, &g);
+		gathered = true;
 	} else if (h->writable) {
 		r = ckpt_writer_read(h->node->writer, buf, size, (uint64_t)off);
 	} else {
@@ -948,8 +958,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		if (r == 0) {
 			read_ahead(h, size, off);
 			pthread_rwlock_rdlock(&h->snap_lock);
-			r = ckpt_store_read_extents(fs.store, h->snap, buf, size, (uint64_t)off);
+			r = ckpt_store_read_extents_gather(fs.store, h->snap, buf, size,
+							   (uint64_t)off, &g);
 			pthread_rwlock_unlock(&h->snap_lock);
+			gathered = true;
 		}
 	}
 	if (r < 0) {
@@ -959,9 +971,13 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			 r == -EIO ? " (damaged chunk, see above; run `ckpt fsck`)" : "");
 		free(path);
 		reply_err(req, (int)r);
+	} else if (gathered) {
+		fuse_reply_iov(req, g.iov, (int)g.niov);
 	} else {
 		fuse_reply_buf(req, (const char *)buf, (size_t)r);
 	}
+	if (gathered)
+		ckpt_store_gather_done(fs.store, &g);
 	free(buf);
 }
 

@@ -590,11 +590,12 @@ out:
 	return 0;
 }
 
-ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off)
+ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off,
+		   struct ckpt_gather *g)
 {
 	if (f->vf)
-		return ckpt_vfile_read(f->vf, buf, len, off);
-	return ckpt_store_read_extents(vt.s, f->snap, buf, len, off);
+		return ckpt_vfile_read_gather(f->vf, buf, len, off, g);
+	return ckpt_store_read_extents_gather(vt.s, f->snap, buf, len, off, g);
 }
 
 uint64_t vtree_file_size(const struct vtree_file *f)

@@ -55,7 +55,9 @@ struct vtree_file;
 /* Open a virtual file for reading.  -EIO (reason logged) when a view file
  * cannot be served; -EISDIR for directories. */
 int vtree_open(uint64_t vino, struct vtree_file **ret);
-ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off);
+/* g: optional gather for a zero-copy reply (struct ckpt_gather). */
+ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off,
+		   struct ckpt_gather *g);
 /* Size of an open file, and the chunks behind [off, off+len) of it (for
  * read-ahead; see ckpt_vfile_chunks()). */
 uint64_t vtree_file_size(const struct vtree_file *f);

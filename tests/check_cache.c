@@ -14,8 +14,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cache.h"
+#include "readahead.h"
 #include "util.h"
 
 /* A digest whose bytes are all derived from k (distinct for distinct k). */
@@ -559,6 +561,123 @@ START_TEST(test_stress_threads)
 }
 END_TEST
 
+/* acquire: a miss returns a placeholder to fill; lookups miss it, a second
+ * acquire waits for it and then hits; abandon lets a waiter load itself. */
+struct waiter {
+	ckpt_cache *c;
+	ckpt_digest d;
+	const uint8_t *data;
+	size_t len;
+	bool fill;
+	ckpt_cache_entry *e;
+};
+
+static void *acquire_thread(void *p)
+{
+	struct waiter *w = p;
+
+	w->e = ckpt_cache_acquire(w->c, &w->d, &w->data, &w->len, &w->fill);
+	return NULL;
+}
+
+START_TEST(test_single_flight)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(7);
+	const uint8_t *data;
+	size_t len;
+	bool fill;
+	ckpt_cache_entry *e, *e2;
+	struct waiter w = { 0 };
+	pthread_t t;
+
+	ck_assert_int_eq(ckpt_cache_new(1000, &c), 0);
+	e = ckpt_cache_acquire(c, &d, &data, &len, &fill);
+	ck_assert_ptr_nonnull(e);
+	ck_assert(fill);
+	ck_assert(ckpt_cache_contains(c, &d));
+	ck_assert_ptr_null(ckpt_cache_lookup(c, &d, &data, &len)); /* loading: a miss */
+	ck_assert_ptr_null(ckpt_cache_reserve(c, &d));           /* present: nothing to do */
+	w.c = c;
+	w.d = d;
+	ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &w), 0);
+	usleep(20000); /* the waiter blocks until fill */
+	ck_assert_ptr_nonnull(ckpt_cache_fill(c, e, blob(100, 0x42), 100));
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_ptr_nonnull(w.e);
+	ck_assert(!w.fill);
+	ck_assert_uint_eq(w.len, 100);
+	ck_assert_uint_eq(w.data[99], 0x42);
+	ck_assert_uint_eq(stats(c).bytes, 100);
+	ckpt_cache_release(c, w.e);
+	ckpt_cache_release(c, e);
+
+	/* abandon: a waiter gets a placeholder of its own */
+	d = dig(8);
+	e = ckpt_cache_acquire(c, &d, &data, &len, &fill);
+	ck_assert(fill);
+	memset(&w, 0, sizeof(w));
+	w.c = c;
+	w.d = d;
+	ck_assert_int_eq(pthread_create(&t, NULL, acquire_thread, &w), 0);
+	usleep(20000);
+	ckpt_cache_abandon(c, e);
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_ptr_nonnull(w.e);
+	ck_assert(w.fill);
+	ckpt_cache_fill(c, w.e, blob(10, 1), 10);
+	ckpt_cache_release(c, w.e);
+
+	/* reserve on an absent digest, fill, then hits; ref needs its own release */
+	d = dig(9);
+	e = ckpt_cache_reserve(c, &d);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_fill(c, e, blob(20, 2), 20);
+	ckpt_cache_ref(c, e);
+	ckpt_cache_release(c, e);
+	ckpt_cache_release(c, e);
+	e2 = ckpt_cache_lookup(c, &d, &data, &len);
+	ck_assert_ptr_eq(e2, e);
+	ck_assert_uint_eq(len, 20);
+	ckpt_cache_release(c, e2);
+	ck_assert_uint_eq(stats(c).bytes, 130);
+	ckpt_cache_free(c);
+}
+END_TEST
+
+/* Sequential-read detection of read-ahead. */
+START_TEST(test_ra_window)
+{
+	struct ckpt_ra_window w = { 0 };
+	const uint64_t M = 1 << 20, W = 8 * M, size = 100 * M;
+	uint64_t from, to;
+
+	/* first read at 0: the next window */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to));
+	ck_assert_uint_eq(from, M);
+	ck_assert_uint_eq(to, 9 * M);
+	/* still more than half a window ahead: nothing */
+	ck_assert(!ckpt_ra_window_next(&w, M, M, size, W, &from, &to));
+	ck_assert(!ckpt_ra_window_next(&w, 2 * M, M, size, W, &from, &to));
+	/* less than half a window queued beyond the read: top it up */
+	ck_assert(!ckpt_ra_window_next(&w, 3 * M, M, size, W, &from, &to));
+	ck_assert(ckpt_ra_window_next(&w, 5 * M, M, size, W, &from, &to));
+	ck_assert_uint_ge(from, 9 * M);
+	ck_assert_uint_eq(to, 14 * M);
+	/* a jump far away is random access */
+	ck_assert(!ckpt_ra_window_next(&w, 60 * M, M, size, W, &from, &to));
+	/* the end of the file bounds the window */
+	ck_assert(ckpt_ra_window_next(&w, 61 * M, M, 64 * M, W, &from, &to));
+	ck_assert_uint_eq(from, 62 * M);
+	ck_assert_uint_eq(to, 64 * M);
+	ck_assert(!ckpt_ra_window_next(&w, 63 * M, M, 64 * M, W, &from, &to));
+	/* starting over at 0 restarts the window */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to));
+	ck_assert_uint_eq(from, M);
+	ck_assert_uint_eq(to, 9 * M);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -577,6 +696,8 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_forget);
 	tcase_add_test(tc, test_many_entries);
 	tcase_add_test(tc, test_stress_threads);
+	tcase_add_test(tc, test_single_flight);
+	tcase_add_test(tc, test_ra_window);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,0 +1,99 @@
+#!/usr/bin/python3
+"""A/B of ckptfs binaries reading one store through the mount, caches dropped.
+
+    tools/bench/read_ab.py STORE BIN_A BIN_B [BIN_C ...] [--reps 5] [--opts -o,x=y]
+
+STORE must hold the case 4 checkpoint under /ckpt (any safetensors saved
+tp2 x pp2 works).  Per repetition every binary (in rotating order) gets a
+fresh daemon for each of: the tp1_pp1 view with 1 reader, the tp4_pp1 view
+with 4 readers, the stored sources with 1 reader; 1 MiB reads as in
+tools/bench/run case 4.  Prints median wall seconds, GB/s and daemon CPU
+seconds per GB (less sensitive to other load on the machine than wall time).
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bench  # noqa: E402
+
+
+def pid_cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        v = f.read().rsplit(")", 1)[1].split()
+    return (int(v[11]) + int(v[12])) / bench.CLK_TCK
+
+
+def mount(binary, store, mnt, opts):
+    p = subprocess.Popen([binary, store, mnt, "-f"] + opts, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    for _ in range(400):
+        if os.path.ismount(mnt) and os.path.exists(os.path.join(mnt, "ckpt")):
+            break
+        time.sleep(0.025)
+    time.sleep(0.3)  # let the read-ahead knob be set
+    return p
+
+
+def umount(p, mnt):
+    subprocess.run(["fusermount3", "-u", mnt], check=False)
+    p.wait()
+
+
+def groups(mnt, what):
+    if what == "tp1_pp1 view, 1 reader":
+        d = os.path.join(mnt, "tp1_pp1", "ckpt")
+        return [[os.path.join(d, n) for n in sorted(os.listdir(d))]]
+    if what == "tp4_pp1 view, 4 readers":
+        d = os.path.join(mnt, "tp4_pp1", "ckpt")
+        names = sorted(os.listdir(d))
+        return [[os.path.join(d, n) for n in names if n.endswith(f"_tp{t}_pp0.safetensors")]
+                for t in range(4)]
+    d = os.path.join(mnt, "ckpt")
+    return [[os.path.join(d, n) for n in sorted(os.listdir(d))]]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("store")
+    ap.add_argument("bins", nargs="+")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--opts", default="", help="extra daemon options, e.g. -o,ra_workers=0")
+    a = ap.parse_args()
+    opts = [o for o in a.opts.split(",") if o]
+    mnt = tempfile.mkdtemp(prefix="read-ab-", dir="/var/tmp")
+    whats = ["tp1_pp1 view, 1 reader", "tp4_pp1 view, 4 readers", "sources, 1 reader"]
+    res = {}
+    print(f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
+    for rep in range(a.reps):
+        for b in bench.rotate(list(range(len(a.bins))), rep):
+            for what in whats:
+                p = mount(a.bins[b], a.store, mnt, opts)
+                try:
+                    g = groups(mnt, what)
+                    bench.drop_caches()
+                    c0 = pid_cpu(p.pid)
+                    dt, n = bench.parallel_read(g)
+                    cpu = pid_cpu(p.pid) - c0
+                finally:
+                    umount(p, mnt)
+                res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9)))
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    print(f"{'case':26s} {'binary':28s} {'s':>6s} {'GB/s':>6s} {'CPU s/GB':>8s}  samples (s)")
+    for what in whats:
+        for b, path in enumerate(a.bins):
+            v = res[(what, b)]
+            print(f"{what:26s} {path[-28:]:28s} {statistics.median(x[0] for x in v):6.3f} "
+                  f"{statistics.median(x[1] for x in v):6.2f} "
+                  f"{statistics.median(x[2] for x in v):8.2f}  "
+                  + " ".join(f"{x[0]:.2f}" for x in v))
+    os.rmdir(mnt)
+
+
+if __name__ == "__main__":
+    main()
