@@ -621,8 +621,23 @@ out:
 	return r;
 }
 
+static int pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+		     struct ckpt_pack_rec *ret_rec, void *buf, bool data_csum);
+
 int ckpt_pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
 		   struct ckpt_pack_rec *ret_rec, void *buf)
+{
+	return pack_read(p, offset, expected_stored_len, ret_rec, buf, true);
+}
+
+int ckpt_pack_read_trusting(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+			    struct ckpt_pack_rec *ret_rec, void *buf)
+{
+	return pack_read(p, offset, expected_stored_len, ret_rec, buf, false);
+}
+
+static int pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+		     struct ckpt_pack_rec *ret_rec, void *buf, bool data_csum)
 {
 	uint8_t hdr[CKPT_PACK_REC_HDR_SIZE];
 	struct ckpt_pack_rec rec;
@@ -656,7 +671,8 @@ int ckpt_pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
 		why = "stored length mismatch";
 		goto corrupt;
 	}
-	if (ckpt_get_le64(hdr + REC_OFF_DATA_CSUM) != XXH3_64bits(buf, expected_stored_len)) {
+	if (data_csum &&
+	    ckpt_get_le64(hdr + REC_OFF_DATA_CSUM) != XXH3_64bits(buf, expected_stored_len)) {
 		why = "data checksum mismatch";
 		goto corrupt;
 	}

@@ -189,6 +189,11 @@ int ckpt_pack_sync(ckpt_pack *p, uint64_t upto);
  */
 int ckpt_pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
 		   struct ckpt_pack_rec *ret_rec, void *buf);
+/* The same without the checksum of the stored bytes (the header is still
+ * fully checked): for callers that verify what the bytes decode to against
+ * the chunk's keyed digest, which catches every damage the checksum would. */
+int ckpt_pack_read_trusting(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+			    struct ckpt_pack_rec *ret_rec, void *buf);
 
 /* Total on-disk size of a record with this stored length:
  * 48 + stored_len rounded up to a multiple of 8. */
