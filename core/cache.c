@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 struct ckpt_cache_entry {
 	ckpt_digest digest;
 	uint8_t *data;
@@ -24,6 +26,7 @@ struct ckpt_cache_entry {
 	unsigned pins;
 	bool dead; /* forgotten while pinned: free at last release */
 	bool loading; /* placeholder: its owner is loading the data (len 0) */
+	bool stream;  /* loaded for a sequential reader: on the stream list */
 	struct ckpt_cache_entry *hnext;
 	struct ckpt_cache_entry *lru_prev, *lru_next; /* valid iff pins == 0 */
 };
@@ -38,6 +41,8 @@ struct ckpt_cache {
 	size_t nbuckets; /* power of two */
 	struct ckpt_cache_entry **buckets;
 	struct ckpt_cache_entry lru; /* sentinel: lru.lru_next is most recent */
+	struct ckpt_cache_entry slru; /* the same for stream entries */
+	uint64_t stream_bytes, stream_cap; /* stream entries' bytes and their budget */
 	struct ckpt_cache_stats stats;
 };
 
@@ -65,6 +70,8 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache)
 	pthread_cond_init(&c->loaded, NULL);
 	c->capacity = capacity;
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
+	c->slru.lru_next = c->slru.lru_prev = &c->slru;
+	c->stream_cap = CKPT_MIN(capacity / 4, CKPT_CACHE_STREAM_MAX);
 	*ret_cache = c;
 	return 0;
 }
@@ -78,10 +85,12 @@ static void lru_unlink(struct ckpt_cache_entry *e)
 
 static void lru_push_front(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
-	e->lru_next = c->lru.lru_next;
-	e->lru_prev = &c->lru;
-	c->lru.lru_next->lru_prev = e;
-	c->lru.lru_next = e;
+	struct ckpt_cache_entry *head = e->stream ? &c->slru : &c->lru;
+
+	e->lru_next = head->lru_next;
+	e->lru_prev = head;
+	head->lru_next->lru_prev = e;
+	head->lru_next = e;
 }
 
 static void hash_unlink(ckpt_cache *c, struct ckpt_cache_entry *e)
@@ -97,20 +106,34 @@ static void hash_unlink(ckpt_cache *c, struct ckpt_cache_entry *e)
 static void entry_destroy(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
 	c->bytes -= e->len;
+	if (e->stream)
+		c->stream_bytes -= e->len;
 	c->nentries--;
 	free(e->data);
 	free(e);
 }
 
+static void evict_one_locked(ckpt_cache *c, struct ckpt_cache_entry *e)
+{
+	lru_unlink(e);
+	hash_unlink(c, e);
+	entry_destroy(c, e);
+	c->stats.evictions++;
+}
+
+/* Stream entries beyond their budget go first (oldest first), then the
+ * least recently used entries of either list until under capacity. */
 static void evict_locked(ckpt_cache *c)
 {
-	while (c->bytes > c->capacity && c->lru.lru_prev != &c->lru) {
-		struct ckpt_cache_entry *e = c->lru.lru_prev;
-
-		lru_unlink(e);
-		hash_unlink(c, e);
-		entry_destroy(c, e);
-		c->stats.evictions++;
+	while (c->stream_bytes > c->stream_cap && c->slru.lru_prev != &c->slru)
+		evict_one_locked(c, c->slru.lru_prev);
+	while (c->bytes > c->capacity) {
+		if (c->lru.lru_prev != &c->lru)
+			evict_one_locked(c, c->lru.lru_prev);
+		else if (c->slru.lru_prev != &c->slru)
+			evict_one_locked(c, c->slru.lru_prev);
+		else
+			break;
 	}
 }
 
@@ -331,11 +354,20 @@ bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d)
 
 const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len)
 {
+	return ckpt_cache_fill_as(c, e, data, len, false);
+}
+
+const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
+				  bool stream)
+{
 	pthread_mutex_lock(&c->lock);
 	e->data = data;
 	e->len = len;
 	e->loading = false;
+	e->stream = stream;
 	c->bytes += len;
+	if (stream)
+		c->stream_bytes += len;
 	evict_locked(c);
 	pthread_cond_broadcast(&c->loaded);
 	pthread_mutex_unlock(&c->lock);
@@ -352,11 +384,20 @@ void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e)
 	free(e);
 }
 
+void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes)
+{
+	pthread_mutex_lock(&c->lock);
+	c->stream_cap = CKPT_MIN(bytes, c->capacity);
+	evict_locked(c);
+	pthread_mutex_unlock(&c->lock);
+}
+
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)
 {
 	pthread_mutex_lock(&c->lock);
 	*ret_stats = c->stats;
 	ret_stats->bytes = c->bytes;
 	ret_stats->entries = c->nentries;
+	ret_stats->stream_bytes = c->stream_bytes;
 	pthread_mutex_unlock(&c->lock);
 }

@@ -150,12 +150,13 @@ void ckpt_readahead_get_stats(ckpt_readahead *ra, struct ckpt_ra_stats *ret)
 }
 
 bool ckpt_ra_window_next(struct ckpt_ra_window *w, uint64_t off, uint64_t len, uint64_t size,
-			 uint64_t window, uint64_t *from, uint64_t *to)
+			 uint64_t window, uint64_t *from, uint64_t *to, bool *ret_seq)
 {
 	uint64_t end = off + len, prev, cur, lo, hi;
 
 	prev = __atomic_exchange_n(&w->last_end, end, __ATOMIC_RELAXED);
-	if (off != 0 && (off + RA_SLACK < prev || off > prev + RA_SLACK))
+	*ret_seq = !(off != 0 && (off + RA_SLACK < prev || off > prev + RA_SLACK));
+	if (!*ret_seq)
 		return false; /* random access: leave it to the kernel's read-ahead */
 	cur = __atomic_load_n(&w->ra_end, __ATOMIC_RELAXED);
 	for (;;) {

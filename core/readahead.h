@@ -55,12 +55,12 @@ struct ckpt_ra_window {
 	uint64_t ra_end;   /* read-ahead issued up to here */
 };
 
-/* Record a read of [off, off+len) of a file of size bytes.  If the read
- * continues the previous one (within slack, reads arrive out of order from
- * several FUSE threads) or starts at 0, and less than window/2 bytes beyond
- * it have been queued, returns true with [*from, *to) the next bytes to
- * load (up to window bytes after the read). */
+/* Record a read of [off, off+len) of a file of size bytes.  *ret_seq: the
+ * read continues the previous one (within slack, reads arrive out of order
+ * from several FUSE threads) or starts at 0.  If so and less than window/2
+ * bytes beyond it have been queued, returns true with [*from, *to) the next
+ * bytes to load (up to window bytes after the read). */
 bool ckpt_ra_window_next(struct ckpt_ra_window *w, uint64_t off, uint64_t len, uint64_t size,
-			 uint64_t window, uint64_t *from, uint64_t *to);
+			 uint64_t window, uint64_t *from, uint64_t *to, bool *ret_seq);
 
 #endif

@@ -549,8 +549,8 @@ static int load_chunk(ckpt_store *s, const ckpt_digest *d, uint8_t **ret_buf, si
 	return 0;
 }
 
-int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, ckpt_cache_entry **ret_entry,
-			 const uint8_t **ret_data, size_t *ret_len)
+int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
+			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len)
 {
 	ckpt_cache_entry *e;
 	const uint8_t *data = NULL;
@@ -570,7 +570,7 @@ int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, ckpt_cache_entry *
 			ckpt_cache_abandon(s->cache, e);
 			return r;
 		}
-		data = ckpt_cache_fill(s->cache, e, buf, dlen);
+		data = ckpt_cache_fill_as(s->cache, e, buf, dlen, stream);
 	}
 	*ret_entry = e;
 	*ret_data = data;
@@ -597,7 +597,7 @@ int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d)
 		ckpt_cache_abandon(s->cache, e);
 		return r;
 	}
-	ckpt_cache_fill(s->cache, e, buf, len);
+	ckpt_cache_fill_as(s->cache, e, buf, len, true);
 	ckpt_cache_release(s->cache, e);
 	return 0;
 }
@@ -615,7 +615,7 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
 	size_t dlen;
 	int r;
 
-	r = ckpt_store_chunk_get(s, d, &e, &data, &dlen);
+	r = ckpt_store_chunk_get(s, d, false, &e, &data, &dlen);
 	if (r < 0)
 		return r;
 	if (off > dlen || len > dlen - off) {
@@ -1341,8 +1341,8 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 		} else {
 			if (!c->e || c->ei != i) {
 				ckpt_store_cursor_done(s, c);
-				int r = ckpt_store_chunk_get(s, &e->digest, &c->e, &c->data,
-							     &c->dlen);
+				int r = ckpt_store_chunk_get(s, &e->digest, c->g && c->g->stream,
+							     &c->e, &c->data, &c->dlen);
 				if (r < 0)
 					return r;
 				c->ei = i;
@@ -1372,6 +1372,7 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 
 void ckpt_gather_init(struct ckpt_gather *g)
 {
+	g->stream = false;
 	g->niov = 0;
 	g->npins = 0;
 }

@@ -111,13 +111,14 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
 			  size_t len);
 /* Pin chunk d in the chunk cache, loading and verifying it on a miss (one
- * load per chunk however many threads ask at once); *ret_data holds
+ * load per chunk however many threads ask at once; stream: for a sequential
+ * reader, see ckpt_cache_fill_as()); *ret_data holds
  * *ret_len bytes until ckpt_store_chunk_put(). */
-int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, ckpt_cache_entry **ret_entry,
-			 const uint8_t **ret_data, size_t *ret_len);
+int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
+			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len);
 void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
-/* Load chunk d into the chunk cache unless it is there or being loaded
- * (read-ahead).  Returns 0 or the load's error (nothing is cached then). */
+/* Load chunk d into the chunk cache (as a stream entry) unless it is there
+ * or being loaded (read-ahead).  Returns 0 or the load's error (nothing is cached then). */
 int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d);
 /* Whether d is in the chunk cache or being loaded (a hint). */
 bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d);
@@ -149,6 +150,7 @@ ssize_t ckpt_store_read_extents(ckpt_store *s, const struct ckpt_extent_list *l,
 #define CKPT_GATHER_MAX 64
 #define CKPT_GATHER_MIN (32u << 10)
 struct ckpt_gather {
+	bool stream; /* the reader is sequential: chunks it loads are stream entries */
 	struct iovec iov[CKPT_GATHER_MAX];
 	size_t niov;
 	ckpt_cache_entry *pins[CKPT_GATHER_MAX];

@@ -902,29 +902,33 @@ static int refresh_snapshot(fuse_ino_t ino, struct handle *h)
 #define RA_WINDOW (8ull << 20)
 #define RA_MAX_CHUNKS 64
 
-static void read_ahead(struct handle *h, size_t size, off_t off)
+/* Returns whether the read is sequential (its chunks are then cached as
+ * stream entries, see ckpt_cache_fill_as()). */
+static bool read_ahead(struct handle *h, size_t size, off_t off)
 {
 	ckpt_digest d[RA_MAX_CHUNKS];
 	uint64_t from, to, fsize;
-	size_t n;
+	size_t n = 0;
+	bool seq = false;
 
 	if (!fs.ra)
-		return;
+		return false;
 	if (h->vf) {
 		fsize = vtree_file_size(h->vf);
-		if (!ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to))
-			return;
-		n = vtree_chunks(h->vf, from, to - from, d, RA_MAX_CHUNKS);
+		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to,
+					&seq))
+			n = vtree_chunks(h->vf, from, to - from, d, RA_MAX_CHUNKS);
 	} else {
 		pthread_rwlock_rdlock(&h->snap_lock);
 		fsize = h->snap->size;
-		n = 0;
-		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to))
+		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to,
+					&seq))
 			n = ckpt_store_prefetch_list(h->snap, from, to - from, d, RA_MAX_CHUNKS,
 						     NULL);
 		pthread_rwlock_unlock(&h->snap_lock);
 	}
 	ckpt_readahead_submit(fs.ra, d, n);
+	return seq;
 }
 
 /*
@@ -948,7 +952,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	}
 	ckpt_gather_init(&g);
 	if (h->vf) {
-		read_ahead(h, size, off);
+		g.stream = read_ahead(h, size, off);
 		r = vtree_read(h->vf, buf, size, (uint64_t)off, &g);
 		gathered = true;
 	} else if (h->writable) {
@@ -956,7 +960,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	} else {
 		r = refresh_snapshot(ino, h);
 		if (r == 0) {
-			read_ahead(h, size, off);
+			g.stream = read_ahead(h, size, off);
 			pthread_rwlock_rdlock(&h->snap_lock);
 			r = ckpt_store_read_extents_gather(fs.store, h->snap, buf, size,
 							   (uint64_t)off, &g);

@@ -651,28 +651,31 @@ START_TEST(test_ra_window)
 	struct ckpt_ra_window w = { 0 };
 	const uint64_t M = 1 << 20, W = 8 * M, size = 100 * M;
 	uint64_t from, to;
+	bool seq;
 
 	/* first read at 0: the next window */
-	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to));
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to, &seq));
 	ck_assert_uint_eq(from, M);
 	ck_assert_uint_eq(to, 9 * M);
 	/* still more than half a window ahead: nothing */
-	ck_assert(!ckpt_ra_window_next(&w, M, M, size, W, &from, &to));
-	ck_assert(!ckpt_ra_window_next(&w, 2 * M, M, size, W, &from, &to));
+	ck_assert(!ckpt_ra_window_next(&w, M, M, size, W, &from, &to, &seq));
+	ck_assert(!ckpt_ra_window_next(&w, 2 * M, M, size, W, &from, &to, &seq));
 	/* less than half a window queued beyond the read: top it up */
-	ck_assert(!ckpt_ra_window_next(&w, 3 * M, M, size, W, &from, &to));
-	ck_assert(ckpt_ra_window_next(&w, 5 * M, M, size, W, &from, &to));
+	ck_assert(!ckpt_ra_window_next(&w, 3 * M, M, size, W, &from, &to, &seq));
+	ck_assert(ckpt_ra_window_next(&w, 5 * M, M, size, W, &from, &to, &seq));
 	ck_assert_uint_ge(from, 9 * M);
 	ck_assert_uint_eq(to, 14 * M);
+	ck_assert(seq);
 	/* a jump far away is random access */
-	ck_assert(!ckpt_ra_window_next(&w, 60 * M, M, size, W, &from, &to));
+	ck_assert(!ckpt_ra_window_next(&w, 60 * M, M, size, W, &from, &to, &seq));
+	ck_assert(!seq);
 	/* the end of the file bounds the window */
-	ck_assert(ckpt_ra_window_next(&w, 61 * M, M, 64 * M, W, &from, &to));
+	ck_assert(ckpt_ra_window_next(&w, 61 * M, M, 64 * M, W, &from, &to, &seq));
 	ck_assert_uint_eq(from, 62 * M);
 	ck_assert_uint_eq(to, 64 * M);
-	ck_assert(!ckpt_ra_window_next(&w, 63 * M, M, 64 * M, W, &from, &to));
+	ck_assert(!ckpt_ra_window_next(&w, 63 * M, M, 64 * M, W, &from, &to, &seq));
 	/* starting over at 0 restarts the window */
-	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to));
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to, &seq));
 	ck_assert_uint_eq(from, M);
 	ck_assert_uint_eq(to, 9 * M);
 }
