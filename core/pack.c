@@ -62,6 +62,7 @@ struct inflight {
 
 struct ckpt_pack {
 	int fd;
+	_Atomic int dfd;		/* O_DIRECT fd for reads: -1 not opened yet, -2 unsupported */
 	bool writable;
 	uint64_t id;
 	uint8_t uuid[16];
@@ -270,6 +271,7 @@ static int pack_alloc(int fd, uint64_t id, const uint8_t uuid[16], bool writable
 		return -ENOMEM;
 	}
 	p->fd = fd;
+	atomic_init(&p->dfd, -1);
 	p->writable = writable;
 	p->id = id;
 	memcpy(p->uuid, uuid, 16);
@@ -479,6 +481,8 @@ void ckpt_pack_free(ckpt_pack *p)
 	if (!p)
 		return;
 	close(p->fd);
+	if (atomic_load(&p->dfd) >= 0)
+		close(atomic_load(&p->dfd));
 	pthread_mutex_destroy(&p->sync_lock);
 	pthread_mutex_destroy(&p->lock);
 	free(p);
@@ -680,6 +684,91 @@ static int pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len
 		*ret_rec = rec;
 	return 0;
 corrupt:
+	ckpt_warn("pack %016" PRIx64 ": record at %" PRIu64 ": %s", p->id, offset, why);
+	return -EIO;
+}
+
+/* The pack's O_DIRECT descriptor, opened on first use; -1 if the file
+ * system refuses O_DIRECT (tmpfs) or the pack is open for appends. */
+static int direct_fd(ckpt_pack *p)
+{
+	int fd = atomic_load(&p->dfd), want = -1;
+	char path[64];
+
+	if (fd != -1)
+		return fd >= 0 ? fd : -1;
+	if (p->writable) {
+		fd = -2; /* appends go through the page cache: read them from there */
+	} else {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
+		fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0)
+			fd = -2;
+	}
+	if (!atomic_compare_exchange_strong(&p->dfd, &want, fd)) {
+		if (fd >= 0)
+			close(fd);
+		fd = want; /* another thread was first */
+	}
+	return fd >= 0 ? fd : -1;
+}
+
+int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+			  struct ckpt_pack_rec *ret_rec, void **ret_mem, const uint8_t **ret_stored)
+{
+	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
+	uint64_t a, e, need;
+	size_t got = 0;
+	struct ckpt_pack_rec rec;
+	uint8_t *mem = NULL;
+	const char *why;
+	int fd;
+
+	if (!p || expected_stored_len > CKPT_PACK_MAX_STORED || offset < CKPT_PACK_HDR_SIZE ||
+	    offset % CKPT_PACK_ALIGN != 0 ||
+	    offset > MAX_FILE_OFF - ckpt_pack_rec_span(expected_stored_len) - blk)
+		return -EINVAL;
+	fd = direct_fd(p);
+	if (fd < 0)
+		return -EOPNOTSUPP;
+	a = offset / blk * blk;
+	need = offset + CKPT_PACK_REC_HDR_SIZE + expected_stored_len - a;
+	e = (need + blk - 1) / blk * blk;
+	if (posix_memalign((void **)&mem, blk, e) != 0)
+		return -ENOMEM;
+	while (got < need) {
+		ssize_t n = pread(fd, mem + got, e - got, (off_t)(a + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int r = -errno;
+			free(mem);
+			/* e.g. EINVAL: alignment the device does not accept */
+			return r == -EINVAL ? -EOPNOTSUPP : r;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	if (got < need) {
+		why = "file ends inside the record";
+		goto corrupt;
+	}
+	if (!decode_rec_hdr(mem + (offset - a), &rec)) {
+		why = "invalid record header";
+		goto corrupt;
+	}
+	if (rec.stored_len != expected_stored_len) {
+		why = "stored length mismatch";
+		goto corrupt;
+	}
+	if (ret_rec)
+		*ret_rec = rec;
+	*ret_mem = mem;
+	*ret_stored = mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE;
+	return 0;
+corrupt:
+	free(mem);
 	ckpt_warn("pack %016" PRIx64 ": record at %" PRIu64 ": %s", p->id, offset, why);
 	return -EIO;
 }

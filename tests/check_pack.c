@@ -1088,6 +1088,53 @@ START_TEST(test_scan_holes)
 }
 END_TEST
 
+/* ckpt_pack_read_direct: refused on a writable pack; on a read-only one the
+ * same record as ckpt_pack_read (or -EOPNOTSUPP where O_DIRECT is refused),
+ * records at unaligned offsets and up to the end of the file included. */
+START_TEST(test_read_direct)
+{
+	ckpt_pack *p = create_pack(1);
+	uint64_t o[4];
+	uint32_t lens[4] = { 100, 0, 70000, 13 };
+	struct ckpt_pack_rec got, want;
+	const uint8_t *stored;
+	void *mem = NULL;
+	int r;
+
+	for (int i = 0; i < 4; i++)
+		o[i] = app(p, lens[i], (uint64_t)i + 1);
+	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0], lens[0], &got, &mem, &stored),
+			 -EOPNOTSUPP);
+	ckpt_pack_free(p);
+	p = open_pack(1, false);
+	for (int i = 0; i < 4; i++) {
+		uint8_t *exp = malloc(lens[i] ? lens[i] : 1);
+
+		r = ckpt_pack_read_direct(p, o[i], lens[i], &got, &mem, &stored);
+		if (r == -EOPNOTSUPP) {
+			free(exp);
+			break; /* file system without O_DIRECT */
+		}
+		ck_assert_int_eq(r, 0);
+		ck_assert_uint_eq((uintptr_t)mem % CKPT_PACK_DIRECT_ALIGN, 0);
+		mkrec(&want, lens[i], (uint64_t)i + 1);
+		fill(exp, lens[i], (uint64_t)i + 1);
+		ck_assert_uint_eq(got.stored_len, lens[i]);
+		ck_assert_uint_eq(got.raw_len, want.raw_len);
+		ck_assert_mem_eq(got.digest, want.digest, 16);
+		if (lens[i])
+			ck_assert_mem_eq(stored, exp, lens[i]);
+		free(mem);
+		free(exp);
+	}
+	/* a wrong length is a damaged record; bad offsets are refused */
+	ck_assert_int_ne(ckpt_pack_read_direct(p, o[0], lens[0] + 8, &got, &mem, &stored), 0);
+	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0] + 4, lens[0], &got, &mem, &stored),
+			 -EINVAL);
+	ckpt_pack_free(p);
+}
+END_TEST
+
 START_TEST(test_readonly_append)
 {
 	ckpt_pack *p = create_pack(1);
@@ -1282,6 +1329,7 @@ static Suite *pack_suite(void)
 	tcase_add_test(tc, test_append_enospc);
 	tcase_add_test(tc, test_scan_holes);
 	tcase_add_test(tc, test_readonly_append);
+	tcase_add_test(tc, test_read_direct);
 	tcase_add_test(tc, test_sync);
 	tcase_add_test(tc, test_sync_inflight);
 	tcase_add_test(tc, test_sync_concurrent);
