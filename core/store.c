@@ -616,6 +616,11 @@ int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d)
 	return 0;
 }
 
+void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)
+{
+	ckpt_cache_get_stats(s->cache, ret);
+}
+
 bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d)
 {
 	return ckpt_cache_contains(s->cache, d);

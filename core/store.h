@@ -120,6 +120,8 @@ void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
 /* Load chunk d into the chunk cache (as a stream entry) unless it is there
  * or being loaded (read-ahead).  Returns 0 or the load's error (nothing is cached then). */
 int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d);
+/* Counters of the chunk cache (misses: chunks loaded by readers). */
+void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
 /* Whether d is in the chunk cache or being loaded (a hint). */
 bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d);
 /* Location of a chunk (pending or indexed). */

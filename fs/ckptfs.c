@@ -1292,7 +1292,8 @@ static void usage(const char *prog)
 	       "  -o readahead_kb=N    read-ahead of the mount in KiB (default 1024; 0 keeps\n"
 	       "                       the kernel's)\n"
 	       "  -o ra_workers=N      threads loading chunks ahead of sequential readers\n"
-	       "                       (default: two per CPU; 0 turns chunk read-ahead off)\n"
+	       "                       (default: two per CPU; 0, or cache_size=0, turns\n"
+	       "                       chunk read-ahead off)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1534,7 +1535,8 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot start workers: %s\n", strerror(-r));
 		goto out;
 	}
-	if (o.ra_workers != 0) {
+	/* read-ahead loads into the chunk cache: pointless without one */
+	if (o.ra_workers != 0 && so.cache_size > 0) {
 		r = ckpt_readahead_new(fs.store, o.ra_workers == UINT_MAX ? 0 : o.ra_workers, 256,
 				       &fs.ra);
 		if (r < 0) {
@@ -1611,6 +1613,13 @@ out:
 		ckpt_info("read-ahead: %" PRIu64 " chunks queued, %" PRIu64 " loaded, %" PRIu64
 			  " found cached, %" PRIu64 " dropped (queue full), %" PRIu64 " failed",
 			  st.submitted, st.loaded, st.skipped, st.dropped, st.failed);
+	}
+	if (fs.store) {
+		struct ckpt_cache_stats cs;
+		ckpt_store_cache_stats(fs.store, &cs);
+		ckpt_info("chunk cache: %" PRIu64 " hits, %" PRIu64 " misses (loaded by readers), %"
+			  PRIu64 " evictions, %" PRIu64 " bytes held (%" PRIu64 " stream)",
+			  cs.hits, cs.misses, cs.evictions, cs.bytes, cs.stream_bytes);
 	}
 	ckpt_readahead_free(fs.ra);
 	ckpt_pool_free(fs.pool);
