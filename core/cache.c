@@ -16,8 +16,14 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "util.h"
+
+/* Chunk buffers: anonymous mappings of a multiple of BUF_GRAIN bytes. */
+#define BUF_GRAIN (128u << 10)
+#define BUF_CLASSES 257 /* up to 32 MiB; larger buffers are never pooled */
+#define BUF_POOL_MAX (32ull << 20)
 
 struct ckpt_cache_entry {
 	ckpt_digest digest;
@@ -27,6 +33,7 @@ struct ckpt_cache_entry {
 	bool dead; /* forgotten while pinned: free at last release */
 	bool loading; /* placeholder: its owner is loading the data (len 0) */
 	bool stream;  /* loaded for a sequential reader: on the stream list */
+	bool pooled;  /* data from ckpt_cache_buf_alloc (else malloc) */
 	struct ckpt_cache_entry *hnext;
 	struct ckpt_cache_entry *lru_prev, *lru_next; /* valid iff pins == 0 */
 };
@@ -43,6 +50,10 @@ struct ckpt_cache {
 	struct ckpt_cache_entry lru; /* sentinel: lru.lru_next is most recent */
 	struct ckpt_cache_entry slru; /* the same for stream entries */
 	uint64_t stream_bytes, stream_cap; /* stream entries' bytes and their budget */
+	/* Free chunk buffers by size class (index cap / BUF_GRAIN), pool_lock. */
+	pthread_mutex_t pool_lock;
+	void *pool[BUF_CLASSES];
+	uint64_t pool_bytes;
 	struct ckpt_cache_stats stats;
 };
 
@@ -67,6 +78,7 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache)
 		return -ENOMEM;
 	}
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->pool_lock, NULL);
 	pthread_cond_init(&c->loaded, NULL);
 	c->capacity = capacity;
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
@@ -103,13 +115,66 @@ static void hash_unlink(ckpt_cache *c, struct ckpt_cache_entry *e)
 		*pp = e->hnext;
 }
 
+static size_t buf_cap(size_t len)
+{
+	return (len ? (len + BUF_GRAIN - 1) / BUF_GRAIN : 1) * BUF_GRAIN;
+}
+
+uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
+{
+	size_t cap = buf_cap(len), k = cap / BUF_GRAIN;
+	void *p = NULL;
+
+	if (k < BUF_CLASSES) {
+		pthread_mutex_lock(&c->pool_lock);
+		p = c->pool[k];
+		if (p) {
+			memcpy(&c->pool[k], p, sizeof(void *));
+			c->pool_bytes -= cap;
+		}
+		pthread_mutex_unlock(&c->pool_lock);
+		if (p)
+			return p;
+	}
+	p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len)
+{
+	size_t cap = buf_cap(len), k = cap / BUF_GRAIN;
+
+	if (!buf)
+		return;
+	if (k < BUF_CLASSES) {
+		pthread_mutex_lock(&c->pool_lock);
+		if (c->pool_bytes + cap <= BUF_POOL_MAX) {
+			memcpy(buf, &c->pool[k], sizeof(void *));
+			c->pool[k] = buf;
+			c->pool_bytes += cap;
+			buf = NULL;
+		}
+		pthread_mutex_unlock(&c->pool_lock);
+	}
+	if (buf)
+		munmap(buf, cap);
+}
+
+static void entry_data_free(ckpt_cache *c, struct ckpt_cache_entry *e)
+{
+	if (e->pooled)
+		ckpt_cache_buf_free(c, e->data, e->len);
+	else
+		free(e->data);
+}
+
 static void entry_destroy(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
 	c->bytes -= e->len;
 	if (e->stream)
 		c->stream_bytes -= e->len;
 	c->nentries--;
-	free(e->data);
+	entry_data_free(c, e);
 	free(e);
 }
 
@@ -167,10 +232,18 @@ void ckpt_cache_free(ckpt_cache *c)
 		struct ckpt_cache_entry *e = c->buckets[i], *next;
 		for (; e; e = next) {
 			next = e->hnext;
-			free(e->data);
+			entry_data_free(c, e);
 			free(e);
 		}
 	}
+	for (size_t k = 0; k < BUF_CLASSES; k++) {
+		while (c->pool[k]) {
+			void *p = c->pool[k];
+			memcpy(&c->pool[k], p, sizeof(void *));
+			munmap(p, k * BUF_GRAIN);
+		}
+	}
+	pthread_mutex_destroy(&c->pool_lock);
 	free(c->buckets);
 	pthread_cond_destroy(&c->loaded);
 	pthread_mutex_destroy(&c->lock);
@@ -360,11 +433,18 @@ const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data
 const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
 				  bool stream)
 {
+	return ckpt_cache_fill_buf(c, e, data, len, stream, false);
+}
+
+const uint8_t *ckpt_cache_fill_buf(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
+				   bool stream, bool pooled)
+{
 	pthread_mutex_lock(&c->lock);
 	e->data = data;
 	e->len = len;
 	e->loading = false;
 	e->stream = stream;
+	e->pooled = pooled;
 	c->bytes += len;
 	if (stream)
 		c->stream_bytes += len;

@@ -539,7 +539,7 @@ static int load_chunk(ckpt_store *s, const ckpt_digest *d, uint8_t **ret_buf, si
 	r = ckpt_store_chunk_loc(s, d, &loc, NULL);
 	if (r < 0)
 		return r == -ENOENT ? -EIO : r;
-	buf = malloc(loc.raw_len ? loc.raw_len : 1);
+	buf = ckpt_cache_buf_alloc(s->cache, loc.raw_len);
 	if (!buf)
 		return -ENOMEM;
 	r = verify_chunk(s, d, &loc, buf, false);
@@ -555,7 +555,7 @@ static int load_chunk(ckpt_store *s, const ckpt_digest *d, uint8_t **ret_buf, si
 		}
 	}
 	if (r < 0) {
-		free(buf);
+		ckpt_cache_buf_free(s->cache, buf, loc.raw_len);
 		return r;
 	}
 	*ret_buf = buf;
@@ -584,7 +584,7 @@ int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
 			ckpt_cache_abandon(s->cache, e);
 			return r;
 		}
-		data = ckpt_cache_fill_as(s->cache, e, buf, dlen, stream);
+		data = ckpt_cache_fill_buf(s->cache, e, buf, dlen, stream, true);
 	}
 	*ret_entry = e;
 	*ret_data = data;
@@ -611,7 +611,7 @@ int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d)
 		ckpt_cache_abandon(s->cache, e);
 		return r;
 	}
-	ckpt_cache_fill_as(s->cache, e, buf, len, true);
+	ckpt_cache_fill_buf(s->cache, e, buf, len, true, true);
 	ckpt_cache_release(s->cache, e);
 	return 0;
 }

@@ -681,6 +681,39 @@ START_TEST(test_ra_window)
 }
 END_TEST
 
+/* Pooled chunk buffers: a freed buffer is reused for the next one of its
+ * size class; pooled entries go back to the pool when evicted. */
+START_TEST(test_buf_pool)
+{
+	ckpt_cache *c;
+	ckpt_digest d = dig(11);
+	ckpt_cache_entry *e;
+	uint8_t *a, *b;
+
+	ck_assert_int_eq(ckpt_cache_new(100000, &c), 0);
+	a = ckpt_cache_buf_alloc(c, 1000);
+	ck_assert_ptr_nonnull(a);
+	memset(a, 0x5a, 1000);
+	ckpt_cache_buf_free(c, a, 1000);
+	b = ckpt_cache_buf_alloc(c, 2000); /* same 128 KiB class */
+	ck_assert_ptr_eq(a, b);
+	e = ckpt_cache_reserve(c, &d);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_fill_buf(c, e, b, 2000, false, true);
+	ckpt_cache_release(c, e);
+	ck_assert(present(c, 11));
+	ckpt_cache_forget(c, &d); /* the buffer goes back to the pool */
+	ck_assert(!present(c, 11));
+	ck_assert_ptr_eq(ckpt_cache_buf_alloc(c, 1), a);
+	ckpt_cache_buf_free(c, a, 1);
+	a = ckpt_cache_buf_alloc(c, 3u << 20); /* another class */
+	ck_assert_ptr_nonnull(a);
+	a[(3u << 20) - 1] = 1;
+	ckpt_cache_buf_free(c, a, 3u << 20);
+	ckpt_cache_free(c); /* unmaps the pool */
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -701,6 +734,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_stress_threads);
 	tcase_add_test(tc, test_single_flight);
 	tcase_add_test(tc, test_ra_window);
+	tcase_add_test(tc, test_buf_pool);
 	suite_add_tcase(s, tc);
 	return s;
 }

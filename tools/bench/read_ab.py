@@ -8,7 +8,8 @@ tp2 x pp2 works).  Per repetition every binary (in rotating order) gets a
 fresh daemon for each of: the tp1_pp1 view with 1 reader, the tp4_pp1 view
 with 4 readers, the stored sources with 1 reader; 1 MiB reads as in
 tools/bench/run case 4.  Prints median wall seconds, GB/s and daemon CPU
-seconds per GB (less sensitive to other load on the machine than wall time).
+seconds per GB (less sensitive to other load on the machine than wall time),
+and the largest daemon peak RSS (VmHWM) of the samples.
 """
 import argparse
 import os
@@ -38,6 +39,14 @@ def mount(binary, store, mnt, opts):
         time.sleep(0.025)
     time.sleep(0.3)  # let the read-ahead knob be set
     return p
+
+
+def hwm(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for ln in f:
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1]) / 1024
+    return 0.0
 
 
 def umount(p, mnt):
@@ -80,17 +89,20 @@ def main():
                     c0 = pid_cpu(p.pid)
                     dt, n = bench.parallel_read(g)
                     cpu = pid_cpu(p.pid) - c0
+                    rss = hwm(p.pid)
                 finally:
                     umount(p, mnt)
-                res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9)))
+                res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9), rss))
     print(f"load average at end {os.getloadavg()[0]:.2f}")
-    print(f"{'case':26s} {'binary':28s} {'s':>6s} {'GB/s':>6s} {'CPU s/GB':>8s}  samples (s)")
+    print(f"{'case':26s} {'binary':28s} {'s':>6s} {'GB/s':>6s} {'CPU s/GB':>8s} "
+          f"{'RSS MiB':>7s}  samples (s)")
     for what in whats:
         for b, path in enumerate(a.bins):
             v = res[(what, b)]
             print(f"{what:26s} {path[-28:]:28s} {statistics.median(x[0] for x in v):6.3f} "
                   f"{statistics.median(x[1] for x in v):6.2f} "
-                  f"{statistics.median(x[2] for x in v):8.2f}  "
+                  f"{statistics.median(x[2] for x in v):8.2f} "
+                  f"{max(x[3] for x in v):7.0f}  "
                   + " ".join(f"{x[0]:.2f}" for x in v))
     os.rmdir(mnt)
 
