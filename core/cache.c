@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -24,6 +25,8 @@
 #define BUF_GRAIN (128u << 10)
 #define BUF_CLASSES 257 /* up to 32 MiB; larger buffers are never pooled */
 #define BUF_POOL_MAX (32ull << 20)
+#define BUF_HDR 64
+#define BUF_SLACK 4 /* reuse a free buffer up to 4 classes (512 KiB) larger */
 
 struct ckpt_cache_entry {
 	ckpt_digest digest;
@@ -115,49 +118,73 @@ static void hash_unlink(ckpt_cache *c, struct ckpt_cache_entry *e)
 		*pp = e->hnext;
 }
 
-static size_t buf_cap(size_t len)
+/* A buffer is a mapping of class * BUF_GRAIN bytes: a BUF_HDR header (the
+ * class; in the pool also the next free buffer) then the data. */
+static size_t buf_class(size_t len)
 {
-	return (len ? (len + BUF_GRAIN - 1) / BUF_GRAIN : 1) * BUF_GRAIN;
+	return (len + BUF_HDR + BUF_GRAIN - 1) / BUF_GRAIN;
+}
+
+static void *pool_pop_locked(ckpt_cache *c, size_t k)
+{
+	void *p = c->pool[k], *next;
+
+	if (p) {
+		memcpy(&next, (uint8_t *)p + sizeof(size_t), sizeof(next));
+		c->pool[k] = next;
+		c->pool_bytes -= k * BUF_GRAIN;
+	}
+	return p;
 }
 
 uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
 {
-	size_t cap = buf_cap(len), k = cap / BUF_GRAIN;
+	size_t k = buf_class(len), j = k;
 	void *p = NULL;
 
-	if (k < BUF_CLASSES) {
-		pthread_mutex_lock(&c->pool_lock);
-		p = c->pool[k];
-		if (p) {
-			memcpy(&c->pool[k], p, sizeof(void *));
-			c->pool_bytes -= cap;
-		}
-		pthread_mutex_unlock(&c->pool_lock);
-		if (p)
-			return p;
+	if (len > SIZE_MAX - BUF_HDR - BUF_GRAIN)
+		return NULL;
+	/* chunk sizes vary: a free buffer up to BUF_SLACK classes larger beats
+	 * a fresh mapping (page faults and zeroing) */
+	pthread_mutex_lock(&c->pool_lock);
+	for (j = k; j < BUF_CLASSES && j <= k + BUF_SLACK && !p; j++)
+		p = pool_pop_locked(c, j);
+	pthread_mutex_unlock(&c->pool_lock);
+	if (p) {
+		j--; /* the class p came from */
+	} else {
+		j = k;
+		p = mmap(NULL, j * BUF_GRAIN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			 -1, 0);
+		if (p == MAP_FAILED)
+			return NULL;
 	}
-	p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	return p == MAP_FAILED ? NULL : p;
+	memcpy(p, &j, sizeof(j));
+	return (uint8_t *)p + BUF_HDR;
 }
 
 void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len)
 {
-	size_t cap = buf_cap(len), k = cap / BUF_GRAIN;
+	void *p;
+	size_t k;
 
+	(void)len;
 	if (!buf)
 		return;
+	p = buf - BUF_HDR;
+	memcpy(&k, p, sizeof(k));
 	if (k < BUF_CLASSES) {
 		pthread_mutex_lock(&c->pool_lock);
-		if (c->pool_bytes + cap <= BUF_POOL_MAX) {
-			memcpy(buf, &c->pool[k], sizeof(void *));
-			c->pool[k] = buf;
-			c->pool_bytes += cap;
-			buf = NULL;
+		if (c->pool_bytes + k * BUF_GRAIN <= BUF_POOL_MAX) {
+			memcpy((uint8_t *)p + sizeof(size_t), &c->pool[k], sizeof(void *));
+			c->pool[k] = p;
+			c->pool_bytes += k * BUF_GRAIN;
+			p = NULL;
 		}
 		pthread_mutex_unlock(&c->pool_lock);
 	}
-	if (buf)
-		munmap(buf, cap);
+	if (p)
+		munmap(p, k * BUF_GRAIN);
 }
 
 static void entry_data_free(ckpt_cache *c, struct ckpt_cache_entry *e)
@@ -237,11 +264,9 @@ void ckpt_cache_free(ckpt_cache *c)
 		}
 	}
 	for (size_t k = 0; k < BUF_CLASSES; k++) {
-		while (c->pool[k]) {
-			void *p = c->pool[k];
-			memcpy(&c->pool[k], p, sizeof(void *));
+		void *p;
+		while ((p = pool_pop_locked(c, k)))
 			munmap(p, k * BUF_GRAIN);
-		}
 	}
 	pthread_mutex_destroy(&c->pool_lock);
 	free(c->buckets);

@@ -84,8 +84,9 @@ void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes);
  * readers of a 2.2 GB view left 462 MB with malloc for 88 MB in use.  These
  * buffers are anonymous mappings in 128 KiB steps; freed ones are kept for
  * reuse up to 32 MiB in all and unmapped beyond, so memory follows what the
- * cache holds.  buf_alloc returns NULL when out of memory; a buffer goes back
- * with buf_free (same len) or into the cache with fill_buf(pooled = true).
+ * cache holds; a request may get a free buffer up to 512 KiB larger.
+ * buf_alloc returns NULL when out of memory; a buffer goes back with
+ * buf_free or into the cache with fill_buf(pooled = true).
  */
 uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len);
 void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len);
