@@ -6,6 +6,12 @@
  * appends in flight, synced, sync_err).  Data is written and read with
  * positional I/O outside any lock.  p->sync_lock serialises fdatasync calls
  * so that concurrent ckpt_pack_sync() callers can share one fdatasync.
+ *
+ * Write-behind: every CKPT_PACK_KICK bytes of completed appends, the appender
+ * that crosses the mark starts writeback of that range with
+ * sync_file_range(SYNC_FILE_RANGE_WRITE).  The disk then writes while more
+ * data arrives, and a later fdatasync waits only for the tail.  It is a
+ * hint: durability still comes only from ckpt_pack_sync().
  */
 #include "pack.h"
 #include "util.h"
@@ -72,6 +78,7 @@ struct ckpt_pack {
 	 * if_head is the oldest one. */
 	struct inflight *if_head, *if_tail;
 	uint64_t synced;		/* [0, synced) is durable */
+	uint64_t kicked;		/* writeback started for [0, kicked) */
 	int sync_err;			/* latched fdatasync error, or 0 */
 };
 
@@ -502,6 +509,7 @@ int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *
 	struct inflight node = { 0 };
 	struct iovec iov[3];
 	uint64_t off, span, pad, written = 0;
+	uint64_t stable, kick_from = 0, kick_len = 0;
 	int r, cnt = 0;
 
 	if (!p || !rec || (!stored && rec->stored_len > 0))
@@ -563,8 +571,18 @@ int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *
 		node.next->prev = node.prev;
 	else
 		p->if_tail = node.prev;
+	/* Everything before the oldest append still in flight is written. */
+	stable = p->if_head ? p->if_head->off : atomic_load(&p->size);
+	if (!r && stable >= p->kicked + CKPT_PACK_KICK) {
+		kick_from = p->kicked;
+		kick_len = stable - kick_from;
+		p->kicked = stable;
+	}
 	pthread_mutex_unlock(&p->lock);
 
+	if (kick_len > 0)
+		(void)sync_file_range(p->fd, (off_t)kick_from, (off_t)kick_len,
+				      SYNC_FILE_RANGE_WRITE);
 	if (!r && ret_offset)
 		*ret_offset = off;
 	return r;

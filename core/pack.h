@@ -74,6 +74,7 @@
 #define CKPT_PACK_MAX_STORED (64u * 1024 * 1024)
 #define CKPT_PACK_NAME_MAX 32		/* buffer size for ckpt_pack_name() */
 #define CKPT_PACK_FILE_MODE 0600	/* mode of newly created pack files */
+#define CKPT_PACK_KICK (8u * 1024 * 1024) /* write-behind step, see pack.c */
 
 /* A record as seen by callers: everything but the checksums. */
 struct ckpt_pack_rec {
