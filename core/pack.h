@@ -62,6 +62,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define CKPT_PACK_VERSION 1
 #define CKPT_PACK_HDR_SIZE 64
@@ -158,6 +159,16 @@ uint64_t ckpt_pack_size(const ckpt_pack *p);
  */
 int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *stored,
 		     uint64_t *ret_offset);
+
+/*
+ * ckpt_pack_append() of the stored bytes given as nstored (1..
+ * CKPT_PACK_MAX_IOV) pieces whose lengths add up to rec->stored_len; the
+ * record is the same as for their concatenation.  -EINVAL also when the
+ * lengths do not add up.
+ */
+#define CKPT_PACK_MAX_IOV 4
+int ckpt_pack_appendv(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *stored,
+		      int nstored, uint64_t *ret_offset);
 
 /*
  * Make durable (fdatasync) every record that ends at or before `upto` and
