@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 #include "util.h"
 

@@ -29,7 +29,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 /* File header field offsets (format version 1). */
 #define HDR_OFF_MAGIC		0
