@@ -9,15 +9,23 @@
  *
  * Open: for every tensor of the file, the pieces are reduced to distinct
  * geometries (replicas with identical geometry must have identical chunk
- * digests, which tensor-aligned chunking guarantees for identical bytes),
- * each distinct piece contributes byte runs (layout.c), and a sweep over the
- * runs in target order checks coverage and compares the bytes where pieces
- * of different geometry overlap.
+ * digests, which tensor-aligned chunking guarantees for identical bytes).
+ * When the distinct pieces are boxes whose parts of the tensor are disjoint
+ * and add up to it, that proves the tensor (tensor_check); otherwise each
+ * distinct piece contributes byte runs (layout.c), and a sweep over the runs
+ * in target order checks coverage and compares the bytes where pieces of
+ * different geometry overlap (tensor_runs).  A file version that passed
+ * once is not checked again (V1).
+ *
+ * Read: the byte runs of a tensor are computed on the first read of its
+ * bytes through an open file, and kept until the file is closed.
  *
  * Invariants:
- *  V1. A view never changes after ckpt_view_build() returns.
- *  V2. The runs of an open file are sorted by dst and tile [hdr_len, size)
- *      exactly (no gap, no overlap).
+ *  V1. A view never changes after ckpt_view_build() returns (its files are
+ *      only planned, and marked verified, on first use).
+ *  V2. The runs of each tensor of an open file are sorted by dst and tile
+ *      the tensor's bytes [hdr_len + data_off, + nbytes) exactly (no gap,
+ *      no overlap); the tensors tile [hdr_len, size) in order.
  */
 #include "view.h"
 
@@ -212,7 +220,7 @@ static void srcdata_unref(struct srcdata *d)
 struct piece {
 	size_t src;
 	const struct ckpt_st_tensor *t;
-	struct ckpt_tensor_meta m;
+	const struct ckpt_tensor_meta *m; /* the source's (cached parse) */
 	const char *group;
 };
 
@@ -250,6 +258,9 @@ struct vfile_plan {
 	unsigned tp_rank, pp_rank;
 	bool planned; /* header, tensors and size computed (under plan_lock) */
 	int plan_err;
+	/* every tensor passed the checks of an open once: the view never
+	 * changes (V1), so later opens skip them */
+	atomic_bool verified;
 	uint8_t *hdr;
 	size_t hdr_len;
 	uint64_t size;
@@ -301,11 +312,18 @@ struct run {
 	uint64_t src_off; /* offset in the source file */
 };
 
+/* The byte runs of one tensor of an open file (dst: file offsets). */
+struct truns {
+	size_t n;
+	struct run v[];
+};
+
 struct ckpt_vfile {
 	ckpt_view *v;
 	const struct vfile_plan *plan;
-	struct run *runs;
-	size_t nruns;
+	/* per tensor of plan, computed on the first read of its bytes and
+	 * published with a compare-and-swap (reads may run concurrently) */
+	_Atomic(struct truns *) *truns;
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -480,6 +498,57 @@ fail:
 	return r < 0 ? r : -EIO;
 }
 
+
+/* Put a source's tensor table (and its metas) in strcmp order of names, so
+ * that view builds merge sources instead of sorting every piece.  Returns 1
+ * if it reordered, 0 if already in order, -ENOMEM. */
+struct name_ord {
+	const char *name;
+	size_t i;
+};
+
+static int name_ord_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct name_ord *)a)->name, ((const struct name_ord *)b)->name);
+}
+
+static int sort_table(struct ckpt_st_tensor *t, struct ckpt_tensor_meta *m, size_t n)
+{
+	struct name_ord *ord;
+	struct ckpt_st_tensor *t2;
+	struct ckpt_tensor_meta *m2;
+	size_t k;
+
+	for (k = 1; k < n; k++)
+		if (strcmp(t[k - 1].name, t[k].name) > 0)
+			break;
+	if (k >= n)
+		return 0;
+	ord = malloc(n * sizeof(*ord));
+	t2 = malloc(n * sizeof(*t2));
+	m2 = malloc(n * sizeof(*m2));
+	if (!ord || !t2 || !m2) {
+		free(ord);
+		free(t2);
+		free(m2);
+		return -ENOMEM;
+	}
+	for (k = 0; k < n; k++) {
+		ord[k].name = t[k].name;
+		ord[k].i = k;
+	}
+	qsort(ord, n, sizeof(*ord), name_ord_cmp);
+	for (k = 0; k < n; k++) {
+		t2[k] = t[ord[k].i];
+		m2[k] = m[ord[k].i];
+	}
+	memcpy(t, t2, n * sizeof(*t));
+	memcpy(m, m2, n * sizeof(*m));
+	free(ord);
+	free(t2);
+	free(m2);
+	return 1;
+}
 
 /* ---------------------------------------------- persisted parse results */
 
@@ -824,7 +893,10 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 		d = n ? hcache_entry(n, struct srcdata) : NULL;
 	}
 	if (!d && (d = load_parse_record(s, src, size)) != NULL) {
-		/* parsed on an earlier mount: no JSON to parse */
+		/* parsed on an earlier mount: no JSON to parse (records of older
+		 * builds are in data order: rewrite them in name order) */
+		if (sort_table(d->tensors, d->metas, d->ntensors) > 0)
+			persist_parse(s, d, d->ext);
 		hcache_insert(&src_cache, &d->node, s);
 	} else if (!d) {
 		r = parse_source(s, src, err, errlen);
@@ -864,6 +936,8 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 			if (!d->metas || !d->tensors)
 				d->source = false;
 			d->ntensors = d->source ? nt : 0;
+			if (d->source)
+				sort_table(d->tensors, d->metas, nt); /* else merged unsorted */
 			d->group = ckpt_shardmeta_group(d->meta);
 			d->has_nl = ckpt_shardmeta_num_layers(d->meta, &d->nl);
 		}
@@ -931,7 +1005,7 @@ static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 static int piece_cmp(const void *a, const void *b)
 {
 	const struct piece *x = a, *y = b;
-	int c = strcmp(x->group, y->group);
+	int c = x->group == y->group ? 0 : strcmp(x->group, y->group);
 
 	if (c)
 		return c;
@@ -941,30 +1015,118 @@ static int piece_cmp(const void *a, const void *b)
 	return x->src < y->src ? -1 : x->src > y->src;
 }
 
+/* Sources by group, then index. */
+static int src_group_cmp(const void *a, const void *b, void *arg)
+{
+	const struct src *srcs = arg;
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	int c = strcmp(srcs[x].group, srcs[y].group);
+
+	if (c)
+		return c;
+	return x < y ? -1 : x > y;
+}
+
+/* Merge heap over the sources of one group: the next tensor of each. */
+struct mhead {
+	size_t src, k;
+};
+
+static bool mhead_less(const ckpt_view *v, const struct mhead *a, const struct mhead *b)
+{
+	int c = strcmp(v->srcs[a->src].tensors[a->k].name, v->srcs[b->src].tensors[b->k].name);
+
+	return c < 0 || (c == 0 && a->src < b->src);
+}
+
+static void mheap_down(const ckpt_view *v, struct mhead *h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, m = i;
+		struct mhead t;
+		if (l < n && mhead_less(v, &h[l], &h[m]))
+			m = l;
+		if (l + 1 < n && mhead_less(v, &h[l + 1], &h[m]))
+			m = l + 1;
+		if (m == i)
+			return;
+		t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void add_piece(ckpt_view *v, size_t si, size_t k)
+{
+	struct src *src = &v->srcs[si];
+	struct piece *p = &v->pieces[v->npieces++];
+
+	p->src = si;
+	p->t = &src->tensors[k];
+	p->group = src->group;
+	p->m = &src->metas[k];
+}
+
+/* Pieces in (group, name, source) order.  Source tables are in name order
+ * (sort_table), so the sources of each group are merged; a table that is
+ * not (sort_table ran out of memory) falls back to sorting every piece. */
 static int collect_pieces(ckpt_view *v)
 {
-	size_t n = 0;
+	size_t n = 0, ns = 0, *order = NULL;
+	struct mhead *heap = NULL;
+	bool sorted = true;
 
-	for (size_t i = 0; i < v->nsrcs; i++)
-		if (v->srcs[i].source)
-			n += v->srcs[i].ntensors;
-	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
-	if (!v->pieces)
-		return -ENOMEM;
 	for (size_t i = 0; i < v->nsrcs; i++) {
-		struct src *src = &v->srcs[i];
+		const struct src *src = &v->srcs[i];
 		if (!src->source)
 			continue;
-		for (size_t k = 0; k < src->ntensors; k++) {
-			struct piece *p = &v->pieces[v->npieces];
-			p->src = i;
-			p->t = &src->tensors[k];
-			p->group = src->group;
-			p->m = src->metas[k];
-			v->npieces++;
+		n += src->ntensors;
+		ns++;
+		for (size_t k = 1; k < src->ntensors && sorted; k++)
+			if (strcmp(src->tensors[k - 1].name, src->tensors[k].name) > 0)
+				sorted = false;
+	}
+	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
+	order = calloc(ns ? ns : 1, sizeof(*order));
+	heap = calloc(ns ? ns : 1, sizeof(*heap));
+	if (!v->pieces || !order || !heap) {
+		free(order);
+		free(heap);
+		return -ENOMEM;
+	}
+	ns = 0;
+	for (size_t i = 0; i < v->nsrcs; i++)
+		if (v->srcs[i].source)
+			order[ns++] = i;
+	if (!sorted) {
+		for (size_t j = 0; j < ns; j++)
+			for (size_t k = 0; k < v->srcs[order[j]].ntensors; k++)
+				add_piece(v, order[j], k);
+		qsort(v->pieces, v->npieces, sizeof(*v->pieces), piece_cmp);
+		goto out;
+	}
+	qsort_r(order, ns, sizeof(*order), src_group_cmp, v->srcs);
+	for (size_t a = 0, b; a < ns; a = b) {
+		size_t nh = 0;
+		for (b = a; b < ns && !strcmp(v->srcs[order[b]].group, v->srcs[order[a]].group); b++)
+			if (v->srcs[order[b]].ntensors) {
+				heap[nh].src = order[b];
+				heap[nh].k = 0;
+				nh++;
+			}
+		for (size_t i = nh / 2; i-- > 0;)
+			mheap_down(v, heap, nh, i);
+		while (nh) {
+			add_piece(v, heap[0].src, heap[0].k);
+			if (++heap[0].k == v->srcs[heap[0].src].ntensors)
+				heap[0] = heap[--nh];
+			mheap_down(v, heap, nh, 0);
 		}
 	}
-	qsort(v->pieces, v->npieces, sizeof(*v->pieces), piece_cmp);
+out:
+	free(order);
+	free(heap);
 	return 0;
 }
 
@@ -1002,8 +1164,8 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 	g->name = p0->t->name;
 	g->dtype = p0->t->dtype;
 	g->elem_bytes = ckpt_dtype_bits(g->dtype) / 8;
-	g->ndim = p0->m.ndim;
-	memcpy(g->gshape, p0->m.global_shape, sizeof(g->gshape));
+	g->ndim = p0->m->ndim;
+	memcpy(g->gshape, p0->m->global_shape, sizeof(g->gshape));
 	for (size_t i = g->p0; i < g->p1; i++) {
 		const struct piece *p = &v->pieces[i];
 		if (p->t->dtype != g->dtype) {
@@ -1011,26 +1173,26 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 				ckpt_dtype_name(g->dtype), v->srcs[p0->src].name,
 				ckpt_dtype_name(p->t->dtype), v->srcs[p->src].name);
 		}
-		if (p->m.ndim != g->ndim ||
-		    memcmp(p->m.global_shape, g->gshape, sizeof(g->gshape)) != 0) {
+		if (p->m->ndim != g->ndim ||
+		    memcmp(p->m->global_shape, g->gshape, sizeof(g->gshape)) != 0) {
 			char a[128], b[128];
 			fmt_shape(a, sizeof(a), g->gshape, g->ndim);
-			fmt_shape(b, sizeof(b), p->m.global_shape, p->m.ndim);
+			fmt_shape(b, sizeof(b), p->m->global_shape, p->m->ndim);
 			problem(g, "pieces disagree on global shape: %s in %s, %s in %s", a,
 				v->srcs[p0->src].name, b, v->srcs[p->src].name);
 		}
-		if (p->m.tp_dim != CKPT_TP_DIM_UNSET) {
-			if (tp != CKPT_TP_DIM_UNSET && tp != p->m.tp_dim)
+		if (p->m->tp_dim != CKPT_TP_DIM_UNSET) {
+			if (tp != CKPT_TP_DIM_UNSET && tp != p->m->tp_dim)
 				problem(g, "pieces disagree on tp_dim (%d in %s, %d in %s)", tp,
-					v->srcs[p0->src].name, p->m.tp_dim, v->srcs[p->src].name);
-			tp = p->m.tp_dim;
+					v->srcs[p0->src].name, p->m->tp_dim, v->srcs[p->src].name);
+			tp = p->m->tp_dim;
 		}
-		if (p->m.has_pp && !have_pp) {
-			g->pp = p->m.pp;
+		if (p->m->has_pp && !have_pp) {
+			g->pp = p->m->pp;
 			have_pp = true;
 		}
-		for (unsigned d = 0; d < p->m.ndim && d < CKPT_MAX_DIMS; d++) {
-			if (p->m.geom.box.shape[d] != p->m.global_shape[d] && !(split_dims & (1u << d))) {
+		for (unsigned d = 0; d < p->m->ndim && d < CKPT_MAX_DIMS; d++) {
+			if (p->m->geom.box.shape[d] != p->m->global_shape[d] && !(split_dims & (1u << d))) {
 				split_dims |= 1u << d;
 				split = (int)d;
 			}
@@ -1066,9 +1228,9 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 			continue;
 		for (size_t i = g->p0; i < g->p1; i++) {
 			const struct piece *p = &v->pieces[i];
-			uint64_t off = p->m.geom.box.off[g->tp_dim];
+			uint64_t off = p->m->geom.box.off[g->tp_dim];
 			size_t k;
-			if (p->m.geom.box.shape[g->tp_dim] == g->gshape[g->tp_dim])
+			if (p->m->geom.box.shape[g->tp_dim] == g->gshape[g->tp_dim])
 				continue;
 			for (k = 0; k < nseen && seen[k] != off; k++)
 				;
@@ -1122,7 +1284,8 @@ static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
 		struct gtensor *g = &v->gts[v->ngts];
 		size_t j = i + 1;
 
-		while (j < v->npieces && !strcmp(v->pieces[j].group, p->group) &&
+		while (j < v->npieces &&
+		       (v->pieces[j].group == p->group || !strcmp(v->pieces[j].group, p->group)) &&
 		       !strcmp(v->pieces[j].t->name, p->t->name))
 			j++;
 		if (v->ngroups == 0 || strcmp(v->groups[v->ngroups - 1].name, p->group)) {
@@ -1576,7 +1739,7 @@ static int run_cmp(const void *a, const void *b)
 /* Do two pieces have the same geometry? */
 static bool same_geom(const struct piece *a, const struct piece *b)
 {
-	const struct ckpt_piece_geom *x = &a->m.geom, *y = &b->m.geom;
+	const struct ckpt_piece_geom *x = &a->m->geom, *y = &b->m->geom;
 
 	if (x->flat != y->flat || x->box.ndim != y->box.ndim)
 		return false;
@@ -1656,10 +1819,54 @@ static void fmt_index(char *buf, size_t len, const struct ckpt_box *b, uint64_t 
 	fmt_shape(buf, len, idx, b->ndim);
 }
 
+/* The pieces of g with distinct geometries (indices into v->pieces, in
+ * order) into uniq (room for all of g's pieces).  check: replicas of one
+ * geometry must hold the same bytes (-EIO with err set otherwise). */
+static int unique_pieces(ckpt_view *v, const struct gtensor *g, size_t *uniq, size_t *ret_nu,
+			 bool check, char *err, size_t errlen)
+{
+	size_t nu = 0;
+
+	for (size_t i = g->p0; i < g->p1; i++) {
+		const struct piece *p = &v->pieces[i];
+		const struct piece *q;
+		size_t k;
+		int r;
+
+		for (k = 0; k < nu; k++)
+			if (same_geom(&v->pieces[uniq[k]], p))
+				break;
+		if (k == nu) {
+			uniq[nu++] = i;
+			continue;
+		}
+		if (!check)
+			continue;
+		q = &v->pieces[uniq[k]];
+		r = same_bytes(v, q->src, v->srcs[q->src].data_start + q->t->begin, p->src,
+			       v->srcs[p->src].data_start + p->t->begin, p->t->end - p->t->begin);
+		if (r < 0)
+			return r;
+		if (r == 0) {
+			seterr(err, errlen,
+			       "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
+			       "same piece with different bytes)",
+			       v->groups[g->group].name, g->name, v->srcs[q->src].name,
+			       v->srcs[p->src].name);
+			return -EIO;
+		}
+	}
+	*ret_nu = nu;
+	return 0;
+}
+
 /* Runs of one tensor of a view file, appended to out (dst relative to the
- * file).  Returns -EIO with err set when the tensor cannot be served. */
+ * file).  Returns -EIO with err set when the tensor cannot be served.
+ * check: compare replicas and overlapping pieces (else the tensor is known
+ * to have passed, e.g. by tensor_check at open, and overlaps are only
+ * trimmed). */
 static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vtensor *vt,
-		       struct runvec *out, char *err, size_t errlen)
+		       struct runvec *out, bool check, char *err, size_t errlen)
 {
 	const struct gtensor *g = &v->gts[vt->g];
 	const char *gname = v->groups[g->group].name;
@@ -1678,38 +1885,13 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	uniq = calloc(g->p1 - g->p0, sizeof(*uniq));
 	if (!uniq)
 		return -ENOMEM;
-	/* replicas of one geometry must be identical; keep one */
-	for (size_t i = g->p0; i < g->p1; i++) {
-		const struct piece *p = &v->pieces[i];
-		size_t k;
-		for (k = 0; k < nu; k++)
-			if (same_geom(&v->pieces[uniq[k]], p))
-				break;
-		if (k == nu) {
-			uniq[nu++] = i;
-			continue;
-		}
-		{
-			const struct piece *q = &v->pieces[uniq[k]];
-			r = same_bytes(v, q->src, v->srcs[q->src].data_start + q->t->begin, p->src,
-				       v->srcs[p->src].data_start + p->t->begin, p->t->end - p->t->begin);
-			if (r < 0)
-				goto out;
-			if (r == 0) {
-				seterr(err, errlen,
-				       "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
-				       "same piece with different bytes)",
-				       gname, g->name, v->srcs[q->src].name, v->srcs[p->src].name);
-				r = -EIO;
-				goto out;
-			}
-			r = 0;
-		}
-	}
+	r = unique_pieces(v, g, uniq, &nu, check, err, errlen);
+	if (r < 0)
+		goto out;
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
 		struct run_ctx c = { &rv, p->src, v->srcs[p->src].data_start + p->t->begin };
-		r = ckpt_box_runs(&vt->box, &p->m.geom, g->elem_bytes, run_cb, &c);
+		r = ckpt_box_runs(&vt->box, &p->m->geom, g->elem_bytes, run_cb, &c);
 		if (r != 0) {
 			r = r < 0 ? r : -EIO;
 			seterr(err, errlen, "group '%s', tensor '%s': bad piece geometry in %s",
@@ -1717,7 +1899,12 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 			goto out;
 		}
 	}
-	qsort(rv.v, rv.n, sizeof(*rv.v), run_cmp);
+	for (size_t i = 1; i < rv.n; i++) {
+		if (run_cmp(&rv.v[i - 1], &rv.v[i]) > 0) {
+			qsort(rv.v, rv.n, sizeof(*rv.v), run_cmp);
+			break;
+		}
+	}
 	for (size_t i = 0; i < rv.n; i++) {
 		struct run r2 = rv.v[i];
 		uint64_t end = r2.dst + r2.len;
@@ -1733,7 +1920,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		}
 		if (r2.dst < cur) {
 			/* overlap with earlier runs: compare the overlapping bytes */
-			uint64_t ov = CKPT_MIN(end, cur) - r2.dst;
+			uint64_t ov = check ? CKPT_MIN(end, cur) - r2.dst : 0;
 			/* in file offsets: runs already emitted may have been merged
 			 * with runs of the previous tensor */
 			uint64_t a0 = base + r2.dst, a1 = base + r2.dst + ov;
@@ -1786,6 +1973,58 @@ out:
 	return r;
 }
 
+/*
+ * What an open checks for one tensor (the checks of tensor_runs), without
+ * computing its runs when its geometry alone proves it: every distinct
+ * piece is a box (not flat) and their intersections with the part are
+ * pairwise disjoint and add up to the part's element count, so the part is
+ * covered exactly once (no gap, no overlap to compare).  Anything else
+ * (gaps, overlaps, flat pieces, many pieces) goes through tensor_runs, which
+ * finds the same problems with the same messages.
+ */
+#define FAST_PIECES 16
+
+static int tensor_check(ckpt_view *v, const struct vfile_plan *f, const struct vtensor *vt,
+			char *err, size_t errlen)
+{
+	const struct gtensor *g = &v->gts[vt->g];
+	struct ckpt_box parts[FAST_PIECES];
+	size_t uniq[FAST_PIECES], nu = 0, nparts = 0;
+	uint64_t want, sum = 0;
+	struct runvec out = { 0 };
+	int r;
+
+	if (g->problem || vt->nbytes == 0 || g->p1 - g->p0 > FAST_PIECES)
+		goto slow;
+	r = unique_pieces(v, g, uniq, &nu, true, err, errlen);
+	if (r < 0)
+		return r;
+	want = ckpt_box_elems(&vt->box);
+	if (want == UINT64_MAX)
+		goto slow;
+	for (size_t k = 0; k < nu; k++) {
+		const struct piece *p = &v->pieces[uniq[k]];
+		uint64_t n;
+		if (p->m->geom.flat || p->m->geom.box.ndim != vt->box.ndim)
+			goto slow;
+		if (!ckpt_box_intersect(&p->m->geom.box, &vt->box, &parts[nparts]))
+			continue;
+		for (size_t j = 0; j < nparts; j++)
+			if (ckpt_box_intersect(&parts[j], &parts[nparts], NULL))
+				goto slow; /* overlap: bytes to compare */
+		n = ckpt_box_elems(&parts[nparts]);
+		if (n == UINT64_MAX || __builtin_add_overflow(sum, n, &sum))
+			goto slow;
+		nparts++;
+	}
+	if (sum == want)
+		return 0;
+slow:
+	r = tensor_runs(v, f, vt, &out, true, err, errlen);
+	free(out.v);
+	return r;
+}
+
 int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const char *why),
 		    void *ud)
 {
@@ -1800,13 +2039,11 @@ int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const c
 			continue;
 		}
 		for (size_t k = 0; k < f->nt; k++) {
-			struct runvec out = { 0 };
 			char err[1024];
 			int r;
 
 			err[0] = '\0';
-			r = tensor_runs(v, f, &f->t[k], &out, err, sizeof(err));
-			free(out.v);
+			r = tensor_check(v, f, &f->t[k], err, sizeof(err));
 			if (r == -ENOMEM)
 				return r;
 			if (r < 0) {
@@ -1820,8 +2057,7 @@ int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const c
 
 int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen)
 {
-	const struct vfile_plan *f;
-	struct runvec out = { 0 };
+	struct vfile_plan *f;
 	ckpt_vfile *vf;
 	int r = 0;
 
@@ -1834,22 +2070,24 @@ int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, si
 		return r;
 	}
 	f = &v->files[i];
-	for (size_t k = 0; k < f->nt && r == 0; k++)
-		r = tensor_runs(v, f, &f->t[k], &out, err, errlen);
-	if (r < 0) {
-		free(out.v);
-		return r;
+	if (!atomic_load(&f->verified)) {
+		for (size_t k = 0; k < f->nt && r == 0; k++)
+			r = tensor_check(v, f, &f->t[k], err, errlen);
+		if (r < 0)
+			return r;
+		atomic_store(&f->verified, true);
 	}
 	vf = calloc(1, sizeof(*vf));
-	if (!vf) {
-		free(out.v);
+	if (!vf)
+		return -ENOMEM;
+	vf->truns = calloc(f->nt ? f->nt : 1, sizeof(*vf->truns));
+	if (!vf->truns) {
+		free(vf);
 		return -ENOMEM;
 	}
 	ckpt_view_ref(v);
 	vf->v = v;
 	vf->plan = f;
-	vf->runs = out.v;
-	vf->nruns = out.n;
 	*ret_file = vf;
 	return 0;
 }
@@ -1858,7 +2096,9 @@ void ckpt_vfile_free(ckpt_vfile *f)
 {
 	if (!f)
 		return;
-	free(f->runs);
+	for (size_t k = 0; k < f->plan->nt; k++)
+		free(atomic_load(&f->truns[k]));
+	free(f->truns);
 	ckpt_view_unref(f->v);
 	free(f);
 }
@@ -1868,11 +2108,49 @@ uint64_t ckpt_vfile_size(const ckpt_vfile *f)
 	return f->plan->size;
 }
 
+/* The runs of tensor k of f, computed on first use. */
+static int vfile_truns(ckpt_vfile *f, size_t k, struct truns **ret)
+{
+	struct truns *t = atomic_load(&f->truns[k]), *expect = NULL;
+	struct runvec rv = { 0 };
+	char err[1024];
+	int r;
+
+	if (t) {
+		*ret = t;
+		return 0;
+	}
+	err[0] = '\0';
+	r = tensor_runs(f->v, f->plan, &f->plan->t[k], &rv, false, err, sizeof(err));
+	if (r == 0) {
+		t = malloc(sizeof(*t) + rv.n * sizeof(t->v[0]));
+		if (!t)
+			r = -ENOMEM;
+	}
+	if (r < 0) {
+		/* the open checked the tensor: only ENOMEM gets here */
+		if (r != -ENOMEM)
+			ckpt_err("view file %s: %s", f->plan->name, err[0] ? err : strerror(-r));
+		free(rv.v);
+		return r;
+	}
+	t->n = rv.n;
+	if (rv.n)
+		memcpy(t->v, rv.v, rv.n * sizeof(t->v[0]));
+	free(rv.v);
+	if (!atomic_compare_exchange_strong(&f->truns[k], &expect, t)) {
+		free(t); /* another reader was first */
+		t = expect;
+	}
+	*ret = t;
+	return 0;
+}
+
 ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 {
 	const struct vfile_plan *p = f->plan;
 	uint8_t *out = buf;
-	size_t done = 0, lo = 0, hi = f->nruns;
+	size_t done = 0, lo = 0, hi = p->nt;
 
 	if (off >= p->size)
 		return 0;
@@ -1882,29 +2160,56 @@ ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 		memcpy(out, p->hdr + off, n);
 		done = n;
 	}
-	/* first run ending after off + done */
+	if (done == len)
+		return (ssize_t)done;
+	/* first tensor ending after off + done (tensors tile the data area in
+	 * order; empty ones are skipped) */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		if (f->runs[mid].dst + f->runs[mid].len <= off + done)
+		if (p->hdr_len + p->t[mid].data_off + p->t[mid].nbytes <= off + done)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	for (size_t k = lo; done < len && k < f->nruns; k++) {
-		const struct run *r = &f->runs[k];
-		uint64_t pos = off + done, in = pos - r->dst;
-		size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), r->len - in);
-		ssize_t got;
+	for (size_t k = lo; done < len && k < p->nt; k++) {
+		struct truns *t;
+		size_t a = 0, b;
+		int r;
 
-		if (pos < r->dst)
-			return -EIO; /* V2 broken */
-		got = ckpt_store_read_extents(f->v->s, f->v->srcs[r->src].ext, out + done, n,
-					      r->src_off + in);
-		if (got < 0)
-			return got;
-		if ((size_t)got != n)
-			return -EIO;
-		done += n;
+		if (p->t[k].nbytes == 0)
+			continue;
+		r = vfile_truns(f, k, &t);
+		if (r < 0)
+			return r;
+		/* first run ending after off + done */
+		b = t->n;
+		while (a < b) {
+			size_t mid = a + (b - a) / 2;
+			if (t->v[mid].dst + t->v[mid].len <= off + done)
+				a = mid + 1;
+			else
+				b = mid;
+		}
+		for (size_t j = a; done < len && j < t->n; j++) {
+			const struct run *rn = &t->v[j];
+			uint64_t pos = off + done, in = pos - rn->dst;
+			size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), rn->len - in);
+			ssize_t got;
+
+			if (pos < rn->dst)
+				return -EIO; /* V2 broken */
+			got = ckpt_store_read_extents(f->v->s, f->v->srcs[rn->src].ext, out + done,
+						      n, rn->src_off + in);
+			if (got < 0)
+				return got;
+			if ((size_t)got != n)
+				return -EIO;
+			done += n;
+		}
+		if (done < len && off + done < p->hdr_len + p->t[k].data_off + p->t[k].nbytes)
+			return -EIO; /* V2 broken: the tensor's runs end early */
 	}
+	if (done < len)
+		return -EIO; /* V2 broken */
 	return (ssize_t)done;
 }
