@@ -946,29 +946,38 @@ static bool st_valid_cstr(const char *s)
 	return st_utf8_check((const uint8_t *)s, len) == len;
 }
 
-static int st_cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* -EINVAL if two of the n strings are equal (sorts a copy). */
+/* -EINVAL if two of the n strings are equal. */
 static int st_check_unique(const char *const *strs, size_t stride, size_t n)
 {
-	const char **tmp;
+	size_t cap = 16, *slot;
 	int r = 0;
 
+	/* an open-addressing hash set (a qsort of 20,000 names cost more than
+	 * writing the header) */
 	if (n < 2)
 		return 0;
-	tmp = malloc(n * sizeof(*tmp));
-	if (!tmp)
+	while (cap < 2 * n)
+		cap *= 2;
+	slot = malloc(cap * sizeof(*slot));
+	if (!slot)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++)
-		tmp[i] = *(const char *const *)((const char *)strs + i * stride);
-	qsort(tmp, n, sizeof(*tmp), st_cmp_str);
-	for (size_t i = 1; i < n && !r; i++)
-		if (strcmp(tmp[i - 1], tmp[i]) == 0)
-			r = -EINVAL;
-	free(tmp);
+	memset(slot, 0xff, cap * sizeof(*slot));
+	for (size_t i = 0; i < n && !r; i++) {
+		const char *s = *(const char *const *)((const char *)strs + i * stride);
+		uint64_t h = 1469598103934665603ull; /* FNV-1a */
+		size_t j;
+		for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j] != SIZE_MAX;
+		     j = (j + 1) & (cap - 1)) {
+			if (!strcmp(*(const char *const *)((const char *)strs + slot[j] * stride), s)) {
+				r = -EINVAL;
+				break;
+			}
+		}
+		slot[j] = i;
+	}
+	free(slot);
 	return r;
 }
 

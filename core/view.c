@@ -246,8 +246,7 @@ struct vgroup {
 };
 
 struct vtensor {
-	size_t g;          /* global tensor */
-	struct ckpt_box box; /* part in global coordinates */
+	size_t g;          /* global tensor; its part: vt_box() */
 	uint64_t data_off;   /* in the file's data area */
 	uint64_t nbytes;
 };
@@ -1333,6 +1332,22 @@ static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
 
 /* ----------------------------------------------------------- view files */
 
+/* The part of global tensor g that TP rank t of T holds, in global
+ * coordinates (section 5 of docs/views.md). */
+static void part_box(const struct gtensor *g, unsigned T, unsigned t, struct ckpt_box *b)
+{
+	memset(b, 0, sizeof(*b));
+	b->ndim = g->ndim;
+	for (unsigned d = 0; d < g->ndim; d++)
+		b->shape[d] = g->gshape[d];
+	if (g->tp_dim >= 0) {
+		uint64_t lo, hi;
+		ckpt_tp_bounds(g->gshape[g->tp_dim], T, t, &lo, &hi);
+		b->off[g->tp_dim] = lo;
+		b->shape[g->tp_dim] = hi - lo;
+	}
+}
+
 struct order {
 	size_t g;
 	unsigned bits;
@@ -1348,16 +1363,42 @@ static int order_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+struct plan_meta_ctx {
+	const ckpt_view *v;
+	const struct vfile_plan *f;
+	uint64_t num_layers;
+};
+
+/* The output metadata of tensor i of a file being planned (into *tmp). */
+static const struct ckpt_tensor_meta *plan_meta(void *ud, size_t i, const char **ret_name,
+						 struct ckpt_tensor_meta *tmp)
+{
+	const struct plan_meta_ctx *c = ud;
+	const struct gtensor *g = &c->v->gts[c->f->t[i].g];
+
+	*ret_name = g->name;
+	memset(tmp, 0, sizeof(*tmp));
+	part_box(g, c->v->layout.tp, c->f->tp_rank, &tmp->geom.box);
+	tmp->ndim = g->ndim;
+	memcpy(tmp->global_shape, g->gshape, sizeof(g->gshape));
+	tmp->tp_dim = g->tp_dim;
+	tmp->has_pp = true;
+	tmp->pp = g->pp;
+	if (g->pp.kind == CKPT_PP_LAYER && g->pp.layer >= c->num_layers)
+		tmp->pp.kind = CKPT_PP_LAST; /* where layout.c placed it */
+	return tmp;
+}
+
 static int plan_file(ckpt_view *v, struct vfile_plan *f)
 {
 	size_t group = f->group;
 	unsigned t = f->tp_rank, p = f->pp_rank;
 	const struct vgroup *grp = &v->groups[group];
-	size_t n = grp->g1 - grp->g0, k = 0;
+	size_t n = grp->g1 - grp->g0, k = 0, ndims = 0;
 	struct order *ord = calloc(n ? n : 1, sizeof(*ord));
 	struct ckpt_st_tensor_spec *specs = NULL;
-	struct ckpt_tensor_meta *metas = NULL;
-	struct ckpt_shardmeta_out *outs = NULL;
+	struct plan_meta_ctx mc = { v, f, grp->num_layers };
+	uint64_t *shapes = NULL;
 	char *meta_json = NULL;
 	uint64_t off = 0;
 	int r = -ENOMEM;
@@ -1371,51 +1412,37 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f)
 		ord[k].g = gi;
 		ord[k].bits = ckpt_dtype_bits(g->dtype);
 		ord[k].name = g->name;
+		ndims += g->ndim;
 		k++;
 	}
 	qsort(ord, k, sizeof(*ord), order_cmp);
 	f->t = calloc(k ? k : 1, sizeof(*f->t));
 	specs = calloc(k ? k : 1, sizeof(*specs));
-	metas = calloc(k ? k : 1, sizeof(*metas));
-	outs = calloc(k ? k : 1, sizeof(*outs));
-	if (!f->t || !specs || !metas || !outs)
+	shapes = calloc(ndims ? ndims : 1, sizeof(*shapes));
+	if (!f->t || !specs || !shapes)
 		goto out;
 	f->nt = k;
 	f->group = group;
+	ndims = 0;
 	for (size_t i = 0; i < k; i++) {
 		const struct gtensor *g = &v->gts[ord[i].g];
 		struct vtensor *vt = &f->t[i];
+		struct ckpt_box box;
+
 		vt->g = ord[i].g;
-		vt->box.ndim = g->ndim;
-		for (unsigned d = 0; d < g->ndim; d++) {
-			vt->box.off[d] = 0;
-			vt->box.shape[d] = g->gshape[d];
-		}
-		if (g->tp_dim >= 0) {
-			uint64_t b, e;
-			ckpt_tp_bounds(g->gshape[g->tp_dim], v->layout.tp, t, &b, &e);
-			vt->box.off[g->tp_dim] = b;
-			vt->box.shape[g->tp_dim] = e - b;
-		}
-		vt->nbytes = ckpt_box_elems(&vt->box) * g->elem_bytes;
+		part_box(g, v->layout.tp, t, &box);
+		vt->nbytes = ckpt_box_elems(&box) * g->elem_bytes;
 		vt->data_off = off;
 		off += vt->nbytes;
 		specs[i].name = g->name;
 		specs[i].dtype = g->dtype;
 		specs[i].ndim = g->ndim;
-		specs[i].shape = vt->box.shape;
-		metas[i].geom.box = vt->box;
-		metas[i].ndim = g->ndim;
-		memcpy(metas[i].global_shape, g->gshape, sizeof(g->gshape));
-		metas[i].tp_dim = g->tp_dim;
-		metas[i].has_pp = true;
-		metas[i].pp = g->pp;
-		if (g->pp.kind == CKPT_PP_LAYER && g->pp.layer >= grp->num_layers)
-			metas[i].pp.kind = CKPT_PP_LAST; /* where layout.c placed it */
-		outs[i].name = g->name;
-		outs[i].meta = &metas[i];
+		specs[i].shape = shapes + ndims;
+		memcpy(shapes + ndims, box.shape, g->ndim * sizeof(*shapes));
+		ndims += g->ndim;
 	}
-	r = ckpt_shardmeta_serialize(grp->name, true, grp->num_layers, outs, k, &meta_json);
+	r = ckpt_shardmeta_serialize_cb(grp->name, true, grp->num_layers, k, plan_meta, &mc,
+					&meta_json);
 	if (r < 0)
 		goto out;
 	{
@@ -1429,8 +1456,7 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f)
 out:
 	free(ord);
 	free(specs);
-	free(metas);
-	free(outs);
+	free(shapes);
 	free(meta_json);
 	return r;
 }
@@ -1873,6 +1899,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	struct runvec rv = { 0 };
 	size_t *uniq = NULL, nu = 0;
 	uint64_t cur = 0, base = f->hdr_len + vt->data_off;
+	struct ckpt_box box;
 	char idx[256];
 	int r = 0;
 
@@ -1882,6 +1909,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	}
 	if (vt->nbytes == 0)
 		return 0;
+	part_box(g, v->layout.tp, f->tp_rank, &box);
 	uniq = calloc(g->p1 - g->p0, sizeof(*uniq));
 	if (!uniq)
 		return -ENOMEM;
@@ -1891,7 +1919,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
 		struct run_ctx c = { &rv, p->src, v->srcs[p->src].data_start + p->t->begin };
-		r = ckpt_box_runs(&vt->box, &p->m->geom, g->elem_bytes, run_cb, &c);
+		r = ckpt_box_runs(&box, &p->m->geom, g->elem_bytes, run_cb, &c);
 		if (r != 0) {
 			r = r < 0 ? r : -EIO;
 			seterr(err, errlen, "group '%s', tensor '%s': bad piece geometry in %s",
@@ -1910,7 +1938,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		uint64_t end = r2.dst + r2.len;
 
 		if (r2.dst > cur) {
-			fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+			fmt_index(idx, sizeof(idx), &box, cur / g->elem_bytes);
 			seterr(err, errlen,
 			       "group '%s', tensor '%s': no stored piece covers %" PRIu64
 			       " elements starting at index %s",
@@ -1937,7 +1965,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 					goto out;
 				}
 				if (!same) {
-					fmt_index(idx, sizeof(idx), &vt->box, (lo - base) / g->elem_bytes);
+					fmt_index(idx, sizeof(idx), &box, (lo - base) / g->elem_bytes);
 					seterr(err, errlen,
 					       "group '%s', tensor '%s': overlapping pieces in %s and %s "
 					       "disagree (from index %s)",
@@ -1960,7 +1988,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		cur = end;
 	}
 	if (cur < vt->nbytes) {
-		fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+		fmt_index(idx, sizeof(idx), &box, cur / g->elem_bytes);
 		seterr(err, errlen,
 		       "group '%s', tensor '%s': no stored piece covers %" PRIu64
 		       " elements starting at index %s",
@@ -1988,7 +2016,7 @@ static int tensor_check(ckpt_view *v, const struct vfile_plan *f, const struct v
 			char *err, size_t errlen)
 {
 	const struct gtensor *g = &v->gts[vt->g];
-	struct ckpt_box parts[FAST_PIECES];
+	struct ckpt_box box, parts[FAST_PIECES];
 	size_t uniq[FAST_PIECES], nu = 0, nparts = 0;
 	uint64_t want, sum = 0;
 	struct runvec out = { 0 };
@@ -1999,15 +2027,16 @@ static int tensor_check(ckpt_view *v, const struct vfile_plan *f, const struct v
 	r = unique_pieces(v, g, uniq, &nu, true, err, errlen);
 	if (r < 0)
 		return r;
-	want = ckpt_box_elems(&vt->box);
+	part_box(g, v->layout.tp, f->tp_rank, &box);
+	want = ckpt_box_elems(&box);
 	if (want == UINT64_MAX)
 		goto slow;
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
 		uint64_t n;
-		if (p->m->geom.flat || p->m->geom.box.ndim != vt->box.ndim)
+		if (p->m->geom.flat || p->m->geom.box.ndim != box.ndim)
 			goto slow;
-		if (!ckpt_box_intersect(&p->m->geom.box, &vt->box, &parts[nparts]))
+		if (!ckpt_box_intersect(&p->m->geom.box, &box, &parts[nparts]))
 			continue;
 		for (size_t j = 0; j < nparts; j++)
 			if (ckpt_box_intersect(&parts[j], &parts[nparts], NULL))
