@@ -150,6 +150,19 @@ static struct hnode *hcache_find(struct hcache *c, bool (*match)(const struct hn
 	return n;
 }
 
+/* The ckptfs metadata of one stored tensor (struct ckpt_tensor_meta without
+ * its 16-dimension arrays: 64 bytes instead of 450, which matters for
+ * 20,000-tensor sources).  gs, off, shape: ndim entries each, in the
+ * source's dims buffer. */
+struct smeta {
+	unsigned ndim;
+	int tp_dim;
+	bool flat, has_pp;
+	struct ckpt_pp pp;
+	uint64_t flat_begin, flat_end;
+	const uint64_t *gs, *off, *shape; /* global shape, box offset and shape */
+};
+
 /* Parsed sources are shared by every view built while they are unchanged
  * (several layouts of one directory parse each header once). */
 struct srcdata {
@@ -161,7 +174,8 @@ struct srcdata {
 	ckpt_shardmeta *meta;
 	uint64_t data_start;
 	bool source;
-	struct ckpt_tensor_meta *metas; /* per tensor (sorted order of hdr) */
+	struct smeta *metas; /* per tensor (parallel to tensors) */
+	uint64_t *mdims;     /* their dims (parsed JSON; else in blob) */
 	/* The tensor table the view uses: from hdr/meta (parsed JSON) or from
 	 * the persisted parse (then hdr and meta are NULL, names and shapes
 	 * live in blob). */
@@ -186,7 +200,7 @@ struct src {
 	struct ckpt_extent_list *ext; /* these point into cached */
 	ckpt_st_header *hdr;
 	ckpt_shardmeta *meta;
-	const struct ckpt_tensor_meta *metas;
+	const struct smeta *metas;
 	const struct ckpt_st_tensor *tensors;
 	size_t ntensors;
 	const char *group;
@@ -206,6 +220,7 @@ static void srcdata_destroy(struct hnode *n)
 	ckpt_st_header_free(d->hdr);
 	ckpt_shardmeta_free(d->meta);
 	free(d->metas);
+	free(d->mdims);
 	free(d->tensors);
 	free(d->blob);
 	free(d);
@@ -220,7 +235,7 @@ static void srcdata_unref(struct srcdata *d)
 struct piece {
 	size_t src;
 	const struct ckpt_st_tensor *t;
-	const struct ckpt_tensor_meta *m; /* the source's (cached parse) */
+	const struct smeta *m; /* the source's (cached parse) */
 	const char *group;
 };
 
@@ -511,11 +526,11 @@ static int name_ord_cmp(const void *a, const void *b)
 	return strcmp(((const struct name_ord *)a)->name, ((const struct name_ord *)b)->name);
 }
 
-static int sort_table(struct ckpt_st_tensor *t, struct ckpt_tensor_meta *m, size_t n)
+static int sort_table(struct ckpt_st_tensor *t, struct smeta *m, size_t n)
 {
 	struct name_ord *ord;
 	struct ckpt_st_tensor *t2;
-	struct ckpt_tensor_meta *m2;
+	struct smeta *m2;
 	size_t k;
 
 	for (k = 1; k < n; k++)
@@ -694,7 +709,7 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 	wb_put(&b, d->group ? d->group : "", glen);
 	for (size_t k = 0; k < d->ntensors; k++) {
 		const struct ckpt_st_tensor *t = &d->tensors[k];
-		const struct ckpt_tensor_meta *m = &d->metas[k];
+		const struct smeta *m = &d->metas[k];
 		const char *dt = ckpt_dtype_name(t->dtype);
 		size_t nl = strlen(t->name);
 
@@ -713,13 +728,13 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 		wb_u64(&b, t->end);
 		wb_u8(&b, (uint8_t)m->ndim);
 		for (unsigned i = 0; i < m->ndim; i++) {
-			wb_u64(&b, m->global_shape[i]);
-			wb_u64(&b, m->geom.box.off[i]);
-			wb_u64(&b, m->geom.box.shape[i]);
+			wb_u64(&b, m->gs[i]);
+			wb_u64(&b, m->off[i]);
+			wb_u64(&b, m->shape[i]);
 		}
-		wb_u8(&b, m->geom.flat);
-		wb_u64(&b, m->geom.flat_begin);
-		wb_u64(&b, m->geom.flat_end);
+		wb_u8(&b, m->flat);
+		wb_u64(&b, m->flat_begin);
+		wb_u64(&b, m->flat_end);
 		wb_u32(&b, (uint32_t)m->tp_dim);
 		wb_u8(&b, m->has_pp);
 		wb_u8(&b, (uint8_t)m->pp.kind);
@@ -741,7 +756,7 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	struct ckpt_extent_list *ext = NULL;
 	struct rbuf b = { 0 };
 	uint8_t key[16], *val = NULL;
-	size_t vlen, names = 0, dims = 0, pos_names = 0, pos_dims = 0;
+	size_t vlen, names = 0, dims = 0, mdims = 0, pos_names = 0, pos_dims = 0;
 	uint32_t nt;
 	uint16_t glen;
 	uint64_t fp;
@@ -787,6 +802,7 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 			dims += nd;
 			rb_take(&c, (size_t)nd * 8 + 16);
 			md = rb_u8(&c);
+			mdims += 3 * (size_t)md;
 			rb_take(&c, (size_t)md * 24 + 1 + 16 + 4 + 2 + 8);
 			if (nd > CKPT_MAX_DIMS || md > CKPT_MAX_DIMS)
 				c.bad = true;
@@ -794,21 +810,22 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 		if (c.bad || c.off != c.n)
 			goto bad;
 	}
-	d->blob = malloc(names + dims * sizeof(uint64_t) + 8);
+	d->blob = malloc(names + (dims + mdims) * sizeof(uint64_t) + 8);
 	d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
 	d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
 	if (!d->blob || !d->tensors || !d->metas)
 		goto bad;
 	shapes = d->blob;
-	strs = (char *)(shapes + dims);
+	strs = (char *)(shapes + dims + mdims);
 	memcpy(strs, rb_take(&b, glen), glen);
 	strs[glen] = '\0';
 	d->group = strs;
 	pos_names = glen + 1;
 	for (uint32_t k = 0; k < nt; k++) {
 		struct ckpt_st_tensor *t = &d->tensors[k];
-		struct ckpt_tensor_meta *m = &d->metas[k];
+		struct smeta *m = &d->metas[k];
 		uint16_t n = rb_u16(&b);
+		uint64_t *md;
 		char dt[32];
 		uint8_t dl;
 
@@ -830,15 +847,19 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 		t->begin = rb_u64(&b);
 		t->end = rb_u64(&b);
 		m->ndim = rb_u8(&b);
-		m->geom.box.ndim = m->ndim;
+		md = shapes + pos_dims;
+		pos_dims += 3 * (size_t)m->ndim;
+		m->gs = md;
+		m->off = md + m->ndim;
+		m->shape = md + 2 * m->ndim;
 		for (unsigned i = 0; i < m->ndim; i++) {
-			m->global_shape[i] = rb_u64(&b);
-			m->geom.box.off[i] = rb_u64(&b);
-			m->geom.box.shape[i] = rb_u64(&b);
+			md[i] = rb_u64(&b);
+			md[m->ndim + i] = rb_u64(&b);
+			md[2 * m->ndim + i] = rb_u64(&b);
 		}
-		m->geom.flat = rb_u8(&b);
-		m->geom.flat_begin = rb_u64(&b);
-		m->geom.flat_end = rb_u64(&b);
+		m->flat = rb_u8(&b);
+		m->flat_begin = rb_u64(&b);
+		m->flat_end = rb_u64(&b);
 		m->tp_dim = (int32_t)rb_u32(&b);
 		m->has_pp = rb_u8(&b);
 		m->pp.kind = rb_u8(&b);
@@ -924,15 +945,41 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 		d->data_start = src->data_start;
 		d->source = src->source;
 		if (d->source) {
-			size_t nt = ckpt_st_tensor_count(d->hdr);
-			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
-			d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
-			for (size_t k = 0; d->metas && d->tensors && k < nt; k++) {
-				d->tensors[k] = *ckpt_st_tensor_at(d->hdr, k);
-				if (ckpt_shardmeta_tensor(d->meta, &d->tensors[k], &d->metas[k]) < 0)
-					d->source = false; /* validated by parse: cannot happen */
+			size_t nt = ckpt_st_tensor_count(d->hdr), nd = 0;
+			for (size_t k = 0; k < nt; k++) {
+				struct ckpt_tensor_meta tm;
+				if (ckpt_shardmeta_tensor(d->meta, ckpt_st_tensor_at(d->hdr, k), &tm) == 0)
+					nd += 3 * (size_t)tm.ndim;
 			}
-			if (!d->metas || !d->tensors)
+			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
+			d->mdims = calloc(nd ? nd : 1, sizeof(*d->mdims));
+			d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
+			nd = 0;
+			for (size_t k = 0; d->metas && d->mdims && d->tensors && k < nt; k++) {
+				struct ckpt_tensor_meta tm;
+				struct smeta *m = &d->metas[k];
+				uint64_t *md = d->mdims + nd;
+				d->tensors[k] = *ckpt_st_tensor_at(d->hdr, k);
+				if (ckpt_shardmeta_tensor(d->meta, &d->tensors[k], &tm) < 0) {
+					d->source = false; /* validated by parse: cannot happen */
+					break;
+				}
+				nd += 3 * (size_t)tm.ndim;
+				m->ndim = tm.ndim;
+				m->tp_dim = tm.tp_dim;
+				m->flat = tm.geom.flat;
+				m->has_pp = tm.has_pp;
+				m->pp = tm.pp;
+				m->flat_begin = tm.geom.flat_begin;
+				m->flat_end = tm.geom.flat_end;
+				m->gs = md;
+				m->off = md + tm.ndim;
+				m->shape = md + 2 * tm.ndim;
+				memcpy(md, tm.global_shape, tm.ndim * sizeof(*md));
+				memcpy(md + tm.ndim, tm.geom.box.off, tm.ndim * sizeof(*md));
+				memcpy(md + 2 * tm.ndim, tm.geom.box.shape, tm.ndim * sizeof(*md));
+			}
+			if (!d->metas || !d->mdims || !d->tensors)
 				d->source = false;
 			d->ntensors = d->source ? nt : 0;
 			if (d->source)
@@ -1164,7 +1211,7 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 	g->dtype = p0->t->dtype;
 	g->elem_bytes = ckpt_dtype_bits(g->dtype) / 8;
 	g->ndim = p0->m->ndim;
-	memcpy(g->gshape, p0->m->global_shape, sizeof(g->gshape));
+	memcpy(g->gshape, p0->m->gs, g->ndim * sizeof(g->gshape[0]));
 	for (size_t i = g->p0; i < g->p1; i++) {
 		const struct piece *p = &v->pieces[i];
 		if (p->t->dtype != g->dtype) {
@@ -1173,10 +1220,10 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 				ckpt_dtype_name(p->t->dtype), v->srcs[p->src].name);
 		}
 		if (p->m->ndim != g->ndim ||
-		    memcmp(p->m->global_shape, g->gshape, sizeof(g->gshape)) != 0) {
+		    memcmp(p->m->gs, g->gshape, g->ndim * sizeof(g->gshape[0])) != 0) {
 			char a[128], b[128];
 			fmt_shape(a, sizeof(a), g->gshape, g->ndim);
-			fmt_shape(b, sizeof(b), p->m->global_shape, p->m->ndim);
+			fmt_shape(b, sizeof(b), p->m->gs, p->m->ndim);
 			problem(g, "pieces disagree on global shape: %s in %s, %s in %s", a,
 				v->srcs[p0->src].name, b, v->srcs[p->src].name);
 		}
@@ -1191,7 +1238,7 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 			have_pp = true;
 		}
 		for (unsigned d = 0; d < p->m->ndim && d < CKPT_MAX_DIMS; d++) {
-			if (p->m->geom.box.shape[d] != p->m->global_shape[d] && !(split_dims & (1u << d))) {
+			if (p->m->shape[d] != p->m->gs[d] && !(split_dims & (1u << d))) {
 				split_dims |= 1u << d;
 				split = (int)d;
 			}
@@ -1227,9 +1274,9 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 			continue;
 		for (size_t i = g->p0; i < g->p1; i++) {
 			const struct piece *p = &v->pieces[i];
-			uint64_t off = p->m->geom.box.off[g->tp_dim];
+			uint64_t off = p->m->off[g->tp_dim];
 			size_t k;
-			if (p->m->geom.box.shape[g->tp_dim] == g->gshape[g->tp_dim])
+			if (p->m->shape[g->tp_dim] == g->gshape[g->tp_dim])
 				continue;
 			for (k = 0; k < nseen && seen[k] != off; k++)
 				;
@@ -1251,7 +1298,7 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 		if (!src->source || strcmp(src->group, grp->name))
 			continue;
 		for (size_t i = 0; i < src->ntensors; i++) {
-			const struct ckpt_tensor_meta *m = &src->metas[i];
+			const struct smeta *m = &src->metas[i];
 			struct ckpt_pp pp;
 			if (m->has_pp)
 				pp = m->pp;
@@ -1765,16 +1812,30 @@ static int run_cmp(const void *a, const void *b)
 /* Do two pieces have the same geometry? */
 static bool same_geom(const struct piece *a, const struct piece *b)
 {
-	const struct ckpt_piece_geom *x = &a->m->geom, *y = &b->m->geom;
+	const struct smeta *x = a->m, *y = b->m;
 
-	if (x->flat != y->flat || x->box.ndim != y->box.ndim)
+	if (x->flat != y->flat || x->ndim != y->ndim)
 		return false;
 	if (x->flat && (x->flat_begin != y->flat_begin || x->flat_end != y->flat_end))
 		return false;
-	for (unsigned d = 0; d < x->box.ndim; d++)
-		if (x->box.off[d] != y->box.off[d] || x->box.shape[d] != y->box.shape[d])
+	for (unsigned d = 0; d < x->ndim; d++)
+		if (x->off[d] != y->off[d] || x->shape[d] != y->shape[d])
 			return false;
 	return true;
+}
+
+/* The geometry of a piece, as layout.c takes it. */
+static void piece_geom(const struct piece *p, struct ckpt_piece_geom *ret)
+{
+	const struct smeta *m = p->m;
+
+	memset(ret, 0, sizeof(*ret));
+	ret->box.ndim = m->ndim;
+	memcpy(ret->box.off, m->off, m->ndim * sizeof(ret->box.off[0]));
+	memcpy(ret->box.shape, m->shape, m->ndim * sizeof(ret->box.shape[0]));
+	ret->flat = m->flat;
+	ret->flat_begin = m->flat_begin;
+	ret->flat_end = m->flat_end;
 }
 
 /* Compare bytes [off, off+len) of two sources by their chunk digests when
@@ -1919,7 +1980,9 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
 		struct run_ctx c = { &rv, p->src, v->srcs[p->src].data_start + p->t->begin };
-		r = ckpt_box_runs(&box, &p->m->geom, g->elem_bytes, run_cb, &c);
+		struct ckpt_piece_geom geom;
+		piece_geom(p, &geom);
+		r = ckpt_box_runs(&box, &geom, g->elem_bytes, run_cb, &c);
 		if (r != 0) {
 			r = r < 0 ? r : -EIO;
 			seterr(err, errlen, "group '%s', tensor '%s': bad piece geometry in %s",
@@ -2033,10 +2096,12 @@ static int tensor_check(ckpt_view *v, const struct vfile_plan *f, const struct v
 		goto slow;
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
+		struct ckpt_piece_geom geom;
 		uint64_t n;
-		if (p->m->geom.flat || p->m->geom.box.ndim != box.ndim)
+		if (p->m->flat || p->m->ndim != box.ndim)
 			goto slow;
-		if (!ckpt_box_intersect(&p->m->geom.box, &box, &parts[nparts]))
+		piece_geom(p, &geom);
+		if (!ckpt_box_intersect(&geom.box, &box, &parts[nparts]))
 			continue;
 		for (size_t j = 0; j < nparts; j++)
 			if (ckpt_box_intersect(&parts[j], &parts[nparts], NULL))
