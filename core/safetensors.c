@@ -1046,6 +1046,18 @@ int ckpt_st_serialize(const struct ckpt_st_tensor_spec *tensors, size_t ntensors
 	if (r < 0)
 		return r;
 
+	{
+		/* room for the usual case up front: growing a multi-MiB header
+		 * by doubling copies it and faults in fresh pages each time */
+		size_t est = 64;
+		for (size_t i = 0; i < nmeta; i++)
+			est += strlen(meta_keys[i]) + strlen(meta_values[i]) * 5 / 4 + 8;
+		for (size_t i = 0; i < ntensors; i++)
+			est += strlen(tensors[i].name) + 64 + 21 * (size_t)tensors[i].ndim;
+		sb.buf = malloc(est);
+		if (sb.buf)
+			sb.cap = est;
+	}
 	st_sb_put(&sb, zeros, sizeof(zeros));
 	st_sb_put(&sb, "{", 1);
 	if (nmeta) {

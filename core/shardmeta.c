@@ -855,6 +855,11 @@ int ckpt_shardmeta_serialize_cb(const char *group, bool has_num_layers, uint64_t
 	names = malloc((n ? n : 1) * sizeof(*names));
 	if (!names)
 		return -ENOMEM;
+	/* room for typical entries up front (see sm_dump_cb) */
+	d.cap = 4096 + (n < SIZE_MAX / 256 ? n * 160 : 0);
+	d.buf = malloc(d.cap);
+	if (!d.buf)
+		d.cap = 0;
 
 	/* Written directly (a jansson tree of 20,000 entries cost ~100 ms);
 	 * ckpt_shardmeta_parse() reads it back in the unit tests.  Entries are
