@@ -420,35 +420,60 @@ void ckpt_view_unref(ckpt_view *v)
 
 /* ------------------------------------------------------------- sources */
 
-int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
+/* The entries of dir, the attributes of its regular files (ins[i].ino == 0
+ * for other entries and files that vanished) and the fingerprint of
+ * ckpt_view_signature(), in one pass. */
+static int scan_dir(ckpt_store *s, uint64_t dir, struct ckpt_dirent **ret_ents, size_t *ret_n,
+		    struct ckpt_inode **ret_ins, uint64_t *ret_sig)
 {
 	struct ckpt_dirent *ents = NULL;
-	size_t n = 0;
+	struct ckpt_inode *ins;
+	size_t n = 0, k = 0;
 	uint64_t *buf;
-	size_t k = 0;
 	int r = ckpt_store_readdir(s, dir, &ents, &n);
 
 	if (r < 0)
 		return r;
 	buf = malloc((n * 4 + 1) * sizeof(*buf));
-	if (!buf) {
+	ins = calloc(n ? n : 1, sizeof(*ins));
+	if (!buf || !ins) {
+		free(buf);
+		free(ins);
 		ckpt_dirents_free(ents, n);
 		return -ENOMEM;
 	}
 	buf[k++] = dir;
 	for (size_t i = 0; i < n; i++) {
-		struct ckpt_inode in;
-		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(s, ents[i].ino, &in) < 0)
+		struct ckpt_inode *in = &ins[i];
+		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(s, ents[i].ino, in) < 0) {
+			memset(in, 0, sizeof(*in));
 			continue;
-		buf[k++] = in.ino;
-		buf[k++] = in.size;
-		buf[k++] = (uint64_t)in.mtime_ns;
-		buf[k++] = in.flags;
+		}
+		buf[k++] = in->ino;
+		buf[k++] = in->size;
+		buf[k++] = (uint64_t)in->mtime_ns;
+		buf[k++] = in->flags;
 	}
 	*ret_sig = ckpt_checksum(buf, k * sizeof(*buf));
 	free(buf);
-	ckpt_dirents_free(ents, n);
+	*ret_ents = ents;
+	*ret_n = n;
+	*ret_ins = ins;
 	return 0;
+}
+
+int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
+{
+	struct ckpt_dirent *ents = NULL;
+	struct ckpt_inode *ins = NULL;
+	size_t n = 0;
+	int r = scan_dir(s, dir, &ents, &n, &ins, ret_sig);
+
+	if (r == 0) {
+		ckpt_dirents_free(ents, n);
+		free(ins);
+	}
+	return r;
 }
 
 /* Read and parse the header of a safetensors source (uncached). */
@@ -573,7 +598,7 @@ static int sort_table(struct ckpt_st_tensor *t, struct smeta *m, size_t n)
  * record is valid while the chunks holding the file's header are the same
  * (fingerprint of their extents), whatever else changed.
  */
-#define PARSE_REC_VERSION 1
+#define PARSE_REC_VERSION 2 /* 1: fixed-width fields, names whole */
 
 struct wbuf {
 	uint8_t *p;
@@ -634,6 +659,20 @@ struct rbuf {
 	bool bad;
 };
 
+/* LEB128: 7 bits a byte, low first, high bit set on all but the last. */
+static void wb_var(struct wbuf *b, uint64_t v)
+{
+	uint8_t t[10];
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		t[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	t[n++] = (uint8_t)v;
+	wb_put(b, t, n);
+}
+
 static const uint8_t *rb_take(struct rbuf *b, size_t n)
 {
 	const uint8_t *p;
@@ -669,6 +708,22 @@ static uint64_t rb_u64(struct rbuf *b)
 {
 	const uint8_t *p = rb_take(b, 8);
 	return p ? ckpt_get_le64(p) : 0;
+}
+
+static uint64_t rb_var(struct rbuf *b)
+{
+	uint64_t v = 0;
+
+	for (unsigned sh = 0; sh < 64; sh += 7) {
+		const uint8_t *p = rb_take(b, 1);
+		if (!p)
+			return 0;
+		v |= (uint64_t)(p[0] & 0x7f) << sh;
+		if (!(p[0] & 0x80))
+			return v;
+	}
+	b->bad = true; /* longer than 10 bytes */
+	return 0;
 }
 
 /* Fingerprint of the extents that hold bytes [0, data_start). */
@@ -711,34 +766,39 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 		const struct ckpt_st_tensor *t = &d->tensors[k];
 		const struct smeta *m = &d->metas[k];
 		const char *dt = ckpt_dtype_name(t->dtype);
-		size_t nl = strlen(t->name);
+		size_t nl = strlen(t->name), pre = 0;
 
-		if (nl > UINT16_MAX) {
-			free(b.p);
-			return;
+		/* the name as the length of the prefix shared with the previous
+		 * name and the rest (the tensors are in name order) */
+		if (k) {
+			const char *prev = d->tensors[k - 1].name;
+			while (prev[pre] && prev[pre] == t->name[pre])
+				pre++;
 		}
-		wb_u16(&b, (uint16_t)nl);
-		wb_put(&b, t->name, nl);
+		wb_var(&b, pre);
+		wb_var(&b, nl - pre);
+		wb_put(&b, t->name + pre, nl - pre);
 		wb_u8(&b, (uint8_t)strlen(dt));
 		wb_put(&b, dt, strlen(dt));
 		wb_u8(&b, (uint8_t)t->ndim);
 		for (unsigned i = 0; i < t->ndim; i++)
-			wb_u64(&b, t->shape[i]);
-		wb_u64(&b, t->begin);
-		wb_u64(&b, t->end);
+			wb_var(&b, t->shape[i]);
+		wb_var(&b, t->begin);
+		wb_var(&b, t->end - t->begin);
 		wb_u8(&b, (uint8_t)m->ndim);
 		for (unsigned i = 0; i < m->ndim; i++) {
-			wb_u64(&b, m->gs[i]);
-			wb_u64(&b, m->off[i]);
-			wb_u64(&b, m->shape[i]);
+			wb_var(&b, m->gs[i]);
+			wb_var(&b, m->off[i]);
+			wb_var(&b, m->shape[i]);
 		}
-		wb_u8(&b, m->flat);
-		wb_u64(&b, m->flat_begin);
-		wb_u64(&b, m->flat_end);
-		wb_u32(&b, (uint32_t)m->tp_dim);
-		wb_u8(&b, m->has_pp);
+		wb_u8(&b, (uint8_t)((m->flat ? 1 : 0) | (m->has_pp ? 2 : 0)));
+		if (m->flat) {
+			wb_var(&b, m->flat_begin);
+			wb_var(&b, m->flat_end);
+		}
+		wb_u8(&b, (uint8_t)(m->tp_dim + 2)); /* -2 (unset) ... CKPT_MAX_DIMS - 1 */
 		wb_u8(&b, (uint8_t)m->pp.kind);
-		wb_u64(&b, m->pp.layer);
+		wb_var(&b, m->pp.layer);
 	}
 	batch = b.oom ? NULL : ckpt_batch_new();
 	if (batch) {
@@ -786,24 +846,41 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	if (ckpt_store_load_extents(s, src->ino, &ext) < 0 ||
 	    header_fingerprint(ext, d->data_start) != fp)
 		goto bad;
-	/* pass 1: sizes of the name and shape blobs */
+	/* pass 1: sizes of the name and shape blobs, and validation */
 	{
 		struct rbuf c = b;
+		size_t prev_len = 0;
 		rb_take(&c, glen);
 		names += glen + 1;
 		for (uint32_t k = 0; k < nt && !c.bad; k++) {
-			uint16_t n = rb_u16(&c);
-			uint8_t dl, nd, md;
-			rb_take(&c, n);
-			names += (size_t)n + 1;
+			uint64_t pre = rb_var(&c), rest = rb_var(&c);
+			uint8_t dl, nd, md, fl;
+			if (pre > prev_len || rest > vlen) {
+				c.bad = true;
+				break;
+			}
+			rb_take(&c, (size_t)rest);
+			prev_len = (size_t)(pre + rest);
+			names += prev_len + 1;
 			dl = rb_u8(&c);
 			rb_take(&c, dl);
 			nd = rb_u8(&c);
 			dims += nd;
-			rb_take(&c, (size_t)nd * 8 + 16);
+			for (unsigned i = 0; i < nd + 2u; i++)
+				rb_var(&c);
 			md = rb_u8(&c);
 			mdims += 3 * (size_t)md;
-			rb_take(&c, (size_t)md * 24 + 1 + 16 + 4 + 2 + 8);
+			for (unsigned i = 0; i < 3u * md; i++)
+				rb_var(&c);
+			fl = rb_u8(&c);
+			if (fl & 1) {
+				rb_var(&c);
+				rb_var(&c);
+			}
+			if (rb_u8(&c) > CKPT_MAX_DIMS + 1 || fl > 3)
+				c.bad = true;
+			rb_u8(&c);
+			rb_var(&c);
 			if (nd > CKPT_MAX_DIMS || md > CKPT_MAX_DIMS)
 				c.bad = true;
 		}
@@ -824,15 +901,18 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	for (uint32_t k = 0; k < nt; k++) {
 		struct ckpt_st_tensor *t = &d->tensors[k];
 		struct smeta *m = &d->metas[k];
-		uint16_t n = rb_u16(&b);
+		size_t pre = (size_t)rb_var(&b), rest = (size_t)rb_var(&b);
 		uint64_t *md;
+		uint8_t dl, fl;
 		char dt[32];
-		uint8_t dl;
 
-		memcpy(strs + pos_names, rb_take(&b, n), n);
-		strs[pos_names + n] = '\0';
+		/* checked by pass 1: pre <= length of the previous name */
+		if (pre)
+			memcpy(strs + pos_names, d->tensors[k - 1].name, pre);
+		memcpy(strs + pos_names + pre, rb_take(&b, rest), rest);
+		strs[pos_names + pre + rest] = '\0';
 		t->name = strs + pos_names;
-		pos_names += (size_t)n + 1;
+		pos_names += pre + rest + 1;
 		dl = rb_u8(&b);
 		if (dl >= sizeof(dt))
 			goto bad;
@@ -843,9 +923,11 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 		t->ndim = rb_u8(&b);
 		t->shape = shapes + pos_dims;
 		for (unsigned i = 0; i < t->ndim; i++)
-			shapes[pos_dims++] = rb_u64(&b);
-		t->begin = rb_u64(&b);
-		t->end = rb_u64(&b);
+			shapes[pos_dims++] = rb_var(&b);
+		t->begin = rb_var(&b);
+		t->end = t->begin + rb_var(&b);
+		if (t->end < t->begin)
+			goto bad;
 		m->ndim = rb_u8(&b);
 		md = shapes + pos_dims;
 		pos_dims += 3 * (size_t)m->ndim;
@@ -853,17 +935,20 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 		m->off = md + m->ndim;
 		m->shape = md + 2 * m->ndim;
 		for (unsigned i = 0; i < m->ndim; i++) {
-			md[i] = rb_u64(&b);
-			md[m->ndim + i] = rb_u64(&b);
-			md[2 * m->ndim + i] = rb_u64(&b);
+			md[i] = rb_var(&b);
+			md[m->ndim + i] = rb_var(&b);
+			md[2 * m->ndim + i] = rb_var(&b);
 		}
-		m->flat = rb_u8(&b);
-		m->flat_begin = rb_u64(&b);
-		m->flat_end = rb_u64(&b);
-		m->tp_dim = (int32_t)rb_u32(&b);
-		m->has_pp = rb_u8(&b);
+		fl = rb_u8(&b);
+		m->flat = fl & 1;
+		m->has_pp = (fl & 2) != 0;
+		if (m->flat) {
+			m->flat_begin = rb_var(&b);
+			m->flat_end = rb_var(&b);
+		}
+		m->tp_dim = (int)rb_u8(&b) - 2;
 		m->pp.kind = rb_u8(&b);
-		m->pp.layer = rb_u64(&b);
+		m->pp.layer = rb_var(&b);
 		if (b.bad)
 			goto bad;
 	}
@@ -1005,26 +1090,20 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 	return 0;
 }
 
-static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
+/* The sources among the entries of the view's directory (from scan_dir). */
+static int collect_sources(ckpt_view *v, const struct ckpt_dirent *ents, size_t n,
+			   const struct ckpt_inode *ins, char *err, size_t errlen)
 {
-	struct ckpt_dirent *ents = NULL;
-	size_t n = 0;
-	int r = ckpt_store_readdir(v->s, dir, &ents, &n);
+	int r = 0;
 
-	if (r < 0) {
-		seterr(err, errlen, "cannot list directory: %s", strerror(-r));
-		return r;
-	}
 	v->srcs = calloc(n ? n : 1, sizeof(*v->srcs));
-	if (!v->srcs) {
-		ckpt_dirents_free(ents, n);
+	if (!v->srcs)
 		return -ENOMEM;
-	}
 	for (size_t i = 0; i < n; i++) {
-		struct ckpt_inode in;
+		const struct ckpt_inode in = ins[i];
 		struct src *src;
 
-		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(v->s, ents[i].ino, &in) < 0)
+		if (!S_ISREG(ents[i].mode) || !in.ino)
 			continue;
 		if (in.mtime_ns > v->mtime_ns)
 			v->mtime_ns = in.mtime_ns;
@@ -1042,7 +1121,6 @@ static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 		if (r < 0)
 			break;
 	}
-	ckpt_dirents_free(ents, n);
 	return r;
 }
 
@@ -1619,7 +1697,9 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		    const ckpt_tp_rules *rules, ckpt_view **ret_view, char *err, size_t errlen)
 {
 	ckpt_view *v;
-	struct ckpt_inode din;
+	struct ckpt_inode din, *ins = NULL;
+	struct ckpt_dirent *ents = NULL;
+	size_t nents = 0;
 	int r;
 
 	if (l->tp < 1 || l->pp < 1 || l->tp > CKPT_LAYOUT_MAX || l->pp > CKPT_LAYOUT_MAX)
@@ -1637,9 +1717,11 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	v->s = s;
 	v->layout = *l;
 	v->mtime_ns = din.mtime_ns;
-	r = ckpt_view_signature(s, dir, &v->sig);
+	r = scan_dir(s, dir, &ents, &nents, &ins, &v->sig);
+	if (r < 0)
+		seterr(err, errlen, "cannot list directory: %s", strerror(-r));
 	if (r == 0 && !model_get(v, dir, rules)) {
-		r = collect_sources(v, dir, err, errlen);
+		r = collect_sources(v, ents, nents, ins, err, errlen);
 		if (r == 0)
 			r = collect_pieces(v);
 		if (r == 0)
@@ -1647,6 +1729,8 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		if (r == 0)
 			model_put(v, dir, rules); /* keeps working without it */
 	}
+	ckpt_dirents_free(ents, nents);
+	free(ins);
 	if (r == 0)
 		r = plan_files(v);
 	if (r < 0) {

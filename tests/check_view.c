@@ -420,15 +420,31 @@ START_TEST(test_tp1_whole)
 END_TEST
 
 
-/* Split a 'P' record (docs/format.md 5.8) into its tensor entries: *ret_hdr
- * gets the length of the part before them, ents[i] / lens[i] each entry. */
-static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, const uint8_t **ents,
-			 size_t *lens, size_t max)
+/* A LEB128 number of a 'P' record at *pos. */
+static uint64_t prec_var(const uint8_t *v, size_t n, size_t *pos)
+{
+	uint64_t x = 0;
+
+	for (unsigned sh = 0;; sh += 7) {
+		ck_assert_uint_lt(*pos, n);
+		ck_assert_uint_lt(sh, 64);
+		x |= (uint64_t)(v[*pos] & 0x7f) << sh;
+		if (!(v[(*pos)++] & 0x80))
+			return x;
+	}
+}
+
+/* Split a version-2 'P' record (docs/format.md 5.8) into its tensor
+ * entries: *ret_hdr gets the length of the part before them, names[i] each
+ * entry's whole name, rest[i] / lens[i] what follows the name. */
+static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, char (*names)[64],
+			 const uint8_t **rest, size_t *lens, size_t max)
 {
 	size_t pos = 1 + 1 + 1 + 1, nt, k;
 	uint32_t nt32;
 	uint16_t gl;
 
+	ck_assert_uint_eq(v[0], 2);
 	memcpy(&nt32, v + pos, 4);
 	nt = nt32;
 	pos += 4 + 8 + 8 + 8;
@@ -437,14 +453,36 @@ static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, const uint
 	*ret_hdr = pos;
 	ck_assert_uint_le(nt, max);
 	for (k = 0; k < nt; k++) {
-		size_t start = pos;
-		uint16_t nl;
-		memcpy(&nl, v + pos, 2);
-		pos += 2 + nl;
-		pos += 1 + v[pos];         /* dtype */
-		pos += 1 + 8 * v[pos] + 16; /* shape, begin, end */
-		pos += 1 + 24 * v[pos] + 1 + 16 + 4 + 1 + 1 + 8;
-		ents[k] = v + start;
+		uint64_t pre = prec_var(v, n, &pos), sfx = prec_var(v, n, &pos);
+		size_t start, nd, md;
+		uint8_t fl;
+
+		ck_assert_uint_lt(pre + sfx, 64);
+		if (k)
+			ck_assert_uint_le(pre, strlen(names[k - 1]));
+		else
+			ck_assert_uint_eq(pre, 0);
+		if (pre)
+			memcpy(names[k], names[k - 1], pre);
+		memcpy(names[k] + pre, v + pos, sfx);
+		names[k][pre + sfx] = '\0';
+		pos += sfx;
+		start = pos;
+		pos += 1 + v[pos]; /* dtype */
+		nd = v[pos++];
+		for (size_t i = 0; i < nd + 2; i++) /* shape, begin, length */
+			prec_var(v, n, &pos);
+		md = v[pos++];
+		for (size_t i = 0; i < 3 * md; i++)
+			prec_var(v, n, &pos);
+		fl = v[pos++];
+		if (fl & 1) {
+			prec_var(v, n, &pos);
+			prec_var(v, n, &pos);
+		}
+		pos += 2; /* tp_dim, pp kind */
+		prec_var(v, n, &pos);
+		rest[k] = v + start;
 		lens[k] = pos - start;
 	}
 	ck_assert_uint_eq(pos, n);
@@ -454,18 +492,12 @@ static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, const uint
 /* The tensor names of a 'P' record are in strcmp order. */
 static void prec_expect_sorted(const uint8_t *v, size_t n)
 {
-	const uint8_t *ents[16];
-	size_t lens[16], hl, nt = prec_split(v, n, &hl, ents, lens, 16);
+	char names[16][64];
+	const uint8_t *rest[16];
+	size_t lens[16], hl, nt = prec_split(v, n, &hl, names, rest, lens, 16);
 
-	for (size_t k = 1; k < nt; k++) {
-		uint16_t a, b;
-		memcpy(&a, ents[k - 1], 2);
-		memcpy(&b, ents[k], 2);
-		{
-			int c = memcmp(ents[k - 1] + 2, ents[k] + 2, CKPT_MIN(a, b));
-			ck_assert_int_lt(c ? c : (a < b ? -1 : 1), 0);
-		}
-	}
+	for (size_t k = 1; k < nt; k++)
+		ck_assert_str_lt(names[k - 1], names[k]);
 }
 
 /* The parse of the sources is persisted in the index ('P' keys): after the
@@ -489,12 +521,13 @@ START_TEST(test_persisted_parse)
 					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val, &vlen), 0);
 	/* tensors in name order (c, e, w), not data order (w, c, e) */
 	prec_expect_sorted(val, vlen);
-	/* a record in data order (as older builds wrote) is used and rewritten
-	 * in name order */
+	/* a record whose tensors are not in name order (as version-1 records
+	 * were) is used, and written again in name order */
 	{
-		const uint8_t *ents[16];
-		size_t lens[16], hl, nt = prec_split(val, vlen, &hl, ents, lens, 16), pos;
-		uint8_t *old = malloc(vlen);
+		char names[16][64];
+		const uint8_t *rest[16];
+		size_t lens[16], hl, nt = prec_split(val, vlen, &hl, names, rest, lens, 16), pos;
+		uint8_t *old = malloc(2 * vlen + 64);
 		ckpt_batch *bt = ckpt_batch_new();
 		struct vbuf d = { 0 };
 
@@ -502,10 +535,15 @@ START_TEST(test_persisted_parse)
 		memcpy(old, val, hl);
 		pos = hl;
 		for (size_t k = nt; k-- > 0;) {
-			memcpy(old + pos, ents[k], lens[k]);
+			size_t nl = strlen(names[k]);
+			old[pos++] = 0;             /* no shared prefix */
+			old[pos++] = (uint8_t)nl;   /* < 128: one LEB128 byte */
+			memcpy(old + pos, names[k], nl);
+			pos += nl;
+			memcpy(old + pos, rest[k], lens[k]);
 			pos += lens[k];
 		}
-		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), old, vlen);
+		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), old, pos);
 		ck_assert_int_eq(ckpt_index_write(ckpt_store_index(st), bt, false), 0);
 		ckpt_batch_free(bt);
 		free(old);
@@ -548,6 +586,12 @@ START_TEST(test_persisted_parse)
 	vread(v, "model_tp1_pp0.safetensors", 1 << 20, &c);
 	ck_assert_mem_eq(a.b, c.b, a.size);
 	ckpt_view_unref(v);
+	/* ... and replaced by a current one (version 1 records are ignored the
+	 * same way) */
+	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
+					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[1]), &val, &vlen), 0);
+	prec_expect_sorted(val, vlen);
+	free(val);
 	vbuf_free(&a);
 	vbuf_free(&b);
 	vbuf_free(&c);
