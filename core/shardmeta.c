@@ -666,30 +666,37 @@ struct sm_dump {
 	size_t len, cap;
 };
 
-static int sm_dump_cb(const char *p, size_t n, void *data)
+/* Make room for n more bytes and the NUL. */
+static __attribute__((noinline)) int sm_grow(struct sm_dump *d, size_t n)
+{
+	size_t ncap = d->cap ? d->cap : 4096;
+	char *nb;
+
+	while (ncap - d->len <= n)
+		if (__builtin_mul_overflow(ncap, 2, &ncap))
+			return -1;
+	nb = realloc(d->buf, ncap);
+	if (!nb)
+		return -1;
+	d->buf = nb;
+	d->cap = ncap;
+	return 0;
+}
+
+/* Inline so that the copies of short literals are inlined too. */
+static inline int sm_dump_cb(const char *p, size_t n, void *data)
 {
 	struct sm_dump *d = data;
 
-	if (n >= d->cap - d->len || !d->buf) {
-		size_t ncap = d->cap ? d->cap : 4096;
-		char *nb;
-
-		while (ncap - d->len <= n)
-			if (__builtin_mul_overflow(ncap, 2, &ncap))
-				return -1;
-		nb = realloc(d->buf, ncap);
-		if (!nb)
-			return -1;
-		d->buf = nb;
-		d->cap = ncap;
-	}
+	if ((n >= d->cap - d->len || !d->buf) && sm_grow(d, n) < 0)
+		return -1;
 	memcpy(d->buf + d->len, p, n);
 	d->len += n;
 	d->buf[d->len] = '\0';
 	return 0;
 }
 
-static int sm_puts(struct sm_dump *d, const char *str)
+static inline int sm_puts(struct sm_dump *d, const char *str)
 {
 	return sm_dump_cb(str, strlen(str), d) < 0 ? -ENOMEM : 0;
 }
@@ -807,7 +814,11 @@ static int sm_put_entry(struct sm_dump *d, const struct ckpt_tensor_meta *t)
  * a qsort of 20,000 names cost more than writing them). */
 static int sm_check_unique(const char *const *names, size_t n)
 {
-	size_t cap = 16, *slot;
+	struct slot {
+		size_t i; /* SIZE_MAX: empty */
+		uint64_t h;
+	} *slot;
+	size_t cap = 16;
 	int r = 0;
 
 	if (n < 2)
@@ -817,18 +828,22 @@ static int sm_check_unique(const char *const *names, size_t n)
 	slot = malloc(cap * sizeof(*slot));
 	if (!slot)
 		return -ENOMEM;
-	memset(slot, 0xff, cap * sizeof(*slot));
+	for (size_t j = 0; j < cap; j++)
+		slot[j].i = SIZE_MAX;
 	for (size_t i = 0; i < n && !r; i++) {
 		uint64_t h = 1469598103934665603ull; /* FNV-1a */
 		size_t j;
 		for (const unsigned char *c = (const unsigned char *)names[i]; *c; c++)
 			h = (h ^ *c) * 1099511628211ull;
-		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j] != SIZE_MAX; j = (j + 1) & (cap - 1))
-			if (!strcmp(names[slot[j]], names[i])) {
+		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
+		     j = (j + 1) & (cap - 1)) {
+			if (slot[j].h == h && !strcmp(names[slot[j].i], names[i])) {
 				r = -EINVAL;
 				break;
 			}
-		slot[j] = i;
+		}
+		slot[j].i = i;
+		slot[j].h = h;
 	}
 	free(slot);
 	return r;

@@ -1488,6 +1488,46 @@ static int order_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+/* Sort ord (in name order: global tensors are) by order_cmp: a stable
+ * pass per dtype size, largest first, instead of comparing names. */
+static void order_by_bits(struct order *ord, size_t n)
+{
+	unsigned bits[8];
+	size_t nb = 0, k = 0;
+	struct order *tmp;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t j;
+		for (j = 0; j < nb && bits[j] != ord[i].bits; j++)
+			;
+		if (j == nb) {
+			if (nb == CKPT_ARRAY_SIZE(bits))
+				goto fallback;
+			bits[nb++] = ord[i].bits;
+		}
+		if (i && strcmp(ord[i - 1].name, ord[i].name) >= 0)
+			goto fallback; /* not in name order after all */
+	}
+	tmp = malloc((n ? n : 1) * sizeof(*tmp));
+	if (!tmp)
+		goto fallback;
+	while (nb) {
+		size_t top = 0;
+		for (size_t j = 1; j < nb; j++)
+			if (bits[j] > bits[top])
+				top = j;
+		for (size_t i = 0; i < n; i++)
+			if (ord[i].bits == bits[top])
+				tmp[k++] = ord[i];
+		bits[top] = bits[--nb];
+	}
+	memcpy(ord, tmp, n * sizeof(*ord));
+	free(tmp);
+	return;
+fallback:
+	qsort(ord, n, sizeof(*ord), order_cmp);
+}
+
 struct plan_meta_ctx {
 	const ckpt_view *v;
 	const struct vfile_plan *f;
@@ -1540,7 +1580,7 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f)
 		ndims += g->ndim;
 		k++;
 	}
-	qsort(ord, k, sizeof(*ord), order_cmp);
+	order_by_bits(ord, k);
 	f->t = calloc(k ? k : 1, sizeof(*f->t));
 	specs = calloc(k ? k : 1, sizeof(*specs));
 	shapes = calloc(ndims ? ndims : 1, sizeof(*shapes));
