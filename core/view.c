@@ -151,7 +151,7 @@ static struct hnode *hcache_find(struct hcache *c, bool (*match)(const struct hn
 }
 
 /* The ckptfs metadata of one stored tensor (struct ckpt_tensor_meta without
- * its 16-dimension arrays: 64 bytes instead of 450, which matters for
+ * its 16-dimension arrays: 72 bytes instead of 448, which matters for
  * 20,000-tensor sources).  gs, off, shape: ndim entries each, in the
  * source's dims buffer. */
 struct smeta {
