@@ -240,17 +240,21 @@ static bool all_zero(const uint8_t *p, size_t n)
 	return n == 0 || (p[0] == 0 && memcmp(p, p + 1, n - 1) == 0);
 }
 
-/* Emit the first n uncut bytes as one extent.  Caller holds w->lock. */
-static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem_size)
+/* Append the next extent of c->list: the n bytes given as nseg pieces
+ * (the uncut buffer's head and/or the caller's write buffer).  The caller
+ * then moves the cut position past them.  Caller holds w->lock. */
+static int emit_segs(struct ckpt_writer *w, struct cutter *c, const struct iovec *seg, int nseg,
+		     size_t n, unsigned elem_size)
 {
-	const uint8_t *p = c->buf + c->head;
+	bool zero = true;
 	struct job *j;
+	size_t at = 0;
 	int r;
 
-	if (all_zero(p, n)) {
-		r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_ZERO, NULL);
-		goto consumed;
-	}
+	for (int i = 0; i < nseg && zero; i++)
+		zero = all_zero(seg[i].iov_base, seg[i].iov_len);
+	if (zero)
+		return ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_ZERO, NULL);
 	/* No waiting here: the cut state must not change under us.  Callers
 	 * apply backpressure before they feed (wait_room). */
 	if (w->err)
@@ -260,12 +264,12 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 		 * less than handing the chunk to a worker (a copy and two
 		 * thread switches); parallelism comes from the FUSE threads. */
 		ckpt_digest d;
-		r = ckpt_store_put_chunk(w->s, p, n, elem_size, &d);
+		r = ckpt_store_put_chunkv(w->s, seg, nseg, elem_size, &d);
 		if (r == 0)
 			r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_CHUNK, &d);
 		if (r < 0)
 			w->err = r;
-		goto consumed;
+		return r;
 	}
 	j = calloc(1, sizeof(*j));
 	if (!j)
@@ -275,7 +279,10 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 		free(j);
 		return -ENOMEM;
 	}
-	memcpy(j->data, p, n);
+	for (int i = 0; i < nseg; i++) {
+		memcpy(j->data + at, seg[i].iov_base, seg[i].iov_len);
+		at += seg[i].iov_len;
+	}
 	r = ckpt_extent_list_append(c->list, (uint32_t)n, CKPT_EXT_CHUNK, NULL);
 	if (r < 0) {
 		free(j->data);
@@ -290,7 +297,15 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 	w->inflight++;
 	w->inflight_bytes += n;
 	pool_submit(w->pool, j);
-consumed:
+	return 0;
+}
+
+/* Emit the first n uncut bytes as one extent.  Caller holds w->lock. */
+static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem_size)
+{
+	struct iovec seg = { c->buf + c->head, n };
+	int r = emit_segs(w, c, &seg, 1, n, elem_size);
+
 	if (r < 0)
 		return r;
 	c->head += n;
@@ -339,16 +354,15 @@ static unsigned elem_hint(enum ckpt_dtype dt)
 	return bits == 16 || bits == 32 ? bits / 8 : 0;
 }
 
-/* Length of the next chunk and its compression hint, or 0 if more bytes are
- * needed.  Caller holds w->lock. */
-static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
+/* End (file offset) of the chunk starting at the cut position when it is
+ * fixed by the safetensors layout (header pieces, tensor-aligned pieces),
+ * with its compression hint; 0 when the bytes decide (content-defined
+ * chunking) or the layout is not known yet.  Caller holds w->lock. */
+static uint64_t fixed_bound(struct cutter *c, unsigned *ret_elem)
 {
 	uint64_t pos = c->start, bound = 0;
 
 	*ret_elem = 0;
-	detect_safetensors(c, eof);
-	if (c->st_state == ST_UNKNOWN)
-		return 0;
 	if (c->st_state == ST_YES) {
 		uint64_t data_end = c->data_start + ckpt_st_data_len(c->st);
 		size_t nt = ckpt_st_tensor_count(c->st);
@@ -371,6 +385,20 @@ static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
 			}
 		}
 	}
+	return bound;
+}
+
+/* Length of the next chunk and its compression hint, or 0 if more bytes are
+ * needed.  Caller holds w->lock. */
+static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
+{
+	uint64_t pos = c->start, bound;
+
+	*ret_elem = 0;
+	detect_safetensors(c, eof);
+	if (c->st_state == ST_UNKNOWN)
+		return 0;
+	bound = fixed_bound(c, ret_elem);
 	if (bound > pos) {
 		uint64_t want = bound - pos;
 		if (c->len >= want)
@@ -398,12 +426,39 @@ static int cut(struct ckpt_writer *w, struct cutter *c, bool eof)
 	}
 }
 
-/* Append bytes to the uncut buffer and cut.  Caller holds w->lock. */
+/* Append bytes to the uncut buffer and cut.  Caller holds w->lock.
+ *
+ * Where the layout fixes the next cut and this write completes the chunk,
+ * the chunk is emitted from the uncut bytes plus the caller's buffer as
+ * they are: only the tail of a write that no chunk completes is copied. */
 static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_t n)
 {
 	while (n > 0) {
 		size_t room, take;
+		uint64_t bound;
+		unsigned elem;
 		int r;
+
+		bound = fixed_bound(c, &elem);
+		if (bound > c->start + c->len && bound - (c->start + c->len) <= n) {
+			struct iovec seg[2];
+			int nseg = 0;
+			size_t want = (size_t)(bound - c->start);
+
+			take = want - c->len;
+			if (c->len > 0)
+				seg[nseg++] = (struct iovec){ c->buf + c->head, c->len };
+			seg[nseg++] = (struct iovec){ (void *)p, take };
+			r = emit_segs(w, c, seg, nseg, want, elem);
+			if (r < 0)
+				return r;
+			c->start += want;
+			c->head = 0;
+			c->len = 0;
+			p += take;
+			n -= take;
+			continue;
+		}
 
 		if (c->head > 0 && (c->head + c->len == c->cap || c->head > c->cap / 2)) {
 			memmove(c->buf, c->buf + c->head, c->len);

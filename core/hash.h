@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define CKPT_DIGEST_LEN 16
 /* Bytes of per-store secret; must be >= XXH3_SECRET_SIZE_MIN (136). */
@@ -66,6 +67,15 @@ void ckpt_hasher_free(ckpt_hasher *h);
  * Cannot fail.  Thread-safe.
  */
 void ckpt_hash_chunk(const ckpt_hasher *h, const void *data, size_t len,
+		     ckpt_digest *ret_digest);
+
+/*
+ * The digest ckpt_hash_chunk() gives for the concatenation of iov[0..cnt),
+ * computed without joining the pieces (streaming XXH3: same value).
+ * Returns 0, or -ENOMEM when cnt > 1 and the hash state cannot be
+ * allocated.  Thread-safe.
+ */
+int ckpt_hash_chunkv(const ckpt_hasher *h, const struct iovec *iov, int cnt,
 		     ckpt_digest *ret_digest);
 
 /*

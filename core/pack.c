@@ -6,6 +6,12 @@
  * appends in flight, synced, sync_err).  Data is written and read with
  * positional I/O outside any lock.  p->sync_lock serialises fdatasync calls
  * so that concurrent ckpt_pack_sync() callers can share one fdatasync.
+ *
+ * Write-behind: every CKPT_PACK_KICK bytes of completed appends, the appender
+ * that crosses the mark starts writeback of that range with
+ * sync_file_range(SYNC_FILE_RANGE_WRITE).  The disk then writes while more
+ * data arrives, and a later fdatasync waits only for the tail.  It is a
+ * hint: durability still comes only from ckpt_pack_sync().
  */
 #include "pack.h"
 #include "util.h"
@@ -23,7 +29,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "xxh.h"
 
 /* File header field offsets (format version 1). */
 #define HDR_OFF_MAGIC		0
@@ -73,6 +79,7 @@ struct ckpt_pack {
 	 * if_head is the oldest one. */
 	struct inflight *if_head, *if_tail;
 	uint64_t synced;		/* [0, synced) is durable */
+	uint64_t kicked;		/* writeback started for [0, kicked) */
 	int sync_err;			/* latched fdatasync error, or 0 */
 };
 
@@ -206,8 +213,28 @@ corrupt:
 	return -EIO;
 }
 
+/* XXH3-64 of the concatenation of iov[0..cnt), or -ENOMEM. */
+static int checksumv(const struct iovec *iov, int cnt, uint64_t *ret)
+{
+	XXH3_state_t *st;
+
+	if (cnt == 1) {
+		*ret = XXH3_64bits(iov[0].iov_base, iov[0].iov_len);
+		return 0;
+	}
+	st = XXH3_createState(); /* size private to the library */
+	if (!st)
+		return -ENOMEM;
+	(void)XXH3_64bits_reset(st);
+	for (int i = 0; i < cnt; i++)
+		(void)XXH3_64bits_update(st, iov[i].iov_base, iov[i].iov_len);
+	*ret = XXH3_64bits_digest(st);
+	XXH3_freeState(st);
+	return 0;
+}
+
 static void encode_rec_hdr(uint8_t hdr[CKPT_PACK_REC_HDR_SIZE], const struct ckpt_pack_rec *rec,
-			   const void *stored)
+			   uint64_t data_csum)
 {
 	memcpy(hdr + REC_OFF_MAGIC, CKPT_PACK_REC_MAGIC, CKPT_PACK_REC_MAGIC_LEN);
 	hdr[REC_OFF_CODEC] = rec->codec;
@@ -216,7 +243,7 @@ static void encode_rec_hdr(uint8_t hdr[CKPT_PACK_REC_HDR_SIZE], const struct ckp
 	ckpt_put_le32(hdr + REC_OFF_STORED_LEN, rec->stored_len);
 	ckpt_put_le32(hdr + REC_OFF_RAW_LEN, rec->raw_len);
 	memcpy(hdr + REC_OFF_DIGEST, rec->digest, 16);
-	ckpt_put_le64(hdr + REC_OFF_DATA_CSUM, XXH3_64bits(stored, rec->stored_len));
+	ckpt_put_le64(hdr + REC_OFF_DATA_CSUM, data_csum);
 	ckpt_put_le64(hdr + REC_OFF_HDR_CSUM, XXH3_64bits(hdr, REC_CSUM_LEN));
 }
 
@@ -501,21 +528,40 @@ uint64_t ckpt_pack_size(const ckpt_pack *p)
 int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *stored,
 		     uint64_t *ret_offset)
 {
-	static const uint8_t zeros[CKPT_PACK_REC_HDR_SIZE];
-	uint8_t hdr[CKPT_PACK_REC_HDR_SIZE];
-	struct inflight node = { 0 };
-	struct iovec iov[3];
-	uint64_t off, span, pad, written = 0;
-	int r, cnt = 0;
+	struct iovec one = { (void *)stored, rec ? rec->stored_len : 0 };
 
 	if (!p || !rec || (!stored && rec->stored_len > 0))
 		return -EINVAL;
-	if (rec->stored_len > CKPT_PACK_MAX_STORED)
+	return ckpt_pack_appendv(p, rec, &one, 1, ret_offset);
+}
+
+int ckpt_pack_appendv(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *stored,
+		      int nstored, uint64_t *ret_offset)
+{
+	static const uint8_t zeros[CKPT_PACK_REC_HDR_SIZE];
+	uint8_t hdr[CKPT_PACK_REC_HDR_SIZE];
+	struct inflight node = { 0 };
+	struct iovec iov[CKPT_PACK_MAX_IOV + 2];
+	uint64_t off, span, pad, written = 0, total = 0, csum;
+	uint64_t stable, kick_from = 0, kick_len = 0;
+	int r, cnt = 0;
+
+	if (!p || !rec || !stored || nstored < 1 || nstored > CKPT_PACK_MAX_IOV)
+		return -EINVAL;
+	for (int i = 0; i < nstored; i++) {
+		if (!stored[i].iov_base && stored[i].iov_len > 0)
+			return -EINVAL;
+		total += stored[i].iov_len;
+	}
+	if (rec->stored_len > CKPT_PACK_MAX_STORED || total != rec->stored_len)
 		return -EINVAL;
 	if (!p->writable)
 		return -EBADF;
 
-	encode_rec_hdr(hdr, rec, stored);
+	r = checksumv(stored, nstored, &csum);
+	if (r < 0)
+		return r;
+	encode_rec_hdr(hdr, rec, csum);
 	span = ckpt_pack_rec_span(rec->stored_len);
 	pad = span - CKPT_PACK_REC_HDR_SIZE - rec->stored_len;
 
@@ -540,10 +586,9 @@ int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *
 
 	iov[cnt].iov_base = hdr;
 	iov[cnt++].iov_len = sizeof(hdr);
-	if (rec->stored_len > 0) {
-		iov[cnt].iov_base = (void *)stored;
-		iov[cnt++].iov_len = rec->stored_len;
-	}
+	for (int i = 0; i < nstored; i++)
+		if (stored[i].iov_len > 0)
+			iov[cnt++] = stored[i];
 	if (pad > 0) {
 		iov[cnt].iov_base = (void *)zeros;
 		iov[cnt++].iov_len = (size_t)pad;
@@ -567,8 +612,18 @@ int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *
 		node.next->prev = node.prev;
 	else
 		p->if_tail = node.prev;
+	/* Everything before the oldest append still in flight is written. */
+	stable = p->if_head ? p->if_head->off : atomic_load(&p->size);
+	if (!r && stable >= p->kicked + CKPT_PACK_KICK) {
+		kick_from = p->kicked;
+		kick_len = stable - kick_from;
+		p->kicked = stable;
+	}
 	pthread_mutex_unlock(&p->lock);
 
+	if (kick_len > 0)
+		(void)sync_file_range(p->fd, (off_t)kick_from, (off_t)kick_len,
+				      SYNC_FILE_RANGE_WRITE);
 	if (!r && ret_offset)
 		*ret_offset = off;
 	return r;

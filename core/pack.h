@@ -62,6 +62,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define CKPT_PACK_VERSION 1
 #define CKPT_PACK_HDR_SIZE 64
@@ -74,6 +75,7 @@
 #define CKPT_PACK_MAX_STORED (64u * 1024 * 1024)
 #define CKPT_PACK_NAME_MAX 32		/* buffer size for ckpt_pack_name() */
 #define CKPT_PACK_FILE_MODE 0600	/* mode of newly created pack files */
+#define CKPT_PACK_KICK (8u * 1024 * 1024) /* write-behind step, see pack.c */
 
 /* A record as seen by callers: everything but the checksums. */
 struct ckpt_pack_rec {
@@ -157,6 +159,16 @@ uint64_t ckpt_pack_size(const ckpt_pack *p);
  */
 int ckpt_pack_append(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *stored,
 		     uint64_t *ret_offset);
+
+/*
+ * ckpt_pack_append() of the stored bytes given as nstored (1..
+ * CKPT_PACK_MAX_IOV) pieces whose lengths add up to rec->stored_len; the
+ * record is the same as for their concatenation.  -EINVAL also when the
+ * lengths do not add up.
+ */
+#define CKPT_PACK_MAX_IOV 4
+int ckpt_pack_appendv(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *stored,
+		      int nstored, uint64_t *ret_offset);
 
 /*
  * Make durable (fdatasync) every record that ends at or before `upto` and

@@ -843,33 +843,42 @@ struct st_sb {
 	bool oom;
 };
 
-static void st_sb_put(struct st_sb *sb, const char *s, size_t len)
+/* Make room for len more bytes (sb->oom on failure). */
+static __attribute__((noinline)) void st_sb_grow(struct st_sb *sb, size_t len)
+{
+	size_t ncap = sb->cap ? sb->cap : 256;
+	char *nb;
+
+	while (ncap - sb->len < len) {
+		if (__builtin_mul_overflow(ncap, 2, &ncap)) {
+			sb->oom = true;
+			return;
+		}
+	}
+	nb = realloc(sb->buf, ncap);
+	if (!nb) {
+		sb->oom = true;
+		return;
+	}
+	sb->buf = nb;
+	sb->cap = ncap;
+}
+
+/* Inline so that the copies of short literals are inlined too. */
+static inline void st_sb_put(struct st_sb *sb, const char *s, size_t len)
 {
 	if (sb->oom)
 		return;
 	if (len > sb->cap - sb->len) {
-		size_t ncap = sb->cap ? sb->cap : 256;
-		char *nb;
-
-		while (ncap - sb->len < len) {
-			if (__builtin_mul_overflow(ncap, 2, &ncap)) {
-				sb->oom = true;
-				return;
-			}
-		}
-		nb = realloc(sb->buf, ncap);
-		if (!nb) {
-			sb->oom = true;
+		st_sb_grow(sb, len);
+		if (sb->oom)
 			return;
-		}
-		sb->buf = nb;
-		sb->cap = ncap;
 	}
 	memcpy(sb->buf + sb->len, s, len);
 	sb->len += len;
 }
 
-static void st_sb_puts(struct st_sb *sb, const char *s)
+static inline void st_sb_puts(struct st_sb *sb, const char *s)
 {
 	st_sb_put(sb, s, strlen(s));
 }
@@ -913,27 +922,44 @@ static char st_short_escape(unsigned char c)
 static void st_sb_jstr(struct st_sb *sb, const char *s)
 {
 	static const char hex[] = "0123456789abcdef";
-	const char *run = s;
+	size_t need = 2;
+	char *o;
 
-	st_sb_put(sb, "\"", 1);
+	/* exact size first (a 2 MB ckptfs metadata string escapes ~250,000
+	 * quotes), then one tight loop */
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+		need += *p >= 0x20 && *p != '"' && *p != '\\' ? 1 : st_short_escape(*p) ? 2 : 6;
+	if (sb->oom)
+		return;
+	if (need > sb->cap - sb->len) {
+		st_sb_grow(sb, need);
+		if (sb->oom)
+			return;
+	}
+	o = sb->buf + sb->len;
+	*o++ = '"';
 	for (; *s; s++) {
 		unsigned char c = (unsigned char)*s;
-		char esc[6] = { '\\', 'u', '0', '0', hex[c >> 4], hex[c & 15] };
+		char e;
 
-		if (c >= 0x20 && c != '"' && c != '\\')
+		if (c >= 0x20 && c != '"' && c != '\\') {
+			*o++ = (char)c;
 			continue;
-		st_sb_put(sb, run, (size_t)(s - run));
-		run = s + 1;
-		esc[1] = st_short_escape(c);
-		if (esc[1]) {
-			st_sb_put(sb, esc, 2);
+		}
+		*o++ = '\\';
+		e = st_short_escape(c);
+		if (e) {
+			*o++ = e;
 		} else {
-			esc[1] = 'u';
-			st_sb_put(sb, esc, 6);
+			*o++ = 'u';
+			*o++ = '0';
+			*o++ = '0';
+			*o++ = hex[c >> 4];
+			*o++ = hex[c & 15];
 		}
 	}
-	st_sb_put(sb, run, (size_t)(s - run));
-	st_sb_put(sb, "\"", 1);
+	*o++ = '"';
+	sb->len = (size_t)(o - sb->buf);
 }
 
 static bool st_valid_cstr(const char *s)
@@ -946,29 +972,45 @@ static bool st_valid_cstr(const char *s)
 	return st_utf8_check((const uint8_t *)s, len) == len;
 }
 
-static int st_cmp_str(const void *a, const void *b)
-{
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* -EINVAL if two of the n strings are equal (sorts a copy). */
+/* -EINVAL if two of the n strings are equal. */
 static int st_check_unique(const char *const *strs, size_t stride, size_t n)
 {
-	const char **tmp;
+	struct slot {
+		size_t i; /* SIZE_MAX: empty */
+		uint64_t h;
+	} *slot;
+	size_t cap = 16;
 	int r = 0;
 
+	/* an open-addressing hash set (a qsort of 20,000 names cost more than
+	 * writing the header) */
 	if (n < 2)
 		return 0;
-	tmp = malloc(n * sizeof(*tmp));
-	if (!tmp)
+	while (cap < 2 * n)
+		cap *= 2;
+	slot = malloc(cap * sizeof(*slot));
+	if (!slot)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++)
-		tmp[i] = *(const char *const *)((const char *)strs + i * stride);
-	qsort(tmp, n, sizeof(*tmp), st_cmp_str);
-	for (size_t i = 1; i < n && !r; i++)
-		if (strcmp(tmp[i - 1], tmp[i]) == 0)
-			r = -EINVAL;
-	free(tmp);
+	for (size_t j = 0; j < cap; j++)
+		slot[j].i = SIZE_MAX;
+	for (size_t i = 0; i < n && !r; i++) {
+		const char *s = *(const char *const *)((const char *)strs + i * stride);
+		uint64_t h = 1469598103934665603ull; /* FNV-1a */
+		size_t j;
+		for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
+		     j = (j + 1) & (cap - 1)) {
+			const char *o = *(const char *const *)((const char *)strs + slot[j].i * stride);
+			if (slot[j].h == h && !strcmp(o, s)) {
+				r = -EINVAL;
+				break;
+			}
+		}
+		slot[j].i = i;
+		slot[j].h = h;
+	}
+	free(slot);
 	return r;
 }
 
@@ -1037,6 +1079,18 @@ int ckpt_st_serialize(const struct ckpt_st_tensor_spec *tensors, size_t ntensors
 	if (r < 0)
 		return r;
 
+	{
+		/* room for the usual case up front: growing a multi-MiB header
+		 * by doubling copies it and faults in fresh pages each time */
+		size_t est = 64;
+		for (size_t i = 0; i < nmeta; i++)
+			est += strlen(meta_keys[i]) + strlen(meta_values[i]) * 5 / 4 + 8;
+		for (size_t i = 0; i < ntensors; i++)
+			est += strlen(tensors[i].name) + 64 + 21 * (size_t)tensors[i].ndim;
+		sb.buf = malloc(est);
+		if (sb.buf)
+			sb.cap = est;
+	}
 	st_sb_put(&sb, zeros, sizeof(zeros));
 	st_sb_put(&sb, "{", 1);
 	if (nmeta) {

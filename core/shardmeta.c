@@ -666,48 +666,62 @@ struct sm_dump {
 	size_t len, cap;
 };
 
-static int sm_dump_cb(const char *p, size_t n, void *data)
+/* Make room for n more bytes and the NUL. */
+static __attribute__((noinline)) int sm_grow(struct sm_dump *d, size_t n)
+{
+	size_t ncap = d->cap ? d->cap : 4096;
+	char *nb;
+
+	while (ncap - d->len <= n)
+		if (__builtin_mul_overflow(ncap, 2, &ncap))
+			return -1;
+	nb = realloc(d->buf, ncap);
+	if (!nb)
+		return -1;
+	d->buf = nb;
+	d->cap = ncap;
+	return 0;
+}
+
+/* Inline so that the copies of short literals are inlined too. */
+static inline int sm_dump_cb(const char *p, size_t n, void *data)
 {
 	struct sm_dump *d = data;
 
-	if (n >= d->cap - d->len || !d->buf) {
-		size_t ncap = d->cap ? d->cap : 4096;
-		char *nb;
-
-		while (ncap - d->len <= n)
-			if (__builtin_mul_overflow(ncap, 2, &ncap))
-				return -1;
-		nb = realloc(d->buf, ncap);
-		if (!nb)
-			return -1;
-		d->buf = nb;
-		d->cap = ncap;
-	}
+	if ((n >= d->cap - d->len || !d->buf) && sm_grow(d, n) < 0)
+		return -1;
 	memcpy(d->buf + d->len, p, n);
 	d->len += n;
 	d->buf[d->len] = '\0';
 	return 0;
 }
 
-static int sm_puts(struct sm_dump *d, const char *str)
+static inline int sm_puts(struct sm_dump *d, const char *str)
 {
 	return sm_dump_cb(str, strlen(str), d) < 0 ? -ENOMEM : 0;
 }
 
 static int sm_putu(struct sm_dump *d, uint64_t v)
 {
-	char buf[32];
+	char buf[24];
+	size_t i = sizeof(buf);
 
-	snprintf(buf, sizeof(buf), "%" PRIu64, v);
-	return sm_puts(d, buf);
+	do {
+		buf[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	return sm_dump_cb(buf + i, sizeof(buf) - i, d) < 0 ? -ENOMEM : 0;
 }
 
 static int sm_puti(struct sm_dump *d, int64_t v)
 {
-	char buf[32];
+	int r = 0;
 
-	snprintf(buf, sizeof(buf), "%" PRId64, v);
-	return sm_puts(d, buf);
+	if (v < 0) {
+		r = sm_puts(d, "-");
+		return r ? r : sm_putu(d, (uint64_t)0 - (uint64_t)v);
+	}
+	return sm_putu(d, (uint64_t)v);
 }
 
 /* A JSON string as jansson writes it: UTF-8 passes through (validated by
@@ -796,42 +810,56 @@ static int sm_put_entry(struct sm_dump *d, const struct ckpt_tensor_meta *t)
 	return r ? r : sm_puts(d, "}");
 }
 
-static int sm_cmp_name(const void *a, const void *b)
+/* -EINVAL if two of the n names are equal (an open-addressing hash set:
+ * a qsort of 20,000 names cost more than writing them). */
+static int sm_check_unique(const char *const *names, size_t n)
 {
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* -EINVAL if two entries share a name. */
-static int sm_check_unique(const struct ckpt_shardmeta_out *v, size_t n)
-{
-	const char **names;
+	struct slot {
+		size_t i; /* SIZE_MAX: empty */
+		uint64_t h;
+	} *slot;
+	size_t cap = 16;
 	int r = 0;
 
 	if (n < 2)
 		return 0;
-	names = malloc(n * sizeof(*names));
-	if (!names)
+	while (cap < 2 * n)
+		cap *= 2;
+	slot = malloc(cap * sizeof(*slot));
+	if (!slot)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++)
-		names[i] = v[i].name;
-	qsort(names, n, sizeof(*names), sm_cmp_name);
-	for (size_t i = 1; i < n && !r; i++)
-		if (!strcmp(names[i - 1], names[i]))
-			r = -EINVAL;
-	free(names);
+	for (size_t j = 0; j < cap; j++)
+		slot[j].i = SIZE_MAX;
+	for (size_t i = 0; i < n && !r; i++) {
+		uint64_t h = 1469598103934665603ull; /* FNV-1a */
+		size_t j;
+		for (const unsigned char *c = (const unsigned char *)names[i]; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
+		     j = (j + 1) & (cap - 1)) {
+			if (slot[j].h == h && !strcmp(names[slot[j].i], names[i])) {
+				r = -EINVAL;
+				break;
+			}
+		}
+		slot[j].i = i;
+		slot[j].h = h;
+	}
+	free(slot);
 	return r;
 }
 
-int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t num_layers,
-			     const struct ckpt_shardmeta_out *v, size_t n, char **ret_json)
+int ckpt_shardmeta_serialize_cb(const char *group, bool has_num_layers, uint64_t num_layers,
+				size_t n, ckpt_shardmeta_get_fn get, void *ud, char **ret_json)
 {
 	struct sm_dump d = { NULL, 0, 0 };
+	const char **names = NULL;
 	int r;
 
 	if (!ret_json)
 		return -EINVAL;
 	*ret_json = NULL;
-	if (!v && n)
+	if (!get && n)
 		return -EINVAL;
 	if (!group)
 		group = CKPT_SHARDMETA_GROUP_DEFAULT;
@@ -839,19 +867,18 @@ int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t nu
 		return -EINVAL;
 	if (has_num_layers && num_layers > INT64_MAX)
 		return -EOVERFLOW;
-	for (size_t i = 0; i < n; i++) {
-		if (!v[i].name || !v[i].meta || !sm_utf8_ok(v[i].name))
-			return -EINVAL;
-		r = sm_check_meta(v[i].meta, has_num_layers, num_layers);
-		if (r < 0)
-			return r;
-	}
+	names = malloc((n ? n : 1) * sizeof(*names));
+	if (!names)
+		return -ENOMEM;
+	/* room for typical entries up front (see sm_dump_cb) */
+	d.cap = 4096 + (n < SIZE_MAX / 256 ? n * 160 : 0);
+	d.buf = malloc(d.cap);
+	if (!d.buf)
+		d.cap = 0;
 
 	/* Written directly (a jansson tree of 20,000 entries cost ~100 ms);
-	 * ckpt_shardmeta_parse() reads it back in the unit tests. */
-	r = sm_check_unique(v, n);
-	if (r < 0)
-		return r;
+	 * ckpt_shardmeta_parse() reads it back in the unit tests.  Entries are
+	 * checked as they are written. */
 	r = sm_puts(&d, "{\"version\":");
 	if (!r)
 		r = sm_putu(&d, CKPT_SHARDMETA_VERSION);
@@ -867,23 +894,60 @@ int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t nu
 	if (!r)
 		r = sm_puts(&d, ",\"tensors\":{");
 	for (size_t i = 0; i < n && !r; i++) {
+		struct ckpt_tensor_meta tmp;
+		const struct ckpt_tensor_meta *m;
+		const char *name = NULL;
+
+		m = get(ud, i, &name, &tmp);
+		if (!name || !m || !sm_utf8_ok(name)) {
+			r = -EINVAL;
+			break;
+		}
+		r = sm_check_meta(m, has_num_layers, num_layers);
+		if (r < 0)
+			break;
+		names[i] = name;
 		if (i)
 			r = sm_puts(&d, ",");
 		if (!r)
-			r = sm_putstr(&d, v[i].name);
+			r = sm_putstr(&d, name);
 		if (!r)
 			r = sm_puts(&d, ":");
 		if (!r)
-			r = sm_put_entry(&d, v[i].meta);
+			r = sm_put_entry(&d, m);
 	}
 	if (!r)
 		r = sm_puts(&d, "}}");
+	if (!r)
+		r = sm_check_unique(names, n);
+	free(names);
 	if (r < 0) {
 		free(d.buf);
 		return r;
 	}
 	*ret_json = d.buf;
 	return 0;
+}
+
+static const struct ckpt_tensor_meta *sm_get_out(void *ud, size_t i, const char **ret_name,
+						 struct ckpt_tensor_meta *tmp)
+{
+	const struct ckpt_shardmeta_out *v = ud;
+
+	(void)tmp;
+	*ret_name = v[i].name;
+	return v[i].meta;
+}
+
+int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t num_layers,
+			     const struct ckpt_shardmeta_out *v, size_t n, char **ret_json)
+{
+	if (ret_json)
+		*ret_json = NULL;
+	if (!v && n)
+		return -EINVAL;
+	return ckpt_shardmeta_serialize_cb(group, has_num_layers, num_layers, n,
+					   sm_get_out, (void *)v, ret_json);
 }
 
 /* ---- tensor-parallel rules ---------------------------------------------- */

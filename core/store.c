@@ -647,11 +647,13 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
 	return r;
 }
 
-static int verify_same(ckpt_store *s, const ckpt_digest *d, const void *data, size_t len)
+static int verify_same(ckpt_store *s, const ckpt_digest *d, const struct iovec *iov, int cnt,
+		       size_t len)
 {
 	struct ckpt_chunk_loc loc;
 	uint8_t *buf;
 	int r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+	size_t at = 0;
 
 	if (r < 0)
 		return r;
@@ -661,8 +663,11 @@ static int verify_same(ckpt_store *s, const ckpt_digest *d, const void *data, si
 	if (!buf)
 		return -ENOMEM;
 	r = ckpt_store_verify_chunk(s, d, &loc, buf);
-	if (r == 0 && memcmp(buf, data, len) != 0)
-		r = -EIO;
+	for (int i = 0; r == 0 && i < cnt; i++) {
+		if (memcmp(buf + at, iov[i].iov_base, iov[i].iov_len) != 0)
+			r = -EIO;
+		at += iov[i].iov_len;
+	}
 	free(buf);
 	if (r == -EIO) {
 		char hex[33];
@@ -706,13 +711,13 @@ static int64_t mono_ns(void)
 
 /* Append a record to pack p (thread-safe; packs are never freed while they
  * are append targets). */
-static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *data,
-		     struct ckpt_chunk_loc *ret_loc)
+static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *iov,
+		     int cnt, struct ckpt_chunk_loc *ret_loc)
 {
 	int r;
 
 	memset(ret_loc, 0, sizeof(*ret_loc));
-	r = ckpt_pack_append(p, rec, data, &ret_loc->offset);
+	r = ckpt_pack_appendv(p, rec, iov, cnt, &ret_loc->offset);
 	if (r < 0)
 		return r;
 	ret_loc->pack_id = ckpt_pack_id(p);
@@ -723,8 +728,8 @@ static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const void *
 }
 
 /* Append a record to the current write pack (rolling it when full). */
-static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
-			 struct ckpt_chunk_loc *ret_loc)
+static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const struct iovec *iov,
+			 int cnt, struct ckpt_chunk_loc *ret_loc)
 {
 	ckpt_pack *p;
 	int r = 0;
@@ -734,7 +739,7 @@ static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const v
 		r = roll_pack_locked(s);
 	p = s->wpack;
 	pthread_mutex_unlock(&s->pack_lock);
-	return r < 0 ? r : append_to(p, rec, data, ret_loc);
+	return r < 0 ? r : append_to(p, rec, iov, cnt, ret_loc);
 }
 
 /* Append for the background thread (to bgpack). */
@@ -747,9 +752,11 @@ static int append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, cons
 	pthread_mutex_lock(&s->pack_lock);
 	if (!s->bgpack || ckpt_pack_size(s->bgpack) >= s->opts.pack_max)
 		r = new_pack_locked(s, &s->bgpack);
+	struct iovec one = { (void *)data, rec->stored_len };
+
 	p = s->bgpack;
 	pthread_mutex_unlock(&s->pack_lock);
-	return r < 0 ? r : append_to(p, rec, data, ret_loc);
+	return r < 0 ? r : append_to(p, rec, &one, 1, ret_loc);
 }
 
 static void bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
@@ -789,24 +796,45 @@ static void bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest)
 {
+	struct iovec one = { (void *)data, len };
+
+	if (!data)
+		return -EINVAL;
+	return ckpt_store_put_chunkv(s, &one, 1, elem_size, ret_digest);
+}
+
+int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsigned elem_size,
+			  ckpt_digest *ret_digest)
+{
 	struct tls_ctx *t;
 	bool deferred;
 	struct ckpt_chunk_loc loc;
 	struct ckpt_pack_rec rec;
-	const void *out;
-	size_t out_len;
-	uint8_t codec;
+	struct iovec outv;
+	const struct iovec *stored = iov;
+	int nstored = cnt;
+	uint8_t *joined = NULL;
+	size_t len = 0;
 	ckpt_digest d;
 	uint8_t key[32];
 	uint8_t *val;
 	size_t vlen;
 	int r;
 
+	if (!iov || cnt < 1 || cnt > CKPT_PACK_MAX_IOV)
+		return -EINVAL;
+	for (int i = 0; i < cnt; i++) {
+		if (!iov[i].iov_base)
+			return -EINVAL;
+		len += iov[i].iov_len;
+	}
 	if (len == 0 || len > CKPT_CHUNK_MAX)
 		return -EINVAL;
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
-	ckpt_hash_chunk(s->hasher, data, len, &d);
+	r = ckpt_hash_chunkv(s->hasher, iov, cnt, &d);
+	if (r < 0)
+		return r;
 	*ret_digest = d;
 	/* Dedup: pending first, then the index (see I3). */
 	if (pending_find(s, &d, NULL))
@@ -819,31 +847,49 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 	if (r != -ENOENT)
 		return r;
 
+	memset(&rec, 0, sizeof(rec));
 	deferred = s->bg_started && !s->opts.inline_compress && s->opts.compress_level > 0;
 	if (deferred) {
 		/* the save path runs at disk speed; bg_main compresses later */
-		codec = CKPT_CODEC_RAW;
-		out = data;
-		out_len = len;
+		rec.codec = CKPT_CODEC_RAW;
+		rec.stored_len = (uint32_t)len;
 	} else {
+		const void *in = iov[0].iov_base, *out;
+		size_t out_len;
+
 		t = tls_get(s);
 		if (!t)
 			return -ENOMEM;
-		r = ckpt_compress(t->cc, data, len, elem_size, &codec, &out, &out_len);
+		if (cnt > 1) {
+			/* the compressor wants one buffer */
+			joined = malloc(len);
+			if (!joined)
+				return -ENOMEM;
+			size_t at = 0;
+
+			for (int i = 0; i < cnt; i++) {
+				memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
+				at += iov[i].iov_len;
+			}
+			in = joined;
+		}
+		r = ckpt_compress(t->cc, in, len, elem_size, &rec.codec, &out, &out_len);
 		if (r < 0)
-			return r;
+			goto out;
+		outv.iov_base = (void *)out;
+		outv.iov_len = out_len;
+		stored = &outv;
+		nstored = 1;
+		rec.stored_len = (uint32_t)out_len;
 	}
-	r = check_space(s, out_len);
+	r = check_space(s, rec.stored_len);
 	if (r < 0)
-		return r;
-	memset(&rec, 0, sizeof(rec));
-	rec.codec = codec;
-	rec.stored_len = (uint32_t)out_len;
+		goto out;
 	rec.raw_len = (uint32_t)len;
 	memcpy(rec.digest, d.bytes, CKPT_DIGEST_LEN);
 	atomic_fetch_add(&s->puts_inflight, 1);
 	atomic_store(&s->last_put_ns, mono_ns());
-	r = append_record(s, &rec, out, &loc);
+	r = append_record(s, &rec, stored, nstored, &loc);
 	if (r == 0) {
 		if (deferred) {
 			loc.flags = CKPT_CHUNK_F_DEFERRED;
@@ -854,11 +900,13 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 			bg_enqueue(s, &d, (uint8_t)elem_size);
 	}
 	atomic_fetch_sub(&s->puts_inflight, 1);
+out:
+	free(joined);
 	return r;
 
 dedup_hit:
 	if (s->opts.verify_dedup)
-		return verify_same(s, &d, data, len);
+		return verify_same(s, &d, iov, cnt, len);
 	return 0;
 }
 

@@ -105,6 +105,11 @@ bool ckpt_store_put_is_cheap(const ckpt_store *s);
 #define CKPT_CHUNK_MAX (16u << 20)
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest);
+/* ckpt_store_put_chunk() of the concatenation of iov[0..cnt) (cnt 1..
+ * CKPT_PACK_MAX_IOV): hashed and, when compression is deferred, written
+ * without joining the pieces. */
+int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsigned elem_size,
+			  ckpt_digest *ret_digest);
 /* Copy len bytes at offset off of chunk d into dst.  Goes through the chunk
  * cache.  -EIO if the chunk is damaged (logged with pack and offset) or
  * unknown (a file naming a chunk the store lacks is damaged too). */

@@ -9,15 +9,23 @@
  *
  * Open: for every tensor of the file, the pieces are reduced to distinct
  * geometries (replicas with identical geometry must have identical chunk
- * digests, which tensor-aligned chunking guarantees for identical bytes),
- * each distinct piece contributes byte runs (layout.c), and a sweep over the
- * runs in target order checks coverage and compares the bytes where pieces
- * of different geometry overlap.
+ * digests, which tensor-aligned chunking guarantees for identical bytes).
+ * When the distinct pieces are boxes whose parts of the tensor are disjoint
+ * and add up to it, that proves the tensor (tensor_check); otherwise each
+ * distinct piece contributes byte runs (layout.c), and a sweep over the runs
+ * in target order checks coverage and compares the bytes where pieces of
+ * different geometry overlap (tensor_runs).  A file version that passed
+ * once is not checked again (V1).
+ *
+ * Read: the byte runs of a tensor are computed on the first read of its
+ * bytes through an open file, and kept until the file is closed.
  *
  * Invariants:
- *  V1. A view never changes after ckpt_view_build() returns.
- *  V2. The runs of an open file are sorted by dst and tile [hdr_len, size)
- *      exactly (no gap, no overlap).
+ *  V1. A view never changes after ckpt_view_build() returns (its files are
+ *      only planned, and marked verified, on first use).
+ *  V2. The runs of each tensor of an open file are sorted by dst and tile
+ *      the tensor's bytes [hdr_len + data_off, + nbytes) exactly (no gap,
+ *      no overlap); the tensors tile [hdr_len, size) in order.
  */
 #include "view.h"
 
@@ -142,6 +150,19 @@ static struct hnode *hcache_find(struct hcache *c, bool (*match)(const struct hn
 	return n;
 }
 
+/* The ckptfs metadata of one stored tensor (struct ckpt_tensor_meta without
+ * its 16-dimension arrays: 72 bytes instead of 448, which matters for
+ * 20,000-tensor sources).  gs, off, shape: ndim entries each, in the
+ * source's dims buffer. */
+struct smeta {
+	unsigned ndim;
+	int tp_dim;
+	bool flat, has_pp;
+	struct ckpt_pp pp;
+	uint64_t flat_begin, flat_end;
+	const uint64_t *gs, *off, *shape; /* global shape, box offset and shape */
+};
+
 /* Parsed sources are shared by every view built while they are unchanged
  * (several layouts of one directory parse each header once). */
 struct srcdata {
@@ -153,7 +174,8 @@ struct srcdata {
 	ckpt_shardmeta *meta;
 	uint64_t data_start;
 	bool source;
-	struct ckpt_tensor_meta *metas; /* per tensor (sorted order of hdr) */
+	struct smeta *metas; /* per tensor (parallel to tensors) */
+	uint64_t *mdims;     /* their dims (parsed JSON; else in blob) */
 	/* The tensor table the view uses: from hdr/meta (parsed JSON) or from
 	 * the persisted parse (then hdr and meta are NULL, names and shapes
 	 * live in blob). */
@@ -178,7 +200,7 @@ struct src {
 	struct ckpt_extent_list *ext; /* these point into cached */
 	ckpt_st_header *hdr;
 	ckpt_shardmeta *meta;
-	const struct ckpt_tensor_meta *metas;
+	const struct smeta *metas;
 	const struct ckpt_st_tensor *tensors;
 	size_t ntensors;
 	const char *group;
@@ -198,6 +220,7 @@ static void srcdata_destroy(struct hnode *n)
 	ckpt_st_header_free(d->hdr);
 	ckpt_shardmeta_free(d->meta);
 	free(d->metas);
+	free(d->mdims);
 	free(d->tensors);
 	free(d->blob);
 	free(d);
@@ -212,7 +235,7 @@ static void srcdata_unref(struct srcdata *d)
 struct piece {
 	size_t src;
 	const struct ckpt_st_tensor *t;
-	struct ckpt_tensor_meta m;
+	const struct smeta *m; /* the source's (cached parse) */
 	const char *group;
 };
 
@@ -238,8 +261,7 @@ struct vgroup {
 };
 
 struct vtensor {
-	size_t g;          /* global tensor */
-	struct ckpt_box box; /* part in global coordinates */
+	size_t g;          /* global tensor; its part: vt_box() */
 	uint64_t data_off;   /* in the file's data area */
 	uint64_t nbytes;
 };
@@ -250,6 +272,9 @@ struct vfile_plan {
 	unsigned tp_rank, pp_rank;
 	bool planned; /* header, tensors and size computed (under plan_lock) */
 	int plan_err;
+	/* every tensor passed the checks of an open once: the view never
+	 * changes (V1), so later opens skip them */
+	atomic_bool verified;
 	uint8_t *hdr;
 	size_t hdr_len;
 	uint64_t size;
@@ -301,11 +326,18 @@ struct run {
 	uint64_t src_off; /* offset in the source file */
 };
 
+/* The byte runs of one tensor of an open file (dst: file offsets). */
+struct truns {
+	size_t n;
+	struct run v[];
+};
+
 struct ckpt_vfile {
 	ckpt_view *v;
 	const struct vfile_plan *plan;
-	struct run *runs;
-	size_t nruns;
+	/* per tensor of plan, computed on the first read of its bytes and
+	 * published with a compare-and-swap (reads may run concurrently) */
+	_Atomic(struct truns *) *truns;
 };
 
 static void seterr(char *err, size_t errlen, const char *fmt, ...)
@@ -388,35 +420,60 @@ void ckpt_view_unref(ckpt_view *v)
 
 /* ------------------------------------------------------------- sources */
 
-int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
+/* The entries of dir, the attributes of its regular files (ins[i].ino == 0
+ * for other entries and files that vanished) and the fingerprint of
+ * ckpt_view_signature(), in one pass. */
+static int scan_dir(ckpt_store *s, uint64_t dir, struct ckpt_dirent **ret_ents, size_t *ret_n,
+		    struct ckpt_inode **ret_ins, uint64_t *ret_sig)
 {
 	struct ckpt_dirent *ents = NULL;
-	size_t n = 0;
+	struct ckpt_inode *ins;
+	size_t n = 0, k = 0;
 	uint64_t *buf;
-	size_t k = 0;
 	int r = ckpt_store_readdir(s, dir, &ents, &n);
 
 	if (r < 0)
 		return r;
 	buf = malloc((n * 4 + 1) * sizeof(*buf));
-	if (!buf) {
+	ins = calloc(n ? n : 1, sizeof(*ins));
+	if (!buf || !ins) {
+		free(buf);
+		free(ins);
 		ckpt_dirents_free(ents, n);
 		return -ENOMEM;
 	}
 	buf[k++] = dir;
 	for (size_t i = 0; i < n; i++) {
-		struct ckpt_inode in;
-		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(s, ents[i].ino, &in) < 0)
+		struct ckpt_inode *in = &ins[i];
+		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(s, ents[i].ino, in) < 0) {
+			memset(in, 0, sizeof(*in));
 			continue;
-		buf[k++] = in.ino;
-		buf[k++] = in.size;
-		buf[k++] = (uint64_t)in.mtime_ns;
-		buf[k++] = in.flags;
+		}
+		buf[k++] = in->ino;
+		buf[k++] = in->size;
+		buf[k++] = (uint64_t)in->mtime_ns;
+		buf[k++] = in->flags;
 	}
 	*ret_sig = ckpt_checksum(buf, k * sizeof(*buf));
 	free(buf);
-	ckpt_dirents_free(ents, n);
+	*ret_ents = ents;
+	*ret_n = n;
+	*ret_ins = ins;
 	return 0;
+}
+
+int ckpt_view_signature(ckpt_store *s, uint64_t dir, uint64_t *ret_sig)
+{
+	struct ckpt_dirent *ents = NULL;
+	struct ckpt_inode *ins = NULL;
+	size_t n = 0;
+	int r = scan_dir(s, dir, &ents, &n, &ins, ret_sig);
+
+	if (r == 0) {
+		ckpt_dirents_free(ents, n);
+		free(ins);
+	}
+	return r;
 }
 
 /* Read and parse the header of a safetensors source (uncached). */
@@ -481,6 +538,57 @@ fail:
 }
 
 
+/* Put a source's tensor table (and its metas) in strcmp order of names, so
+ * that view builds merge sources instead of sorting every piece.  Returns 1
+ * if it reordered, 0 if already in order, -ENOMEM. */
+struct name_ord {
+	const char *name;
+	size_t i;
+};
+
+static int name_ord_cmp(const void *a, const void *b)
+{
+	return strcmp(((const struct name_ord *)a)->name, ((const struct name_ord *)b)->name);
+}
+
+static int sort_table(struct ckpt_st_tensor *t, struct smeta *m, size_t n)
+{
+	struct name_ord *ord;
+	struct ckpt_st_tensor *t2;
+	struct smeta *m2;
+	size_t k;
+
+	for (k = 1; k < n; k++)
+		if (strcmp(t[k - 1].name, t[k].name) > 0)
+			break;
+	if (k >= n)
+		return 0;
+	ord = malloc(n * sizeof(*ord));
+	t2 = malloc(n * sizeof(*t2));
+	m2 = malloc(n * sizeof(*m2));
+	if (!ord || !t2 || !m2) {
+		free(ord);
+		free(t2);
+		free(m2);
+		return -ENOMEM;
+	}
+	for (k = 0; k < n; k++) {
+		ord[k].name = t[k].name;
+		ord[k].i = k;
+	}
+	qsort(ord, n, sizeof(*ord), name_ord_cmp);
+	for (k = 0; k < n; k++) {
+		t2[k] = t[ord[k].i];
+		m2[k] = m[ord[k].i];
+	}
+	memcpy(t, t2, n * sizeof(*t));
+	memcpy(m, m2, n * sizeof(*m));
+	free(ord);
+	free(t2);
+	free(m2);
+	return 1;
+}
+
 /* ---------------------------------------------- persisted parse results */
 
 /*
@@ -490,7 +598,7 @@ fail:
  * record is valid while the chunks holding the file's header are the same
  * (fingerprint of their extents), whatever else changed.
  */
-#define PARSE_REC_VERSION 1
+#define PARSE_REC_VERSION 2 /* 1: fixed-width fields, names whole */
 
 struct wbuf {
 	uint8_t *p;
@@ -551,6 +659,20 @@ struct rbuf {
 	bool bad;
 };
 
+/* LEB128: 7 bits a byte, low first, high bit set on all but the last. */
+static void wb_var(struct wbuf *b, uint64_t v)
+{
+	uint8_t t[10];
+	size_t n = 0;
+
+	while (v >= 0x80) {
+		t[n++] = (uint8_t)(v | 0x80);
+		v >>= 7;
+	}
+	t[n++] = (uint8_t)v;
+	wb_put(b, t, n);
+}
+
 static const uint8_t *rb_take(struct rbuf *b, size_t n)
 {
 	const uint8_t *p;
@@ -586,6 +708,22 @@ static uint64_t rb_u64(struct rbuf *b)
 {
 	const uint8_t *p = rb_take(b, 8);
 	return p ? ckpt_get_le64(p) : 0;
+}
+
+static uint64_t rb_var(struct rbuf *b)
+{
+	uint64_t v = 0;
+
+	for (unsigned sh = 0; sh < 64; sh += 7) {
+		const uint8_t *p = rb_take(b, 1);
+		if (!p)
+			return 0;
+		v |= (uint64_t)(p[0] & 0x7f) << sh;
+		if (!(p[0] & 0x80))
+			return v;
+	}
+	b->bad = true; /* longer than 10 bytes */
+	return 0;
 }
 
 /* Fingerprint of the extents that hold bytes [0, data_start). */
@@ -626,36 +764,41 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 	wb_put(&b, d->group ? d->group : "", glen);
 	for (size_t k = 0; k < d->ntensors; k++) {
 		const struct ckpt_st_tensor *t = &d->tensors[k];
-		const struct ckpt_tensor_meta *m = &d->metas[k];
+		const struct smeta *m = &d->metas[k];
 		const char *dt = ckpt_dtype_name(t->dtype);
-		size_t nl = strlen(t->name);
+		size_t nl = strlen(t->name), pre = 0;
 
-		if (nl > UINT16_MAX) {
-			free(b.p);
-			return;
+		/* the name as the length of the prefix shared with the previous
+		 * name and the rest (the tensors are in name order) */
+		if (k) {
+			const char *prev = d->tensors[k - 1].name;
+			while (prev[pre] && prev[pre] == t->name[pre])
+				pre++;
 		}
-		wb_u16(&b, (uint16_t)nl);
-		wb_put(&b, t->name, nl);
+		wb_var(&b, pre);
+		wb_var(&b, nl - pre);
+		wb_put(&b, t->name + pre, nl - pre);
 		wb_u8(&b, (uint8_t)strlen(dt));
 		wb_put(&b, dt, strlen(dt));
 		wb_u8(&b, (uint8_t)t->ndim);
 		for (unsigned i = 0; i < t->ndim; i++)
-			wb_u64(&b, t->shape[i]);
-		wb_u64(&b, t->begin);
-		wb_u64(&b, t->end);
+			wb_var(&b, t->shape[i]);
+		wb_var(&b, t->begin);
+		wb_var(&b, t->end - t->begin);
 		wb_u8(&b, (uint8_t)m->ndim);
 		for (unsigned i = 0; i < m->ndim; i++) {
-			wb_u64(&b, m->global_shape[i]);
-			wb_u64(&b, m->geom.box.off[i]);
-			wb_u64(&b, m->geom.box.shape[i]);
+			wb_var(&b, m->gs[i]);
+			wb_var(&b, m->off[i]);
+			wb_var(&b, m->shape[i]);
 		}
-		wb_u8(&b, m->geom.flat);
-		wb_u64(&b, m->geom.flat_begin);
-		wb_u64(&b, m->geom.flat_end);
-		wb_u32(&b, (uint32_t)m->tp_dim);
-		wb_u8(&b, m->has_pp);
+		wb_u8(&b, (uint8_t)((m->flat ? 1 : 0) | (m->has_pp ? 2 : 0)));
+		if (m->flat) {
+			wb_var(&b, m->flat_begin);
+			wb_var(&b, m->flat_end);
+		}
+		wb_u8(&b, (uint8_t)(m->tp_dim + 2)); /* -2 (unset) ... CKPT_MAX_DIMS - 1 */
 		wb_u8(&b, (uint8_t)m->pp.kind);
-		wb_u64(&b, m->pp.layer);
+		wb_var(&b, m->pp.layer);
 	}
 	batch = b.oom ? NULL : ckpt_batch_new();
 	if (batch) {
@@ -673,7 +816,7 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	struct ckpt_extent_list *ext = NULL;
 	struct rbuf b = { 0 };
 	uint8_t key[16], *val = NULL;
-	size_t vlen, names = 0, dims = 0, pos_names = 0, pos_dims = 0;
+	size_t vlen, names = 0, dims = 0, mdims = 0, pos_names = 0, pos_dims = 0;
 	uint32_t nt;
 	uint16_t glen;
 	uint64_t fp;
@@ -703,51 +846,73 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	if (ckpt_store_load_extents(s, src->ino, &ext) < 0 ||
 	    header_fingerprint(ext, d->data_start) != fp)
 		goto bad;
-	/* pass 1: sizes of the name and shape blobs */
+	/* pass 1: sizes of the name and shape blobs, and validation */
 	{
 		struct rbuf c = b;
+		size_t prev_len = 0;
 		rb_take(&c, glen);
 		names += glen + 1;
 		for (uint32_t k = 0; k < nt && !c.bad; k++) {
-			uint16_t n = rb_u16(&c);
-			uint8_t dl, nd, md;
-			rb_take(&c, n);
-			names += (size_t)n + 1;
+			uint64_t pre = rb_var(&c), rest = rb_var(&c);
+			uint8_t dl, nd, md, fl;
+			if (pre > prev_len || rest > vlen) {
+				c.bad = true;
+				break;
+			}
+			rb_take(&c, (size_t)rest);
+			prev_len = (size_t)(pre + rest);
+			names += prev_len + 1;
 			dl = rb_u8(&c);
 			rb_take(&c, dl);
 			nd = rb_u8(&c);
 			dims += nd;
-			rb_take(&c, (size_t)nd * 8 + 16);
+			for (unsigned i = 0; i < nd + 2u; i++)
+				rb_var(&c);
 			md = rb_u8(&c);
-			rb_take(&c, (size_t)md * 24 + 1 + 16 + 4 + 2 + 8);
+			mdims += 3 * (size_t)md;
+			for (unsigned i = 0; i < 3u * md; i++)
+				rb_var(&c);
+			fl = rb_u8(&c);
+			if (fl & 1) {
+				rb_var(&c);
+				rb_var(&c);
+			}
+			if (rb_u8(&c) > CKPT_MAX_DIMS + 1 || fl > 3)
+				c.bad = true;
+			rb_u8(&c);
+			rb_var(&c);
 			if (nd > CKPT_MAX_DIMS || md > CKPT_MAX_DIMS)
 				c.bad = true;
 		}
 		if (c.bad || c.off != c.n)
 			goto bad;
 	}
-	d->blob = malloc(names + dims * sizeof(uint64_t) + 8);
+	d->blob = malloc(names + (dims + mdims) * sizeof(uint64_t) + 8);
 	d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
 	d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
 	if (!d->blob || !d->tensors || !d->metas)
 		goto bad;
 	shapes = d->blob;
-	strs = (char *)(shapes + dims);
+	strs = (char *)(shapes + dims + mdims);
 	memcpy(strs, rb_take(&b, glen), glen);
 	strs[glen] = '\0';
 	d->group = strs;
 	pos_names = glen + 1;
 	for (uint32_t k = 0; k < nt; k++) {
 		struct ckpt_st_tensor *t = &d->tensors[k];
-		struct ckpt_tensor_meta *m = &d->metas[k];
-		uint16_t n = rb_u16(&b);
+		struct smeta *m = &d->metas[k];
+		size_t pre = (size_t)rb_var(&b), rest = (size_t)rb_var(&b);
+		uint64_t *md;
+		uint8_t dl, fl;
 		char dt[32];
-		uint8_t dl;
 
-		memcpy(strs + pos_names, rb_take(&b, n), n);
-		strs[pos_names + n] = '\0';
+		/* checked by pass 1: pre <= length of the previous name */
+		if (pre)
+			memcpy(strs + pos_names, d->tensors[k - 1].name, pre);
+		memcpy(strs + pos_names + pre, rb_take(&b, rest), rest);
+		strs[pos_names + pre + rest] = '\0';
 		t->name = strs + pos_names;
-		pos_names += (size_t)n + 1;
+		pos_names += pre + rest + 1;
 		dl = rb_u8(&b);
 		if (dl >= sizeof(dt))
 			goto bad;
@@ -758,23 +923,32 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 		t->ndim = rb_u8(&b);
 		t->shape = shapes + pos_dims;
 		for (unsigned i = 0; i < t->ndim; i++)
-			shapes[pos_dims++] = rb_u64(&b);
-		t->begin = rb_u64(&b);
-		t->end = rb_u64(&b);
+			shapes[pos_dims++] = rb_var(&b);
+		t->begin = rb_var(&b);
+		t->end = t->begin + rb_var(&b);
+		if (t->end < t->begin)
+			goto bad;
 		m->ndim = rb_u8(&b);
-		m->geom.box.ndim = m->ndim;
+		md = shapes + pos_dims;
+		pos_dims += 3 * (size_t)m->ndim;
+		m->gs = md;
+		m->off = md + m->ndim;
+		m->shape = md + 2 * m->ndim;
 		for (unsigned i = 0; i < m->ndim; i++) {
-			m->global_shape[i] = rb_u64(&b);
-			m->geom.box.off[i] = rb_u64(&b);
-			m->geom.box.shape[i] = rb_u64(&b);
+			md[i] = rb_var(&b);
+			md[m->ndim + i] = rb_var(&b);
+			md[2 * m->ndim + i] = rb_var(&b);
 		}
-		m->geom.flat = rb_u8(&b);
-		m->geom.flat_begin = rb_u64(&b);
-		m->geom.flat_end = rb_u64(&b);
-		m->tp_dim = (int32_t)rb_u32(&b);
-		m->has_pp = rb_u8(&b);
+		fl = rb_u8(&b);
+		m->flat = fl & 1;
+		m->has_pp = (fl & 2) != 0;
+		if (m->flat) {
+			m->flat_begin = rb_var(&b);
+			m->flat_end = rb_var(&b);
+		}
+		m->tp_dim = (int)rb_u8(&b) - 2;
 		m->pp.kind = rb_u8(&b);
-		m->pp.layer = rb_u64(&b);
+		m->pp.layer = rb_var(&b);
 		if (b.bad)
 			goto bad;
 	}
@@ -824,7 +998,10 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 		d = n ? hcache_entry(n, struct srcdata) : NULL;
 	}
 	if (!d && (d = load_parse_record(s, src, size)) != NULL) {
-		/* parsed on an earlier mount: no JSON to parse */
+		/* parsed on an earlier mount: no JSON to parse (records of older
+		 * builds are in data order: rewrite them in name order) */
+		if (sort_table(d->tensors, d->metas, d->ntensors) > 0)
+			persist_parse(s, d, d->ext);
 		hcache_insert(&src_cache, &d->node, s);
 	} else if (!d) {
 		r = parse_source(s, src, err, errlen);
@@ -853,17 +1030,45 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 		d->data_start = src->data_start;
 		d->source = src->source;
 		if (d->source) {
-			size_t nt = ckpt_st_tensor_count(d->hdr);
-			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
-			d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
-			for (size_t k = 0; d->metas && d->tensors && k < nt; k++) {
-				d->tensors[k] = *ckpt_st_tensor_at(d->hdr, k);
-				if (ckpt_shardmeta_tensor(d->meta, &d->tensors[k], &d->metas[k]) < 0)
-					d->source = false; /* validated by parse: cannot happen */
+			size_t nt = ckpt_st_tensor_count(d->hdr), nd = 0;
+			for (size_t k = 0; k < nt; k++) {
+				struct ckpt_tensor_meta tm;
+				if (ckpt_shardmeta_tensor(d->meta, ckpt_st_tensor_at(d->hdr, k), &tm) == 0)
+					nd += 3 * (size_t)tm.ndim;
 			}
-			if (!d->metas || !d->tensors)
+			d->metas = calloc(nt ? nt : 1, sizeof(*d->metas));
+			d->mdims = calloc(nd ? nd : 1, sizeof(*d->mdims));
+			d->tensors = calloc(nt ? nt : 1, sizeof(*d->tensors));
+			nd = 0;
+			for (size_t k = 0; d->metas && d->mdims && d->tensors && k < nt; k++) {
+				struct ckpt_tensor_meta tm;
+				struct smeta *m = &d->metas[k];
+				uint64_t *md = d->mdims + nd;
+				d->tensors[k] = *ckpt_st_tensor_at(d->hdr, k);
+				if (ckpt_shardmeta_tensor(d->meta, &d->tensors[k], &tm) < 0) {
+					d->source = false; /* validated by parse: cannot happen */
+					break;
+				}
+				nd += 3 * (size_t)tm.ndim;
+				m->ndim = tm.ndim;
+				m->tp_dim = tm.tp_dim;
+				m->flat = tm.geom.flat;
+				m->has_pp = tm.has_pp;
+				m->pp = tm.pp;
+				m->flat_begin = tm.geom.flat_begin;
+				m->flat_end = tm.geom.flat_end;
+				m->gs = md;
+				m->off = md + tm.ndim;
+				m->shape = md + 2 * tm.ndim;
+				memcpy(md, tm.global_shape, tm.ndim * sizeof(*md));
+				memcpy(md + tm.ndim, tm.geom.box.off, tm.ndim * sizeof(*md));
+				memcpy(md + 2 * tm.ndim, tm.geom.box.shape, tm.ndim * sizeof(*md));
+			}
+			if (!d->metas || !d->mdims || !d->tensors)
 				d->source = false;
 			d->ntensors = d->source ? nt : 0;
+			if (d->source)
+				sort_table(d->tensors, d->metas, nt); /* else merged unsorted */
 			d->group = ckpt_shardmeta_group(d->meta);
 			d->has_nl = ckpt_shardmeta_num_layers(d->meta, &d->nl);
 		}
@@ -885,26 +1090,20 @@ static int load_source(ckpt_store *s, struct src *src, uint64_t size, char *err,
 	return 0;
 }
 
-static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
+/* The sources among the entries of the view's directory (from scan_dir). */
+static int collect_sources(ckpt_view *v, const struct ckpt_dirent *ents, size_t n,
+			   const struct ckpt_inode *ins, char *err, size_t errlen)
 {
-	struct ckpt_dirent *ents = NULL;
-	size_t n = 0;
-	int r = ckpt_store_readdir(v->s, dir, &ents, &n);
+	int r = 0;
 
-	if (r < 0) {
-		seterr(err, errlen, "cannot list directory: %s", strerror(-r));
-		return r;
-	}
 	v->srcs = calloc(n ? n : 1, sizeof(*v->srcs));
-	if (!v->srcs) {
-		ckpt_dirents_free(ents, n);
+	if (!v->srcs)
 		return -ENOMEM;
-	}
 	for (size_t i = 0; i < n; i++) {
-		struct ckpt_inode in;
+		const struct ckpt_inode in = ins[i];
 		struct src *src;
 
-		if (!S_ISREG(ents[i].mode) || ckpt_store_getattr(v->s, ents[i].ino, &in) < 0)
+		if (!S_ISREG(ents[i].mode) || !in.ino)
 			continue;
 		if (in.mtime_ns > v->mtime_ns)
 			v->mtime_ns = in.mtime_ns;
@@ -922,7 +1121,6 @@ static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 		if (r < 0)
 			break;
 	}
-	ckpt_dirents_free(ents, n);
 	return r;
 }
 
@@ -931,7 +1129,7 @@ static int collect_sources(ckpt_view *v, uint64_t dir, char *err, size_t errlen)
 static int piece_cmp(const void *a, const void *b)
 {
 	const struct piece *x = a, *y = b;
-	int c = strcmp(x->group, y->group);
+	int c = x->group == y->group ? 0 : strcmp(x->group, y->group);
 
 	if (c)
 		return c;
@@ -941,30 +1139,118 @@ static int piece_cmp(const void *a, const void *b)
 	return x->src < y->src ? -1 : x->src > y->src;
 }
 
+/* Sources by group, then index. */
+static int src_group_cmp(const void *a, const void *b, void *arg)
+{
+	const struct src *srcs = arg;
+	size_t x = *(const size_t *)a, y = *(const size_t *)b;
+	int c = strcmp(srcs[x].group, srcs[y].group);
+
+	if (c)
+		return c;
+	return x < y ? -1 : x > y;
+}
+
+/* Merge heap over the sources of one group: the next tensor of each. */
+struct mhead {
+	size_t src, k;
+};
+
+static bool mhead_less(const ckpt_view *v, const struct mhead *a, const struct mhead *b)
+{
+	int c = strcmp(v->srcs[a->src].tensors[a->k].name, v->srcs[b->src].tensors[b->k].name);
+
+	return c < 0 || (c == 0 && a->src < b->src);
+}
+
+static void mheap_down(const ckpt_view *v, struct mhead *h, size_t n, size_t i)
+{
+	for (;;) {
+		size_t l = 2 * i + 1, m = i;
+		struct mhead t;
+		if (l < n && mhead_less(v, &h[l], &h[m]))
+			m = l;
+		if (l + 1 < n && mhead_less(v, &h[l + 1], &h[m]))
+			m = l + 1;
+		if (m == i)
+			return;
+		t = h[i];
+		h[i] = h[m];
+		h[m] = t;
+		i = m;
+	}
+}
+
+static void add_piece(ckpt_view *v, size_t si, size_t k)
+{
+	struct src *src = &v->srcs[si];
+	struct piece *p = &v->pieces[v->npieces++];
+
+	p->src = si;
+	p->t = &src->tensors[k];
+	p->group = src->group;
+	p->m = &src->metas[k];
+}
+
+/* Pieces in (group, name, source) order.  Source tables are in name order
+ * (sort_table), so the sources of each group are merged; a table that is
+ * not (sort_table ran out of memory) falls back to sorting every piece. */
 static int collect_pieces(ckpt_view *v)
 {
-	size_t n = 0;
+	size_t n = 0, ns = 0, *order = NULL;
+	struct mhead *heap = NULL;
+	bool sorted = true;
 
-	for (size_t i = 0; i < v->nsrcs; i++)
-		if (v->srcs[i].source)
-			n += v->srcs[i].ntensors;
-	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
-	if (!v->pieces)
-		return -ENOMEM;
 	for (size_t i = 0; i < v->nsrcs; i++) {
-		struct src *src = &v->srcs[i];
+		const struct src *src = &v->srcs[i];
 		if (!src->source)
 			continue;
-		for (size_t k = 0; k < src->ntensors; k++) {
-			struct piece *p = &v->pieces[v->npieces];
-			p->src = i;
-			p->t = &src->tensors[k];
-			p->group = src->group;
-			p->m = src->metas[k];
-			v->npieces++;
+		n += src->ntensors;
+		ns++;
+		for (size_t k = 1; k < src->ntensors && sorted; k++)
+			if (strcmp(src->tensors[k - 1].name, src->tensors[k].name) > 0)
+				sorted = false;
+	}
+	v->pieces = calloc(n ? n : 1, sizeof(*v->pieces));
+	order = calloc(ns ? ns : 1, sizeof(*order));
+	heap = calloc(ns ? ns : 1, sizeof(*heap));
+	if (!v->pieces || !order || !heap) {
+		free(order);
+		free(heap);
+		return -ENOMEM;
+	}
+	ns = 0;
+	for (size_t i = 0; i < v->nsrcs; i++)
+		if (v->srcs[i].source)
+			order[ns++] = i;
+	if (!sorted) {
+		for (size_t j = 0; j < ns; j++)
+			for (size_t k = 0; k < v->srcs[order[j]].ntensors; k++)
+				add_piece(v, order[j], k);
+		qsort(v->pieces, v->npieces, sizeof(*v->pieces), piece_cmp);
+		goto out;
+	}
+	qsort_r(order, ns, sizeof(*order), src_group_cmp, v->srcs);
+	for (size_t a = 0, b; a < ns; a = b) {
+		size_t nh = 0;
+		for (b = a; b < ns && !strcmp(v->srcs[order[b]].group, v->srcs[order[a]].group); b++)
+			if (v->srcs[order[b]].ntensors) {
+				heap[nh].src = order[b];
+				heap[nh].k = 0;
+				nh++;
+			}
+		for (size_t i = nh / 2; i-- > 0;)
+			mheap_down(v, heap, nh, i);
+		while (nh) {
+			add_piece(v, heap[0].src, heap[0].k);
+			if (++heap[0].k == v->srcs[heap[0].src].ntensors)
+				heap[0] = heap[--nh];
+			mheap_down(v, heap, nh, 0);
 		}
 	}
-	qsort(v->pieces, v->npieces, sizeof(*v->pieces), piece_cmp);
+out:
+	free(order);
+	free(heap);
 	return 0;
 }
 
@@ -1002,8 +1288,8 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 	g->name = p0->t->name;
 	g->dtype = p0->t->dtype;
 	g->elem_bytes = ckpt_dtype_bits(g->dtype) / 8;
-	g->ndim = p0->m.ndim;
-	memcpy(g->gshape, p0->m.global_shape, sizeof(g->gshape));
+	g->ndim = p0->m->ndim;
+	memcpy(g->gshape, p0->m->gs, g->ndim * sizeof(g->gshape[0]));
 	for (size_t i = g->p0; i < g->p1; i++) {
 		const struct piece *p = &v->pieces[i];
 		if (p->t->dtype != g->dtype) {
@@ -1011,26 +1297,26 @@ static void resolve(ckpt_view *v, struct gtensor *g, const ckpt_tp_rules *rules)
 				ckpt_dtype_name(g->dtype), v->srcs[p0->src].name,
 				ckpt_dtype_name(p->t->dtype), v->srcs[p->src].name);
 		}
-		if (p->m.ndim != g->ndim ||
-		    memcmp(p->m.global_shape, g->gshape, sizeof(g->gshape)) != 0) {
+		if (p->m->ndim != g->ndim ||
+		    memcmp(p->m->gs, g->gshape, g->ndim * sizeof(g->gshape[0])) != 0) {
 			char a[128], b[128];
 			fmt_shape(a, sizeof(a), g->gshape, g->ndim);
-			fmt_shape(b, sizeof(b), p->m.global_shape, p->m.ndim);
+			fmt_shape(b, sizeof(b), p->m->gs, p->m->ndim);
 			problem(g, "pieces disagree on global shape: %s in %s, %s in %s", a,
 				v->srcs[p0->src].name, b, v->srcs[p->src].name);
 		}
-		if (p->m.tp_dim != CKPT_TP_DIM_UNSET) {
-			if (tp != CKPT_TP_DIM_UNSET && tp != p->m.tp_dim)
+		if (p->m->tp_dim != CKPT_TP_DIM_UNSET) {
+			if (tp != CKPT_TP_DIM_UNSET && tp != p->m->tp_dim)
 				problem(g, "pieces disagree on tp_dim (%d in %s, %d in %s)", tp,
-					v->srcs[p0->src].name, p->m.tp_dim, v->srcs[p->src].name);
-			tp = p->m.tp_dim;
+					v->srcs[p0->src].name, p->m->tp_dim, v->srcs[p->src].name);
+			tp = p->m->tp_dim;
 		}
-		if (p->m.has_pp && !have_pp) {
-			g->pp = p->m.pp;
+		if (p->m->has_pp && !have_pp) {
+			g->pp = p->m->pp;
 			have_pp = true;
 		}
-		for (unsigned d = 0; d < p->m.ndim && d < CKPT_MAX_DIMS; d++) {
-			if (p->m.geom.box.shape[d] != p->m.global_shape[d] && !(split_dims & (1u << d))) {
+		for (unsigned d = 0; d < p->m->ndim && d < CKPT_MAX_DIMS; d++) {
+			if (p->m->shape[d] != p->m->gs[d] && !(split_dims & (1u << d))) {
 				split_dims |= 1u << d;
 				split = (int)d;
 			}
@@ -1066,9 +1352,9 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 			continue;
 		for (size_t i = g->p0; i < g->p1; i++) {
 			const struct piece *p = &v->pieces[i];
-			uint64_t off = p->m.geom.box.off[g->tp_dim];
+			uint64_t off = p->m->off[g->tp_dim];
 			size_t k;
-			if (p->m.geom.box.shape[g->tp_dim] == g->gshape[g->tp_dim])
+			if (p->m->shape[g->tp_dim] == g->gshape[g->tp_dim])
 				continue;
 			for (k = 0; k < nseen && seen[k] != off; k++)
 				;
@@ -1090,7 +1376,7 @@ static void infer_saved_layout(ckpt_view *v, struct vgroup *grp)
 		if (!src->source || strcmp(src->group, grp->name))
 			continue;
 		for (size_t i = 0; i < src->ntensors; i++) {
-			const struct ckpt_tensor_meta *m = &src->metas[i];
+			const struct smeta *m = &src->metas[i];
 			struct ckpt_pp pp;
 			if (m->has_pp)
 				pp = m->pp;
@@ -1122,7 +1408,8 @@ static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
 		struct gtensor *g = &v->gts[v->ngts];
 		size_t j = i + 1;
 
-		while (j < v->npieces && !strcmp(v->pieces[j].group, p->group) &&
+		while (j < v->npieces &&
+		       (v->pieces[j].group == p->group || !strcmp(v->pieces[j].group, p->group)) &&
 		       !strcmp(v->pieces[j].t->name, p->t->name))
 			j++;
 		if (v->ngroups == 0 || strcmp(v->groups[v->ngroups - 1].name, p->group)) {
@@ -1170,6 +1457,22 @@ static int build_groups(ckpt_view *v, const ckpt_tp_rules *rules)
 
 /* ----------------------------------------------------------- view files */
 
+/* The part of global tensor g that TP rank t of T holds, in global
+ * coordinates (section 5 of docs/views.md). */
+static void part_box(const struct gtensor *g, unsigned T, unsigned t, struct ckpt_box *b)
+{
+	memset(b, 0, sizeof(*b));
+	b->ndim = g->ndim;
+	for (unsigned d = 0; d < g->ndim; d++)
+		b->shape[d] = g->gshape[d];
+	if (g->tp_dim >= 0) {
+		uint64_t lo, hi;
+		ckpt_tp_bounds(g->gshape[g->tp_dim], T, t, &lo, &hi);
+		b->off[g->tp_dim] = lo;
+		b->shape[g->tp_dim] = hi - lo;
+	}
+}
+
 struct order {
 	size_t g;
 	unsigned bits;
@@ -1185,16 +1488,82 @@ static int order_cmp(const void *a, const void *b)
 	return strcmp(x->name, y->name);
 }
 
+/* Sort ord (in name order: global tensors are) by order_cmp: a stable
+ * pass per dtype size, largest first, instead of comparing names. */
+static void order_by_bits(struct order *ord, size_t n)
+{
+	unsigned bits[8];
+	size_t nb = 0, k = 0;
+	struct order *tmp;
+
+	for (size_t i = 0; i < n; i++) {
+		size_t j;
+		for (j = 0; j < nb && bits[j] != ord[i].bits; j++)
+			;
+		if (j == nb) {
+			if (nb == CKPT_ARRAY_SIZE(bits))
+				goto fallback;
+			bits[nb++] = ord[i].bits;
+		}
+		if (i && strcmp(ord[i - 1].name, ord[i].name) >= 0)
+			goto fallback; /* not in name order after all */
+	}
+	tmp = malloc((n ? n : 1) * sizeof(*tmp));
+	if (!tmp)
+		goto fallback;
+	while (nb) {
+		size_t top = 0;
+		for (size_t j = 1; j < nb; j++)
+			if (bits[j] > bits[top])
+				top = j;
+		for (size_t i = 0; i < n; i++)
+			if (ord[i].bits == bits[top])
+				tmp[k++] = ord[i];
+		bits[top] = bits[--nb];
+	}
+	memcpy(ord, tmp, n * sizeof(*ord));
+	free(tmp);
+	return;
+fallback:
+	qsort(ord, n, sizeof(*ord), order_cmp);
+}
+
+struct plan_meta_ctx {
+	const ckpt_view *v;
+	const struct vfile_plan *f;
+	uint64_t num_layers;
+};
+
+/* The output metadata of tensor i of a file being planned (into *tmp). */
+static const struct ckpt_tensor_meta *plan_meta(void *ud, size_t i, const char **ret_name,
+						 struct ckpt_tensor_meta *tmp)
+{
+	const struct plan_meta_ctx *c = ud;
+	const struct gtensor *g = &c->v->gts[c->f->t[i].g];
+
+	*ret_name = g->name;
+	memset(tmp, 0, sizeof(*tmp));
+	part_box(g, c->v->layout.tp, c->f->tp_rank, &tmp->geom.box);
+	tmp->ndim = g->ndim;
+	memcpy(tmp->global_shape, g->gshape, sizeof(g->gshape));
+	tmp->tp_dim = g->tp_dim;
+	tmp->has_pp = true;
+	tmp->pp = g->pp;
+	if (g->pp.kind == CKPT_PP_LAYER && g->pp.layer >= c->num_layers)
+		tmp->pp.kind = CKPT_PP_LAST; /* where layout.c placed it */
+	return tmp;
+}
+
 static int plan_file(ckpt_view *v, struct vfile_plan *f)
 {
 	size_t group = f->group;
 	unsigned t = f->tp_rank, p = f->pp_rank;
 	const struct vgroup *grp = &v->groups[group];
-	size_t n = grp->g1 - grp->g0, k = 0;
+	size_t n = grp->g1 - grp->g0, k = 0, ndims = 0;
 	struct order *ord = calloc(n ? n : 1, sizeof(*ord));
 	struct ckpt_st_tensor_spec *specs = NULL;
-	struct ckpt_tensor_meta *metas = NULL;
-	struct ckpt_shardmeta_out *outs = NULL;
+	struct plan_meta_ctx mc = { v, f, grp->num_layers };
+	uint64_t *shapes = NULL;
 	char *meta_json = NULL;
 	uint64_t off = 0;
 	int r = -ENOMEM;
@@ -1208,51 +1577,37 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f)
 		ord[k].g = gi;
 		ord[k].bits = ckpt_dtype_bits(g->dtype);
 		ord[k].name = g->name;
+		ndims += g->ndim;
 		k++;
 	}
-	qsort(ord, k, sizeof(*ord), order_cmp);
+	order_by_bits(ord, k);
 	f->t = calloc(k ? k : 1, sizeof(*f->t));
 	specs = calloc(k ? k : 1, sizeof(*specs));
-	metas = calloc(k ? k : 1, sizeof(*metas));
-	outs = calloc(k ? k : 1, sizeof(*outs));
-	if (!f->t || !specs || !metas || !outs)
+	shapes = calloc(ndims ? ndims : 1, sizeof(*shapes));
+	if (!f->t || !specs || !shapes)
 		goto out;
 	f->nt = k;
 	f->group = group;
+	ndims = 0;
 	for (size_t i = 0; i < k; i++) {
 		const struct gtensor *g = &v->gts[ord[i].g];
 		struct vtensor *vt = &f->t[i];
+		struct ckpt_box box;
+
 		vt->g = ord[i].g;
-		vt->box.ndim = g->ndim;
-		for (unsigned d = 0; d < g->ndim; d++) {
-			vt->box.off[d] = 0;
-			vt->box.shape[d] = g->gshape[d];
-		}
-		if (g->tp_dim >= 0) {
-			uint64_t b, e;
-			ckpt_tp_bounds(g->gshape[g->tp_dim], v->layout.tp, t, &b, &e);
-			vt->box.off[g->tp_dim] = b;
-			vt->box.shape[g->tp_dim] = e - b;
-		}
-		vt->nbytes = ckpt_box_elems(&vt->box) * g->elem_bytes;
+		part_box(g, v->layout.tp, t, &box);
+		vt->nbytes = ckpt_box_elems(&box) * g->elem_bytes;
 		vt->data_off = off;
 		off += vt->nbytes;
 		specs[i].name = g->name;
 		specs[i].dtype = g->dtype;
 		specs[i].ndim = g->ndim;
-		specs[i].shape = vt->box.shape;
-		metas[i].geom.box = vt->box;
-		metas[i].ndim = g->ndim;
-		memcpy(metas[i].global_shape, g->gshape, sizeof(g->gshape));
-		metas[i].tp_dim = g->tp_dim;
-		metas[i].has_pp = true;
-		metas[i].pp = g->pp;
-		if (g->pp.kind == CKPT_PP_LAYER && g->pp.layer >= grp->num_layers)
-			metas[i].pp.kind = CKPT_PP_LAST; /* where layout.c placed it */
-		outs[i].name = g->name;
-		outs[i].meta = &metas[i];
+		specs[i].shape = shapes + ndims;
+		memcpy(shapes + ndims, box.shape, g->ndim * sizeof(*shapes));
+		ndims += g->ndim;
 	}
-	r = ckpt_shardmeta_serialize(grp->name, true, grp->num_layers, outs, k, &meta_json);
+	r = ckpt_shardmeta_serialize_cb(grp->name, true, grp->num_layers, k, plan_meta, &mc,
+					&meta_json);
 	if (r < 0)
 		goto out;
 	{
@@ -1266,8 +1621,7 @@ static int plan_file(ckpt_view *v, struct vfile_plan *f)
 out:
 	free(ord);
 	free(specs);
-	free(metas);
-	free(outs);
+	free(shapes);
 	free(meta_json);
 	return r;
 }
@@ -1383,7 +1737,9 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		    const ckpt_tp_rules *rules, ckpt_view **ret_view, char *err, size_t errlen)
 {
 	ckpt_view *v;
-	struct ckpt_inode din;
+	struct ckpt_inode din, *ins = NULL;
+	struct ckpt_dirent *ents = NULL;
+	size_t nents = 0;
 	int r;
 
 	if (l->tp < 1 || l->pp < 1 || l->tp > CKPT_LAYOUT_MAX || l->pp > CKPT_LAYOUT_MAX)
@@ -1401,9 +1757,11 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	v->s = s;
 	v->layout = *l;
 	v->mtime_ns = din.mtime_ns;
-	r = ckpt_view_signature(s, dir, &v->sig);
+	r = scan_dir(s, dir, &ents, &nents, &ins, &v->sig);
+	if (r < 0)
+		seterr(err, errlen, "cannot list directory: %s", strerror(-r));
 	if (r == 0 && !model_get(v, dir, rules)) {
-		r = collect_sources(v, dir, err, errlen);
+		r = collect_sources(v, ents, nents, ins, err, errlen);
 		if (r == 0)
 			r = collect_pieces(v);
 		if (r == 0)
@@ -1411,6 +1769,8 @@ int ckpt_view_build(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		if (r == 0)
 			model_put(v, dir, rules); /* keeps working without it */
 	}
+	ckpt_dirents_free(ents, nents);
+	free(ins);
 	if (r == 0)
 		r = plan_files(v);
 	if (r < 0) {
@@ -1576,16 +1936,30 @@ static int run_cmp(const void *a, const void *b)
 /* Do two pieces have the same geometry? */
 static bool same_geom(const struct piece *a, const struct piece *b)
 {
-	const struct ckpt_piece_geom *x = &a->m.geom, *y = &b->m.geom;
+	const struct smeta *x = a->m, *y = b->m;
 
-	if (x->flat != y->flat || x->box.ndim != y->box.ndim)
+	if (x->flat != y->flat || x->ndim != y->ndim)
 		return false;
 	if (x->flat && (x->flat_begin != y->flat_begin || x->flat_end != y->flat_end))
 		return false;
-	for (unsigned d = 0; d < x->box.ndim; d++)
-		if (x->box.off[d] != y->box.off[d] || x->box.shape[d] != y->box.shape[d])
+	for (unsigned d = 0; d < x->ndim; d++)
+		if (x->off[d] != y->off[d] || x->shape[d] != y->shape[d])
 			return false;
 	return true;
+}
+
+/* The geometry of a piece, as layout.c takes it. */
+static void piece_geom(const struct piece *p, struct ckpt_piece_geom *ret)
+{
+	const struct smeta *m = p->m;
+
+	memset(ret, 0, sizeof(*ret));
+	ret->box.ndim = m->ndim;
+	memcpy(ret->box.off, m->off, m->ndim * sizeof(ret->box.off[0]));
+	memcpy(ret->box.shape, m->shape, m->ndim * sizeof(ret->box.shape[0]));
+	ret->flat = m->flat;
+	ret->flat_begin = m->flat_begin;
+	ret->flat_end = m->flat_end;
 }
 
 /* Compare bytes [off, off+len) of two sources by their chunk digests when
@@ -1656,16 +2030,61 @@ static void fmt_index(char *buf, size_t len, const struct ckpt_box *b, uint64_t 
 	fmt_shape(buf, len, idx, b->ndim);
 }
 
+/* The pieces of g with distinct geometries (indices into v->pieces, in
+ * order) into uniq (room for all of g's pieces).  check: replicas of one
+ * geometry must hold the same bytes (-EIO with err set otherwise). */
+static int unique_pieces(ckpt_view *v, const struct gtensor *g, size_t *uniq, size_t *ret_nu,
+			 bool check, char *err, size_t errlen)
+{
+	size_t nu = 0;
+
+	for (size_t i = g->p0; i < g->p1; i++) {
+		const struct piece *p = &v->pieces[i];
+		const struct piece *q;
+		size_t k;
+		int r;
+
+		for (k = 0; k < nu; k++)
+			if (same_geom(&v->pieces[uniq[k]], p))
+				break;
+		if (k == nu) {
+			uniq[nu++] = i;
+			continue;
+		}
+		if (!check)
+			continue;
+		q = &v->pieces[uniq[k]];
+		r = same_bytes(v, q->src, v->srcs[q->src].data_start + q->t->begin, p->src,
+			       v->srcs[p->src].data_start + p->t->begin, p->t->end - p->t->begin);
+		if (r < 0)
+			return r;
+		if (r == 0) {
+			seterr(err, errlen,
+			       "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
+			       "same piece with different bytes)",
+			       v->groups[g->group].name, g->name, v->srcs[q->src].name,
+			       v->srcs[p->src].name);
+			return -EIO;
+		}
+	}
+	*ret_nu = nu;
+	return 0;
+}
+
 /* Runs of one tensor of a view file, appended to out (dst relative to the
- * file).  Returns -EIO with err set when the tensor cannot be served. */
+ * file).  Returns -EIO with err set when the tensor cannot be served.
+ * check: compare replicas and overlapping pieces (else the tensor is known
+ * to have passed, e.g. by tensor_check at open, and overlaps are only
+ * trimmed). */
 static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vtensor *vt,
-		       struct runvec *out, char *err, size_t errlen)
+		       struct runvec *out, bool check, char *err, size_t errlen)
 {
 	const struct gtensor *g = &v->gts[vt->g];
 	const char *gname = v->groups[g->group].name;
 	struct runvec rv = { 0 };
 	size_t *uniq = NULL, nu = 0;
 	uint64_t cur = 0, base = f->hdr_len + vt->data_off;
+	struct ckpt_box box;
 	char idx[256];
 	int r = 0;
 
@@ -1675,41 +2094,19 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 	}
 	if (vt->nbytes == 0)
 		return 0;
+	part_box(g, v->layout.tp, f->tp_rank, &box);
 	uniq = calloc(g->p1 - g->p0, sizeof(*uniq));
 	if (!uniq)
 		return -ENOMEM;
-	/* replicas of one geometry must be identical; keep one */
-	for (size_t i = g->p0; i < g->p1; i++) {
-		const struct piece *p = &v->pieces[i];
-		size_t k;
-		for (k = 0; k < nu; k++)
-			if (same_geom(&v->pieces[uniq[k]], p))
-				break;
-		if (k == nu) {
-			uniq[nu++] = i;
-			continue;
-		}
-		{
-			const struct piece *q = &v->pieces[uniq[k]];
-			r = same_bytes(v, q->src, v->srcs[q->src].data_start + q->t->begin, p->src,
-				       v->srcs[p->src].data_start + p->t->begin, p->t->end - p->t->begin);
-			if (r < 0)
-				goto out;
-			if (r == 0) {
-				seterr(err, errlen,
-				       "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
-				       "same piece with different bytes)",
-				       gname, g->name, v->srcs[q->src].name, v->srcs[p->src].name);
-				r = -EIO;
-				goto out;
-			}
-			r = 0;
-		}
-	}
+	r = unique_pieces(v, g, uniq, &nu, check, err, errlen);
+	if (r < 0)
+		goto out;
 	for (size_t k = 0; k < nu; k++) {
 		const struct piece *p = &v->pieces[uniq[k]];
 		struct run_ctx c = { &rv, p->src, v->srcs[p->src].data_start + p->t->begin };
-		r = ckpt_box_runs(&vt->box, &p->m.geom, g->elem_bytes, run_cb, &c);
+		struct ckpt_piece_geom geom;
+		piece_geom(p, &geom);
+		r = ckpt_box_runs(&box, &geom, g->elem_bytes, run_cb, &c);
 		if (r != 0) {
 			r = r < 0 ? r : -EIO;
 			seterr(err, errlen, "group '%s', tensor '%s': bad piece geometry in %s",
@@ -1717,13 +2114,18 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 			goto out;
 		}
 	}
-	qsort(rv.v, rv.n, sizeof(*rv.v), run_cmp);
+	for (size_t i = 1; i < rv.n; i++) {
+		if (run_cmp(&rv.v[i - 1], &rv.v[i]) > 0) {
+			qsort(rv.v, rv.n, sizeof(*rv.v), run_cmp);
+			break;
+		}
+	}
 	for (size_t i = 0; i < rv.n; i++) {
 		struct run r2 = rv.v[i];
 		uint64_t end = r2.dst + r2.len;
 
 		if (r2.dst > cur) {
-			fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+			fmt_index(idx, sizeof(idx), &box, cur / g->elem_bytes);
 			seterr(err, errlen,
 			       "group '%s', tensor '%s': no stored piece covers %" PRIu64
 			       " elements starting at index %s",
@@ -1733,7 +2135,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		}
 		if (r2.dst < cur) {
 			/* overlap with earlier runs: compare the overlapping bytes */
-			uint64_t ov = CKPT_MIN(end, cur) - r2.dst;
+			uint64_t ov = check ? CKPT_MIN(end, cur) - r2.dst : 0;
 			/* in file offsets: runs already emitted may have been merged
 			 * with runs of the previous tensor */
 			uint64_t a0 = base + r2.dst, a1 = base + r2.dst + ov;
@@ -1750,7 +2152,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 					goto out;
 				}
 				if (!same) {
-					fmt_index(idx, sizeof(idx), &vt->box, (lo - base) / g->elem_bytes);
+					fmt_index(idx, sizeof(idx), &box, (lo - base) / g->elem_bytes);
 					seterr(err, errlen,
 					       "group '%s', tensor '%s': overlapping pieces in %s and %s "
 					       "disagree (from index %s)",
@@ -1773,7 +2175,7 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 		cur = end;
 	}
 	if (cur < vt->nbytes) {
-		fmt_index(idx, sizeof(idx), &vt->box, cur / g->elem_bytes);
+		fmt_index(idx, sizeof(idx), &box, cur / g->elem_bytes);
 		seterr(err, errlen,
 		       "group '%s', tensor '%s': no stored piece covers %" PRIu64
 		       " elements starting at index %s",
@@ -1783,6 +2185,61 @@ static int tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vt
 out:
 	free(rv.v);
 	free(uniq);
+	return r;
+}
+
+/*
+ * What an open checks for one tensor (the checks of tensor_runs), without
+ * computing its runs when its geometry alone proves it: every distinct
+ * piece is a box (not flat) and their intersections with the part are
+ * pairwise disjoint and add up to the part's element count, so the part is
+ * covered exactly once (no gap, no overlap to compare).  Anything else
+ * (gaps, overlaps, flat pieces, many pieces) goes through tensor_runs, which
+ * finds the same problems with the same messages.
+ */
+#define FAST_PIECES 16
+
+static int tensor_check(ckpt_view *v, const struct vfile_plan *f, const struct vtensor *vt,
+			char *err, size_t errlen)
+{
+	const struct gtensor *g = &v->gts[vt->g];
+	struct ckpt_box box, parts[FAST_PIECES];
+	size_t uniq[FAST_PIECES], nu = 0, nparts = 0;
+	uint64_t want, sum = 0;
+	struct runvec out = { 0 };
+	int r;
+
+	if (g->problem || vt->nbytes == 0 || g->p1 - g->p0 > FAST_PIECES)
+		goto slow;
+	r = unique_pieces(v, g, uniq, &nu, true, err, errlen);
+	if (r < 0)
+		return r;
+	part_box(g, v->layout.tp, f->tp_rank, &box);
+	want = ckpt_box_elems(&box);
+	if (want == UINT64_MAX)
+		goto slow;
+	for (size_t k = 0; k < nu; k++) {
+		const struct piece *p = &v->pieces[uniq[k]];
+		struct ckpt_piece_geom geom;
+		uint64_t n;
+		if (p->m->flat || p->m->ndim != box.ndim)
+			goto slow;
+		piece_geom(p, &geom);
+		if (!ckpt_box_intersect(&geom.box, &box, &parts[nparts]))
+			continue;
+		for (size_t j = 0; j < nparts; j++)
+			if (ckpt_box_intersect(&parts[j], &parts[nparts], NULL))
+				goto slow; /* overlap: bytes to compare */
+		n = ckpt_box_elems(&parts[nparts]);
+		if (n == UINT64_MAX || __builtin_add_overflow(sum, n, &sum))
+			goto slow;
+		nparts++;
+	}
+	if (sum == want)
+		return 0;
+slow:
+	r = tensor_runs(v, f, vt, &out, true, err, errlen);
+	free(out.v);
 	return r;
 }
 
@@ -1800,13 +2257,11 @@ int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const c
 			continue;
 		}
 		for (size_t k = 0; k < f->nt; k++) {
-			struct runvec out = { 0 };
 			char err[1024];
 			int r;
 
 			err[0] = '\0';
-			r = tensor_runs(v, f, &f->t[k], &out, err, sizeof(err));
-			free(out.v);
+			r = tensor_check(v, f, &f->t[k], err, sizeof(err));
 			if (r == -ENOMEM)
 				return r;
 			if (r < 0) {
@@ -1820,8 +2275,7 @@ int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const c
 
 int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen)
 {
-	const struct vfile_plan *f;
-	struct runvec out = { 0 };
+	struct vfile_plan *f;
 	ckpt_vfile *vf;
 	int r = 0;
 
@@ -1834,22 +2288,24 @@ int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, si
 		return r;
 	}
 	f = &v->files[i];
-	for (size_t k = 0; k < f->nt && r == 0; k++)
-		r = tensor_runs(v, f, &f->t[k], &out, err, errlen);
-	if (r < 0) {
-		free(out.v);
-		return r;
+	if (!atomic_load(&f->verified)) {
+		for (size_t k = 0; k < f->nt && r == 0; k++)
+			r = tensor_check(v, f, &f->t[k], err, errlen);
+		if (r < 0)
+			return r;
+		atomic_store(&f->verified, true);
 	}
 	vf = calloc(1, sizeof(*vf));
-	if (!vf) {
-		free(out.v);
+	if (!vf)
+		return -ENOMEM;
+	vf->truns = calloc(f->nt ? f->nt : 1, sizeof(*vf->truns));
+	if (!vf->truns) {
+		free(vf);
 		return -ENOMEM;
 	}
 	ckpt_view_ref(v);
 	vf->v = v;
 	vf->plan = f;
-	vf->runs = out.v;
-	vf->nruns = out.n;
 	*ret_file = vf;
 	return 0;
 }
@@ -1858,7 +2314,9 @@ void ckpt_vfile_free(ckpt_vfile *f)
 {
 	if (!f)
 		return;
-	free(f->runs);
+	for (size_t k = 0; k < f->plan->nt; k++)
+		free(atomic_load(&f->truns[k]));
+	free(f->truns);
 	ckpt_view_unref(f->v);
 	free(f);
 }
@@ -1868,19 +2326,42 @@ uint64_t ckpt_vfile_size(const ckpt_vfile *f)
 	return f->plan->size;
 }
 
-/* Index of the first run of f ending after pos. */
-static size_t vfile_first_run(const ckpt_vfile *f, uint64_t pos)
+/* The runs of tensor k of f, computed on first use. */
+static int vfile_truns(ckpt_vfile *f, size_t k, struct truns **ret)
 {
-	size_t lo = 0, hi = f->nruns;
+	struct truns *t = atomic_load(&f->truns[k]), *expect = NULL;
+	struct runvec rv = { 0 };
+	char err[1024];
+	int r;
 
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (f->runs[mid].dst + f->runs[mid].len <= pos)
-			lo = mid + 1;
-		else
-			hi = mid;
+	if (t) {
+		*ret = t;
+		return 0;
 	}
-	return lo;
+	err[0] = '\0';
+	r = tensor_runs(f->v, f->plan, &f->plan->t[k], &rv, false, err, sizeof(err));
+	if (r == 0) {
+		t = malloc(sizeof(*t) + rv.n * sizeof(t->v[0]));
+		if (!t)
+			r = -ENOMEM;
+	}
+	if (r < 0) {
+		/* the open checked the tensor: only ENOMEM gets here */
+		if (r != -ENOMEM)
+			ckpt_err("view file %s: %s", f->plan->name, err[0] ? err : strerror(-r));
+		free(rv.v);
+		return r;
+	}
+	t->n = rv.n;
+	if (rv.n)
+		memcpy(t->v, rv.v, rv.n * sizeof(t->v[0]));
+	free(rv.v);
+	if (!atomic_compare_exchange_strong(&f->truns[k], &expect, t)) {
+		free(t); /* another reader was first */
+		t = expect;
+	}
+	*ret = t;
+	return 0;
 }
 
 /*
@@ -1891,6 +2372,37 @@ static size_t vfile_first_run(const ckpt_vfile *f, uint64_t pos)
  * pinned across those runs instead of a cache lookup per run.
  */
 #define VFILE_CURSORS 8
+
+/* Index of the first tensor of p ending after pos (tensors tile the data
+ * area in order; empty ones are skipped by the callers). */
+static size_t vfile_first_tensor(const struct vfile_plan *p, uint64_t pos)
+{
+	size_t lo = 0, hi = p->nt;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (p->hdr_len + p->t[mid].data_off + p->t[mid].nbytes <= pos)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* Index of the first run of t ending after pos. */
+static size_t truns_first(const struct truns *t, uint64_t pos)
+{
+	size_t a = 0, b = t->n;
+
+	while (a < b) {
+		size_t mid = a + (b - a) / 2;
+		if (t->v[mid].dst + t->v[mid].len <= pos)
+			a = mid + 1;
+		else
+			b = mid;
+	}
+	return a;
+}
 
 ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 {
@@ -1918,39 +2430,58 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 			ckpt_gather_buf(g, out, n);
 		done = n;
 	}
-	for (size_t k = vfile_first_run(f, off + done); done < len && k < f->nruns; k++) {
-		const struct run *r = &f->runs[k];
-		uint64_t pos = off + done, in = pos - r->dst;
-		size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), r->len - in);
-		unsigned c;
-		ssize_t got;
+	if (done == len)
+		return (ssize_t)done;
+	for (size_t k = vfile_first_tensor(p, off + done); done < len && k < p->nt; k++) {
+		struct truns *t;
+		int r;
 
-		if (pos < r->dst) {
-			ret = -EIO; /* V2 broken */
+		if (p->t[k].nbytes == 0)
+			continue;
+		r = vfile_truns(f, k, &t);
+		if (r < 0) {
+			ret = r;
 			goto out;
 		}
-		for (c = 0; c < ncur && cur_src[c] != r->src; c++)
-			;
-		if (c == ncur) {
-			if (ncur < VFILE_CURSORS) {
-				c = ncur++;
-			} else {
-				c = next_slot;
-				next_slot = (next_slot + 1) % VFILE_CURSORS;
-				ckpt_store_cursor_done(f->v->s, &cur[c]);
+		for (size_t j = truns_first(t, off + done); done < len && j < t->n; j++) {
+			const struct run *rn = &t->v[j];
+			uint64_t pos = off + done, in = pos - rn->dst;
+			size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), rn->len - in);
+			unsigned c;
+			ssize_t got;
+
+			if (pos < rn->dst) {
+				ret = -EIO; /* V2 broken */
+				goto out;
 			}
-			ckpt_read_cursor_init(&cur[c], f->v->srcs[r->src].ext);
-			cur[c].g = g;
-			cur_src[c] = r->src;
+			for (c = 0; c < ncur && cur_src[c] != rn->src; c++)
+				;
+			if (c == ncur) {
+				if (ncur < VFILE_CURSORS) {
+					c = ncur++;
+				} else {
+					c = next_slot;
+					next_slot = (next_slot + 1) % VFILE_CURSORS;
+					ckpt_store_cursor_done(f->v->s, &cur[c]);
+				}
+				ckpt_read_cursor_init(&cur[c], f->v->srcs[rn->src].ext);
+				cur[c].g = g;
+				cur_src[c] = rn->src;
+			}
+			got = ckpt_store_cursor_read(f->v->s, &cur[c], out + done, n,
+						     rn->src_off + in);
+			if (got < 0 || (size_t)got != n) {
+				ret = got < 0 ? got : -EIO;
+				goto out;
+			}
+			done += n;
 		}
-		got = ckpt_store_cursor_read(f->v->s, &cur[c], out + done, n, r->src_off + in);
-		if (got < 0 || (size_t)got != n) {
-			ret = got < 0 ? got : -EIO;
+		if (done < len && off + done < p->hdr_len + p->t[k].data_off + p->t[k].nbytes) {
+			ret = -EIO; /* V2 broken: the tensor's runs end early */
 			goto out;
 		}
-		done += n;
 	}
-	ret = (ssize_t)done;
+	ret = done < len ? -EIO /* V2 broken */ : (ssize_t)done;
 out:
 	for (unsigned c = 0; c < ncur; c++)
 		ckpt_store_cursor_done(f->v->s, &cur[c]);
@@ -1972,45 +2503,54 @@ size_t ckpt_vfile_chunks(ckpt_vfile *f, uint64_t off, uint64_t len, ckpt_digest 
 	if (off >= p->size)
 		return 0;
 	len = CKPT_MIN(len, p->size - off);
-	for (size_t k = vfile_first_run(f, off); k < f->nruns && n < max; k++) {
-		const struct run *r = &f->runs[k];
-		const struct ckpt_extent_list *l = f->v->srcs[r->src].ext;
-		uint64_t a, b;
-		unsigned c;
+	for (size_t k = vfile_first_tensor(p, off); k < p->nt && n < max; k++) {
+		struct truns *t;
 
-		if (r->dst >= off + len)
+		if (p->hdr_len + p->t[k].data_off >= off + len)
 			break;
-		a = r->src_off + (off > r->dst ? off - r->dst : 0);
-		b = r->src_off + CKPT_MIN(r->len, off + len - r->dst);
-		for (c = 0; c < nseen && seen[c].src != r->src; c++)
-			;
-		if (c == nseen) {
-			if (nseen < VFILE_CURSORS) {
-				c = nseen++;
-			} else {
-				c = next_slot;
-				next_slot = (next_slot + 1) % VFILE_CURSORS;
+		if (p->t[k].nbytes == 0 || vfile_truns(f, k, &t) < 0)
+			continue;
+		for (size_t j = truns_first(t, off); j < t->n && n < max; j++) {
+			const struct run *r = &t->v[j];
+			const struct ckpt_extent_list *l = f->v->srcs[r->src].ext;
+			uint64_t a, b;
+			unsigned c;
+
+			if (r->dst >= off + len)
+				break;
+			a = r->src_off + (off > r->dst ? off - r->dst : 0);
+			b = r->src_off + CKPT_MIN(r->len, off + len - r->dst);
+			for (c = 0; c < nseen && seen[c].src != r->src; c++)
+				;
+			if (c == nseen) {
+				if (nseen < VFILE_CURSORS) {
+					c = nseen++;
+				} else {
+					c = next_slot;
+					next_slot = (next_slot + 1) % VFILE_CURSORS;
+				}
+				seen[c].src = r->src;
+				seen[c].lo = seen[c].hi = a;
 			}
-			seen[c].src = r->src;
-			seen[c].lo = seen[c].hi = a;
-		}
-		if (a >= seen[c].lo && b <= seen[c].hi)
-			continue; /* those chunks are listed already */
-		if (a < seen[c].lo || a > seen[c].hi)
-			seen[c].lo = seen[c].hi = a;
-		a = CKPT_MAX(a, seen[c].hi);
-		/* list whole extents from a: remember where the last one ends */
-		for (size_t i = ckpt_extent_list_find(l, a); i < l->n && l->v[i].off < b && n < max;
-		     i++) {
-			const struct ckpt_extent *e = &l->v[i];
-			seen[c].hi = e->off + e->len;
-			if (e->kind == CKPT_EXT_ZERO)
-				continue;
-			bool dup = false;
-			for (size_t j = n > 16 ? n - 16 : 0; j < n && !dup; j++)
-				dup = !memcmp(out[j].bytes, e->digest.bytes, CKPT_DIGEST_LEN);
-			if (!dup)
-				out[n++] = e->digest;
+			if (a >= seen[c].lo && b <= seen[c].hi)
+				continue; /* those chunks are listed already */
+			if (a < seen[c].lo || a > seen[c].hi)
+				seen[c].lo = seen[c].hi = a;
+			a = CKPT_MAX(a, seen[c].hi);
+			/* list whole extents from a: remember where the last one ends */
+			for (size_t i = ckpt_extent_list_find(l, a); i < l->n && l->v[i].off < b &&
+			     n < max; i++) {
+				const struct ckpt_extent *e = &l->v[i];
+				bool dup = false;
+
+				seen[c].hi = e->off + e->len;
+				if (e->kind == CKPT_EXT_ZERO)
+					continue;
+				for (size_t x = n > 16 ? n - 16 : 0; x < n && !dup; x++)
+					dup = !memcmp(out[x].bytes, e->digest.bytes, CKPT_DIGEST_LEN);
+				if (!dup)
+					out[n++] = e->digest;
+			}
 		}
 	}
 	return n;

@@ -11,10 +11,13 @@
  * "{group}.safetensors" for tp1_pp1; see docs/views.md for the rules.
  *
  * File names are computed when the view is built, each file's header (and
- * so its exact size) on first use; tensor data is mapped to byte runs of the source files when a file is
- * opened (ckpt_vfile_open), which is also where missing or inconsistent
- * pieces are detected (-EIO with the reason).  Reads decompress only the
- * chunks that cover the requested bytes (through the store's chunk cache).
+ * so its exact size) on first use.  Opening a file (ckpt_vfile_open) checks
+ * that every tensor can be served, which is where missing or inconsistent
+ * pieces are detected (-EIO with the reason); a version that passed once is
+ * not checked again.  Each tensor's data is mapped to byte runs of the
+ * source files on the first read of its bytes through an open file.  Reads
+ * decompress only the chunks that cover the requested bytes (through the
+ * store's chunk cache).
  *
  * Snapshot semantics: a view holds the extent lists of its sources as they
  * were at build time, and an open file holds a reference on its view, so it
@@ -103,9 +106,10 @@ void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_i
 int ckpt_view_check(ckpt_view *v, void (*cb)(void *ud, const char *file, const char *why),
 		    void *ud);
 
-/* Open view file i: map its tensors to source bytes.  -EIO when a tensor
- * of the file is not covered by stored pieces, overlapping pieces disagree,
- * or pieces disagree on dtype or global shape; err then names the group,
+/* Open view file i: check that its tensors can be served (once per file
+ * version: later opens skip the checks).  -EIO when a tensor of the file is
+ * not covered by stored pieces, replicas or overlapping pieces disagree, or
+ * pieces disagree on dtype or global shape; err then names the group,
  * tensor and range. */
 int ckpt_vfile_open(ckpt_view *v, size_t i, ckpt_vfile **ret_file, char *err, size_t errlen);
 void ckpt_vfile_free(ckpt_vfile *f); /* accepts NULL */

@@ -302,11 +302,13 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	ckpt_view *v = NULL;
 	uint64_t sig = 0, gen;
 	char err[512];
+	bool cached;
 	int r;
 
 	pthread_mutex_lock(&vt.lock);
 	gen = vt.gen;
 	c = vcache_find_locked(l, dir);
+	cached = c != NULL;
 	if (c && c->gen == gen) {
 		v = c->view;
 		ckpt_view_ref(v);
@@ -316,20 +318,24 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 		*ret = v;
 		return 0;
 	}
-	r = ckpt_view_signature(vt.s, dir, &sig);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&vt.lock);
-	c = vcache_find_locked(l, dir);
-	if (c && ckpt_view_sig(c->view) == sig) {
-		c->gen = gen;
-		v = c->view;
-		ckpt_view_ref(v);
-	}
-	pthread_mutex_unlock(&vt.lock);
-	if (v) {
-		*ret = v;
-		return 0;
+	/* A cached view is revalidated by the fingerprint of its directory;
+	 * without one, the build computes that fingerprint itself. */
+	if (cached) {
+		r = ckpt_view_signature(vt.s, dir, &sig);
+		if (r < 0)
+			return r;
+		pthread_mutex_lock(&vt.lock);
+		c = vcache_find_locked(l, dir);
+		if (c && ckpt_view_sig(c->view) == sig) {
+			c->gen = gen;
+			v = c->view;
+			ckpt_view_ref(v);
+		}
+		pthread_mutex_unlock(&vt.lock);
+		if (v) {
+			*ret = v;
+			return 0;
+		}
 	}
 	r = ckpt_view_build(vt.s, dir, l, vt.rules, &v, err, sizeof(err));
 	if (r < 0) {

@@ -716,6 +716,57 @@ START_TEST(test_safetensors_aligned)
 }
 END_TEST
 
+/* Any write size gives the same tensor-aligned chunks: chunks that a write
+ * completes are emitted from the write buffer (plus the buffered head of the
+ * chunk) without being joined first.  Both put paths: inline (background
+ * compression, _i == 1) and the worker pool (_i == 0). */
+START_TEST(test_safetensors_write_sizes)
+{
+	static const size_t sizes[] = { MiB, MiB + 3, 999983, 4096, 1, SIZE_MAX };
+	uint8_t *tensors = random_buf(ST_DATA, 14);
+	size_t len, ds;
+	uint8_t *f = st_file(tensors, 17, false, &len, &ds);
+	struct ckpt_store_stats s0, s1;
+	char name[32];
+
+	if (_i == 1) {
+		struct ckpt_store_opts o;
+		char err[512] = "";
+
+		ckpt_store_free(st);
+		ckpt_store_opts_init(&o);
+		o.background = true;
+		ck_assert_int_eq(ckpt_store_open(spath, &o, &st, err, sizeof(err)), 0);
+		ck_assert(ckpt_store_put_is_cheap(st));
+	}
+	for (size_t k = 0; k < CKPT_ARRAY_SIZE(sizes); k++) {
+		size_t piece = sizes[k] == SIZE_MAX ? len : sizes[k];
+		uint64_t ino;
+		ckpt_writer *w;
+
+		if (piece == 1 && len > 3 * MiB)
+			continue;
+		snprintf(name, sizeof(name), "f%zu", k);
+		ino = mkfile(name);
+		w = writer(ino, true);
+		write_pieces(w, f, len, 0, piece);
+		ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+		ckpt_writer_free(w);
+		check_committed(ino, f, len);
+		check_st_plan(ino, ds);
+		if (k == 0)
+			s0 = flushed_stats();
+	}
+	/* every later file deduplicated completely against the first */
+	s1 = flushed_stats();
+	ck_assert_uint_eq(s1.unique_bytes, s0.unique_bytes);
+	ck_assert_uint_eq(s1.chunks, s0.chunks);
+	ck_assert_int_eq(fsck(), 0);
+	free(tensors);
+	free(f);
+}
+END_TEST
+
 /* The staged path re-chunks with the same plan. */
 START_TEST(test_safetensors_staged)
 {
@@ -848,6 +899,7 @@ static Suite *file_suite(void)
 	tcase_add_test(tc, test_sparse_write);
 	tcase_add_test(tc, test_truncate);
 	tcase_add_test(tc, test_safetensors_aligned);
+	tcase_add_loop_test(tc, test_safetensors_write_sizes, 0, 2);
 	tcase_add_test(tc, test_safetensors_staged);
 	tcase_add_test(tc, test_safetensors_incomplete);
 	tcase_add_test(tc, test_concurrent_writers);

@@ -128,6 +128,45 @@ START_TEST(test_hash_properties)
 }
 END_TEST
 
+/* The digest of pieces is the digest of their concatenation. */
+START_TEST(test_hash_chunkv)
+{
+	static const size_t cuts[][2] = { { 0, 0 }, { 1, 1 }, { 7, 1000 }, { 240, 241 },
+					  { 65536, 65536 + 4096 }, { 500000, 999999 },
+					  { 1048583, 1048583 } };
+	ckpt_hasher *h = make_hasher(167);
+	size_t len = (1 << 20) + 7;
+	uint8_t *buf = malloc(len);
+	ckpt_digest whole, part;
+
+	ck_assert_ptr_nonnull(buf);
+	fill_pattern(buf, len);
+	ckpt_hash_chunk(h, buf, len, &whole);
+	for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+		struct iovec iov[3] = {
+			{ buf, cuts[i][0] },
+			{ buf + cuts[i][0], cuts[i][1] - cuts[i][0] },
+			{ buf + cuts[i][1], len - cuts[i][1] },
+		};
+		ck_assert_int_eq(ckpt_hash_chunkv(h, iov, 3, &part), 0);
+		ck_assert_msg(ckpt_digest_cmp(&whole, &part) == 0, "cuts %zu,%zu", cuts[i][0],
+			      cuts[i][1]);
+		ck_assert_int_eq(ckpt_hash_chunkv(h, iov + 1, 2, &part), 0);
+		ckpt_hash_chunk(h, buf + cuts[i][0], len - cuts[i][0], &whole);
+		ck_assert_int_eq(ckpt_digest_cmp(&whole, &part), 0);
+		ckpt_hash_chunk(h, buf, len, &whole);
+	}
+	{
+		struct iovec one = { buf, len };
+
+		ck_assert_int_eq(ckpt_hash_chunkv(h, &one, 1, &part), 0);
+		ck_assert_int_eq(ckpt_digest_cmp(&whole, &part), 0);
+	}
+	free(buf);
+	ckpt_hasher_free(h);
+}
+END_TEST
+
 START_TEST(test_hasher_copies_secret)
 {
 	uint8_t sec[CKPT_SECRET_LEN];
@@ -272,6 +311,7 @@ static Suite *hash_suite(void)
 
 	tcase_add_test(tc, test_checksum_known_values);
 	tcase_add_test(tc, test_hash_known_answer);
+	tcase_add_test(tc, test_hash_chunkv);
 	tcase_add_test(tc, test_hash_properties);
 	tcase_add_test(tc, test_hasher_copies_secret);
 	tcase_add_test(tc, test_hasher_bad_secret);

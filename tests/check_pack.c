@@ -568,6 +568,39 @@ START_TEST(test_append_layout)
 }
 END_TEST
 
+/* A record appended from pieces is byte for byte the record of their
+ * concatenation. */
+START_TEST(test_appendv)
+{
+	struct ckpt_pack_rec r = { .codec = 0, .stored_len = 11, .raw_len = 11 };
+	struct iovec iov[4] = { { "he", 2 }, { "", 0 }, { "llo ", 4 }, { "world", 5 } };
+	uint8_t a[64], b[64], buf[16];
+	ckpt_pack *p = create_pack(1);
+	uint64_t off1 = 0, off2 = 0;
+
+	memset(r.digest, 0x5a, 16);
+	ck_assert_int_eq(ckpt_pack_append(p, &r, "hello world", &off1), 0);
+	ck_assert_int_eq(ckpt_pack_appendv(p, &r, iov, 4, &off2), 0);
+	ck_assert_uint_eq(off2, off1 + ckpt_pack_rec_span(11));
+	raw_read(1, off1, a, sizeof(a));
+	raw_read(1, off2, b, sizeof(b));
+	ck_assert_mem_eq(a, b, sizeof(a));
+	ck_assert_int_eq(ckpt_pack_read(p, off2, 11, NULL, buf), 0);
+	ck_assert_mem_eq(buf, "hello world", 11);
+
+	/* lengths that do not add up, bad counts, a NULL piece */
+	r.stored_len = 12;
+	ck_assert_int_eq(ckpt_pack_appendv(p, &r, iov, 4, NULL), -EINVAL);
+	r.stored_len = 11;
+	ck_assert_int_eq(ckpt_pack_appendv(p, &r, iov, 0, NULL), -EINVAL);
+	ck_assert_int_eq(ckpt_pack_appendv(p, &r, iov, CKPT_PACK_MAX_IOV + 1, NULL), -EINVAL);
+	iov[2].iov_base = NULL;
+	ck_assert_int_eq(ckpt_pack_appendv(p, &r, iov, 4, NULL), -EINVAL);
+	ck_assert_uint_eq(ckpt_pack_size(p), off2 + ckpt_pack_rec_span(11));
+	ckpt_pack_free(p);
+}
+END_TEST
+
 START_TEST(test_sizes)
 {
 	static const uint32_t sizes[] = {
@@ -1317,6 +1350,7 @@ static Suite *pack_suite(void)
 	tcase_add_test(tc, test_create_layout);
 	tcase_add_test(tc, test_create_fsync_fails);
 	tcase_add_test(tc, test_append_layout);
+	tcase_add_test(tc, test_appendv);
 	tcase_add_test(tc, test_sizes);
 	tcase_add_test(tc, test_concurrent);
 	tcase_add_test(tc, test_file_hdr_corrupt);

@@ -783,6 +783,29 @@ START_TEST(test_serialize_errors)
 		ck_assert_ptr_null(buf);
 	}
 
+	{
+		/* duplicates among many names: found wherever they are */
+		enum { N = 3000 };
+		struct ckpt_st_tensor_spec *many = calloc(N, sizeof(*many));
+		char (*names)[16] = calloc(N, sizeof(*names));
+
+		ck_assert_ptr_nonnull(many);
+		ck_assert_ptr_nonnull(names);
+		for (int i = 0; i < N; i++) {
+			snprintf(names[i], sizeof(names[i]), "layers.%d.w", i);
+			many[i] = (struct ckpt_st_tensor_spec){ names[i], CKPT_DT_U8, 1, s1 };
+		}
+		ck_assert_int_eq(ckpt_st_serialize(many, N, NULL, NULL, 0, &buf, &len), 0);
+		free(buf);
+		many[N - 1].name = names[1234];
+		ck_assert_int_eq(ckpt_st_serialize(many, N, NULL, NULL, 0, &buf, &len), -EINVAL);
+		many[N - 1].name = names[N - 1];
+		many[0].name = names[N - 2];
+		ck_assert_int_eq(ckpt_st_serialize(many, N, NULL, NULL, 0, &buf, &len), -EINVAL);
+		ck_assert_ptr_null(buf);
+		free(many);
+		free(names);
+	}
 	ck_assert_int_eq(SER(2, mk2, mv2, 2), -EINVAL);
 	ck_assert_int_eq(SER(2, mk_bad, mv1, 1), -EINVAL);
 	ck_assert_int_eq(SER(2, mk1, mv_null, 1), -EINVAL);

@@ -513,6 +513,18 @@ END_TEST
 
 /* ---- serialize ----------------------------------------------------------- */
 
+/* ckpt_shardmeta_serialize_cb's view of an array of outs (copies into tmp,
+ * as a computing caller would). */
+static const struct ckpt_tensor_meta *many_get(void *ud, size_t i, const char **ret_name,
+					       struct ckpt_tensor_meta *tmp)
+{
+	const struct ckpt_shardmeta_out *v = ud;
+
+	*ret_name = v[i].name;
+	*tmp = *v[i].meta;
+	return tmp;
+}
+
 static void fill(struct ckpt_tensor_meta *t, unsigned ndim, const uint64_t *g, const uint64_t *o,
 		 const uint64_t *b, bool flat, uint64_t fb, uint64_t fe, int tp, bool has_pp,
 		 int kind, uint64_t layer)
@@ -654,6 +666,35 @@ START_TEST(test_serialize_errors)
 	free(out);
 
 	/* second entry broken in various ways */
+	{
+		/* many entries: the callback form writes the same JSON, and a
+		 * duplicate name anywhere fails */
+		enum { N = 2000 };
+		struct ckpt_shardmeta_out *many = calloc(N, sizeof(*many));
+		char (*names)[16] = calloc(N, sizeof(*names));
+		char *j1 = NULL, *j2 = NULL;
+
+		ck_assert_ptr_nonnull(many);
+		ck_assert_ptr_nonnull(names);
+		for (int i = 0; i < N; i++) {
+			snprintf(names[i], sizeof(names[i]), "t%d", i);
+			many[i].name = names[i];
+			many[i].meta = &ok;
+		}
+		ck_assert_int_eq(ckpt_shardmeta_serialize("g", true, 4, many, N, &j1), 0);
+		ck_assert_int_eq(ckpt_shardmeta_serialize_cb("g", true, 4, N, many_get, many, &j2),
+				 0);
+		ck_assert_str_eq(j1, j2);
+		free(j1);
+		free(j2);
+		many[N - 1].name = names[777];
+		SER_FAILS(-EINVAL, "g", true, 4, many, N);
+		ck_assert_int_eq(ckpt_shardmeta_serialize_cb("g", true, 4, N, many_get, many, &j2),
+				 -EINVAL);
+		ck_assert_ptr_null(j2);
+		free(many);
+		free(names);
+	}
 	t = ok;
 	v[1].name = "w";
 	SER_FAILS(-EINVAL, "g", false, 0, v, 2);	/* duplicate name */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -419,6 +420,86 @@ START_TEST(test_tp1_whole)
 END_TEST
 
 
+/* A LEB128 number of a 'P' record at *pos. */
+static uint64_t prec_var(const uint8_t *v, size_t n, size_t *pos)
+{
+	uint64_t x = 0;
+
+	for (unsigned sh = 0;; sh += 7) {
+		ck_assert_uint_lt(*pos, n);
+		ck_assert_uint_lt(sh, 64);
+		x |= (uint64_t)(v[*pos] & 0x7f) << sh;
+		if (!(v[(*pos)++] & 0x80))
+			return x;
+	}
+}
+
+/* Split a version-2 'P' record (docs/format.md 5.8) into its tensor
+ * entries: *ret_hdr gets the length of the part before them, names[i] each
+ * entry's whole name, rest[i] / lens[i] what follows the name. */
+static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, char (*names)[64],
+			 const uint8_t **rest, size_t *lens, size_t max)
+{
+	size_t pos = 1 + 1 + 1 + 1, nt, k;
+	uint32_t nt32;
+	uint16_t gl;
+
+	ck_assert_uint_eq(v[0], 2);
+	memcpy(&nt32, v + pos, 4);
+	nt = nt32;
+	pos += 4 + 8 + 8 + 8;
+	memcpy(&gl, v + pos, 2);
+	pos += 2 + gl;
+	*ret_hdr = pos;
+	ck_assert_uint_le(nt, max);
+	for (k = 0; k < nt; k++) {
+		uint64_t pre = prec_var(v, n, &pos), sfx = prec_var(v, n, &pos);
+		size_t start, nd, md;
+		uint8_t fl;
+
+		ck_assert_uint_lt(pre + sfx, 64);
+		if (k)
+			ck_assert_uint_le(pre, strlen(names[k - 1]));
+		else
+			ck_assert_uint_eq(pre, 0);
+		if (pre)
+			memcpy(names[k], names[k - 1], pre);
+		memcpy(names[k] + pre, v + pos, sfx);
+		names[k][pre + sfx] = '\0';
+		pos += sfx;
+		start = pos;
+		pos += 1 + v[pos]; /* dtype */
+		nd = v[pos++];
+		for (size_t i = 0; i < nd + 2; i++) /* shape, begin, length */
+			prec_var(v, n, &pos);
+		md = v[pos++];
+		for (size_t i = 0; i < 3 * md; i++)
+			prec_var(v, n, &pos);
+		fl = v[pos++];
+		if (fl & 1) {
+			prec_var(v, n, &pos);
+			prec_var(v, n, &pos);
+		}
+		pos += 2; /* tp_dim, pp kind */
+		prec_var(v, n, &pos);
+		rest[k] = v + start;
+		lens[k] = pos - start;
+	}
+	ck_assert_uint_eq(pos, n);
+	return nt;
+}
+
+/* The tensor names of a 'P' record are in strcmp order. */
+static void prec_expect_sorted(const uint8_t *v, size_t n)
+{
+	char names[16][64];
+	const uint8_t *rest[16];
+	size_t lens[16], hl, nt = prec_split(v, n, &hl, names, rest, lens, 16);
+
+	for (size_t k = 1; k < nt; k++)
+		ck_assert_str_lt(names[k - 1], names[k]);
+}
+
 /* The parse of the sources is persisted in the index ('P' keys): after the
  * in-memory caches are dropped and the store reopened, views are built from
  * the records, byte-identical; a rewritten header invalidates its record. */
@@ -438,6 +519,48 @@ START_TEST(test_persisted_parse)
 	ckpt_view_unref(v);
 	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
 					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val, &vlen), 0);
+	/* tensors in name order (c, e, w), not data order (w, c, e) */
+	prec_expect_sorted(val, vlen);
+	/* a record whose tensors are not in name order (as version-1 records
+	 * were) is used, and written again in name order */
+	{
+		char names[16][64];
+		const uint8_t *rest[16];
+		size_t lens[16], hl, nt = prec_split(val, vlen, &hl, names, rest, lens, 16), pos;
+		uint8_t *old = malloc(2 * vlen + 64);
+		ckpt_batch *bt = ckpt_batch_new();
+		struct vbuf d = { 0 };
+
+		ck_assert_uint_eq(nt, 3);
+		memcpy(old, val, hl);
+		pos = hl;
+		for (size_t k = nt; k-- > 0;) {
+			size_t nl = strlen(names[k]);
+			old[pos++] = 0;             /* no shared prefix */
+			old[pos++] = (uint8_t)nl;   /* < 128: one LEB128 byte */
+			memcpy(old + pos, names[k], nl);
+			pos += nl;
+			memcpy(old + pos, rest[k], lens[k]);
+			pos += lens[k];
+		}
+		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), old, pos);
+		ck_assert_int_eq(ckpt_index_write(ckpt_store_index(st), bt, false), 0);
+		ckpt_batch_free(bt);
+		free(old);
+		ckpt_view_forget_store(st);
+		v = build(x.dir, 2, 1, NULL);
+		vread(v, "model_tp1_pp0.safetensors", 4097, &d);
+		ck_assert_uint_eq(a.size, d.size);
+		ck_assert_mem_eq(a.b, d.b, a.size);
+		ckpt_view_unref(v);
+		vbuf_free(&d);
+		free(val);
+		ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
+						ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val,
+						&vlen),
+				 0);
+		prec_expect_sorted(val, vlen);
+	}
 	free(val);
 	/* reopen: nothing cached in memory, the records are used */
 	ckpt_pool_free(pool);
@@ -463,6 +586,12 @@ START_TEST(test_persisted_parse)
 	vread(v, "model_tp1_pp0.safetensors", 1 << 20, &c);
 	ck_assert_mem_eq(a.b, c.b, a.size);
 	ckpt_view_unref(v);
+	/* ... and replaced by a current one (version 1 records are ignored the
+	 * same way) */
+	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
+					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[1]), &val, &vlen), 0);
+	prec_expect_sorted(val, vlen);
+	free(val);
 	vbuf_free(&a);
 	vbuf_free(&b);
 	vbuf_free(&c);
@@ -1146,8 +1275,114 @@ START_TEST(test_overlap_agree)
 	vread(v, "model.safetensors", 3, &vb);
 	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s, b);
 	vbuf_free(&vb);
+	/* later opens of the same version skip the checks; reads still trim
+	 * the overlap */
+	vread(v, "model.safetensors", 5, &vb);
+	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s, b);
+	vbuf_free(&vb);
+	vread(v, "model.safetensors", 4096, &vb);
+	expect_tensor(&vb, "b", CKPT_DT_F32, 2, s, b);
+	vbuf_free(&vb);
 	ckpt_view_unref(v);
 	free(b);
+}
+END_TEST
+
+/*
+ * Runs are computed per tensor on the first read of its bytes, by whichever
+ * reader gets there first: several threads reading one open file at once,
+ * in different orders and sizes, all get the right bytes.  Tensors cut
+ * along dim 1 give one run per row and source.
+ */
+struct creader {
+	ckpt_vfile *f;
+	uint64_t size;
+	size_t piece;
+	bool backwards;
+	uint8_t *b;
+	int bad;
+};
+
+static void *creader_main(void *arg)
+{
+	struct creader *c = arg;
+	uint64_t nblocks = (c->size + c->piece - 1) / c->piece;
+
+	for (uint64_t k = 0; k < nblocks; k++) {
+		uint64_t blk = c->backwards ? nblocks - 1 - k : k, off = blk * c->piece;
+		size_t want = (size_t)CKPT_MIN((uint64_t)c->piece, c->size - off);
+		if (ckpt_vfile_read(c->f, c->b + off, c->piece, off) != (ssize_t)want)
+			c->bad++;
+	}
+	return NULL;
+}
+
+START_TEST(test_concurrent_reads)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "conc");
+	enum { R = 37, C = 24, NT = 6, NTH = 4 };
+	float *w[NT];
+	uint8_t *h0[NT], *h1[NT];
+	struct tdef t0[NT], t1[NT];
+	char names[NT][16], meta0[2048], meta1[2048];
+	size_t k0 = 0, k1 = 0;
+	const uint64_t s[] = { R, C };
+	struct creader cr[NTH];
+	pthread_t th[NTH];
+	struct vbuf vb = { 0 };
+	ckpt_vfile *f = NULL;
+	char err[1024] = "";
+	ckpt_view *v;
+	int i;
+
+	k0 = (size_t)snprintf(meta0, sizeof(meta0), "{\"version\": 1, \"tensors\": {");
+	k1 = (size_t)snprintf(meta1, sizeof(meta1), "{\"version\": 1, \"tensors\": {");
+	for (int t = 0; t < NT; t++) {
+		snprintf(names[t], sizeof(names[t]), "w%d", t);
+		w[t] = fgen(R * C, (float)(1000 * t));
+		h0[t] = sub2(w[t], C, 4, 0, R, 0, C / 2);
+		h1[t] = sub2(w[t], C, 4, 0, R, C / 2, C);
+		t0[t] = (struct tdef){ names[t], CKPT_DT_F32, 2, { R, C / 2 }, h0[t] };
+		t1[t] = (struct tdef){ names[t], CKPT_DT_F32, 2, { R, C / 2 }, h1[t] };
+		k0 += (size_t)snprintf(meta0 + k0, sizeof(meta0) - k0,
+				       "%s\"%s\": {\"global_shape\": [%d, %d], \"offsets\": [0, 0]}",
+				       t ? ", " : "", names[t], R, C);
+		k1 += (size_t)snprintf(meta1 + k1, sizeof(meta1) - k1,
+				       "%s\"%s\": {\"global_shape\": [%d, %d], \"offsets\": [0, %d]}",
+				       t ? ", " : "", names[t], R, C, C / 2);
+	}
+	snprintf(meta0 + k0, sizeof(meta0) - k0, "}}");
+	snprintf(meta1 + k1, sizeof(meta1) - k1, "}}");
+	put_st(dir, "r0.safetensors", meta0, t0, NT);
+	put_st(dir, "r1.safetensors", meta1, t1, NT);
+	v = build(dir, 1, 1, NULL);
+	vread(v, "model.safetensors", 4096, &vb);
+	for (int t = 0; t < NT; t++)
+		expect_tensor(&vb, names[t], CKPT_DT_F32, 2, s, w[t]);
+	i = ckpt_view_find(v, "model.safetensors");
+	ck_assert_int_ge(i, 0);
+	ck_assert_int_eq(ckpt_vfile_open(v, (size_t)i, &f, err, sizeof(err)), 0);
+	for (int k = 0; k < NTH; k++) {
+		static const size_t pieces[NTH] = { 7, 100, 4096, 13 };
+		cr[k] = (struct creader){ f, vb.size, pieces[k], k % 2 == 1, calloc(1, vb.size),
+					  0 };
+		ck_assert_ptr_nonnull(cr[k].b);
+		ck_assert_int_eq(pthread_create(&th[k], NULL, creader_main, &cr[k]), 0);
+	}
+	for (int k = 0; k < NTH; k++) {
+		ck_assert_int_eq(pthread_join(th[k], NULL), 0);
+		ck_assert_int_eq(cr[k].bad, 0);
+		ck_assert_msg(memcmp(cr[k].b, vb.b, vb.size) == 0, "reader %d got other bytes", k);
+		free(cr[k].b);
+	}
+	ckpt_vfile_free(f);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	for (int t = 0; t < NT; t++) {
+		free(w[t]);
+		free(h0[t]);
+		free(h1[t]);
+	}
 }
 END_TEST
 
@@ -1179,9 +1414,12 @@ START_TEST(test_missing_piece)
 	put_st(dir, "optim.safetensors", "{\"version\": 1, \"group\": \"optim\"}", &to, 1);
 
 	v = build(dir, 1, 1, NULL);
-	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
-	ck_assert_str_eq(err, "group 'model', tensor 'layers.0.q': no stored piece covers 6 "
-			      "elements starting at index [2, 0]");
+	/* a failed open is not remembered: every open fails the same way */
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+		ck_assert_str_eq(err, "group 'model', tensor 'layers.0.q': no stored piece covers 6 "
+				      "elements starting at index [2, 0]");
+	}
 	ck_assert_int_eq(try_open(v, "optim.safetensors", err, sizeof(err)), 0);
 	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
 	ck_assert_str_eq(rp.file[0], "model.safetensors");
@@ -1826,6 +2064,7 @@ static Suite *view_suite(void)
 	tcase_add_test(tp, test_fsdp_flat);
 	tcase_add_test(tp, test_fsdp_gap);
 	tcase_add_test(tp, test_tp_rules);
+	tcase_add_test(tp, test_concurrent_reads);
 
 	tcase_add_test(pp, test_pp_inferred_layers);
 	tcase_add_test(pp, test_pp_explicit_layers);

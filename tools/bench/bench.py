@@ -1315,11 +1315,11 @@ def main(argv):
     ap = argparse.ArgumentParser(prog="tools/bench/run", description=(
         "ckptfs vs its baselines: save, incremental save, store size vs borg/restic, views, "
         "metadata scale, growth. Prints a table of medians and ratios, saves results.csv."))
-    ap.add_argument("--size", type=float, default=2.0,
-                    help="GiB of the checkpoint of cases 1 and 2 (default 2; the issue's "
-                         "full case 1 is --size 4)")
+    ap.add_argument("--size", type=float, default=4.0,
+                    help="GiB of the checkpoint of cases 1 and 2 (default 4, the issue's case 1)")
     ap.add_argument("--small-size", type=float, default=None,
-                    help="GiB per step of cases 3 and 4 (default size/4)")
+                    help="GiB per step of cases 3 and 4 (default 0.5, or size/4 when --size "
+                         "is below 2)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each A/B pair (3)")
     ap.add_argument("--cases", default="1,2,3,4,5", help="comma-separated cases 1-6 (1,2,3,4,5)")
     ap.add_argument("--writers", default="1,2,8", help="parallel writers of case 1 (1,2,8)")
@@ -1339,7 +1339,7 @@ def main(argv):
     ap.add_argument("--keep", action="store_true", help="keep OUT/work")
     a = ap.parse_args(argv)
     if a.small_size is None:
-        a.small_size = max(0.25, a.size / 4)
+        a.small_size = 0.5 if a.size >= 2 else max(0.25, a.size / 4)
     if a.reps < 1:
         ap.error("--reps must be >= 1")
     if not all(c.strip() in ("1", "2", "3", "4", "5", "6") for c in a.cases.split(",")):
