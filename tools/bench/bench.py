@@ -70,8 +70,40 @@ def rotate(items, k):
     return items[k:] + items[:k]
 
 
+# /sys/dev/block/MAJ:MIN/stat of the device under the work directory (set by Bench).
+DISK_STAT = None
+
+
+def _disk_counters():
+    with open(DISK_STAT) as f:
+        v = [int(x) for x in f.read().split()]
+    # writes completed, in flight, discards completed (when the kernel reports them)
+    return v[4], v[8], (v[11] if len(v) > 11 else 0)
+
+
+def wait_disk_idle(quiet=0.3, limit=20.0):
+    """Wait until the work directory's disk has had no write, discard or request in
+    flight for `quiet` seconds (at most `limit`): writeback of generated data and
+    discards of deleted stores then do not land in the next timed phase, whichever
+    variant runs first."""
+    if not DISK_STAT or not os.path.exists(DISK_STAT):
+        return
+    t0 = time.monotonic()
+    prev = _disk_counters()
+    since = t0
+    while time.monotonic() - t0 < limit:
+        time.sleep(0.05)
+        cur = _disk_counters()
+        if cur[1] != 0 or cur[0] != prev[0] or cur[2] != prev[2]:
+            since = time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        prev = cur
+
+
 def drop_caches():
     os.sync()
+    wait_disk_idle()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
 
@@ -386,6 +418,10 @@ class Bench:
         self.a = a
         self.out = os.path.abspath(a.out)
         self.work = os.path.join(self.out, "work")
+        global DISK_STAT
+        os.makedirs(self.out, exist_ok=True)
+        dev = os.stat(self.out).st_dev
+        DISK_STAT = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
         self.datadir = os.path.abspath(a.data) if a.data else os.path.join(self.out, "data")
         self.logdir = os.path.join(self.out, "logs")
         self.bindir = os.path.join(self.out, "bin")
