@@ -4,13 +4,15 @@ generated series into a fresh store, wait until it has settled, then time the
 2-writer save of step 2 (write + fsync + close per file) and print the
 daemon's and the writers' CPU seconds.
 
-usage: profile_incr.py CKPTFS_BIN DATA_DIR WORK_DIR [--perf | --strace] [-- DAEMON_OPTS...]
+usage: profile_incr.py CKPTFS_BIN DATA_DIR WORK_DIR [--perf | --strace | --full] [-- DAEMON_OPTS...]
 
 DATA_DIR is a generated series (e.g. /var/tmp/ckptfs-bench/data/c1-2g from
 tools/bench/run); WORK_DIR is scratch space on the filesystem to measure.
 --perf records the daemon during the save into WORK_DIR/perf.data;
 --strace writes the daemon's fdatasync/fsync calls with their durations
-to WORK_DIR/strace.txt.  Needs root (drop_caches, FUSE)."""
+to WORK_DIR/strace.txt.  --full times the 2-writer save of step 1 into a
+fresh store instead, twice (case 1's save alone).  Needs root (drop_caches,
+FUSE)."""
 import os
 import resource
 import subprocess
@@ -59,6 +61,24 @@ def main():
             f = open(f"/proc/{p.pid}/stat").read().split(")")[1].split()
             return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
+        if mode == "--full":
+            jobs = jobs_of(1)
+            for rep in range(2):
+                if rep:
+                    subprocess.run(["fusermount3", "-u", mnt], check=True)
+                    p.wait()
+                    subprocess.run(["rm", "-rf", store], check=True)
+                    p = subprocess.Popen([binp, store, mnt, "-f"] + extra,
+                                         stderr=open(os.path.join(work, "daemon.log"), "a"))
+                    while not os.path.ismount(mnt):
+                        time.sleep(0.05)
+                bench.drop_caches()
+                c0 = cpu()
+                dt, n = bench.parallel_save(jobs, os.path.join(mnt, "step_0001"), 2, True)
+                c1 = cpu()
+                print(f"full save {dt:.3f} s, {n / 1e9 / dt:.2f} GB/s, daemon CPU "
+                      f"{c1 - c0:.2f} s = {(c1 - c0) / (n / 1e9):.2f} s/GB", flush=True)
+            return
         bench.parallel_save(jobs_of(1), os.path.join(mnt, "step_0001"), 2, True)
         while True:
             st = subprocess.run([ckpt, "stat", store], capture_output=True, text=True).stdout
