@@ -972,48 +972,6 @@ static bool st_valid_cstr(const char *s)
 	return st_utf8_check((const uint8_t *)s, len) == len;
 }
 
-/* -EINVAL if two of the n strings are equal. */
-static int st_check_unique(const char *const *strs, size_t stride, size_t n)
-{
-	struct slot {
-		size_t i; /* SIZE_MAX: empty */
-		uint64_t h;
-	} *slot;
-	size_t cap = 16;
-	int r = 0;
-
-	/* an open-addressing hash set (a qsort of 20,000 names cost more than
-	 * writing the header) */
-	if (n < 2)
-		return 0;
-	while (cap < 2 * n)
-		cap *= 2;
-	slot = malloc(cap * sizeof(*slot));
-	if (!slot)
-		return -ENOMEM;
-	for (size_t j = 0; j < cap; j++)
-		slot[j].i = SIZE_MAX;
-	for (size_t i = 0; i < n && !r; i++) {
-		const char *s = *(const char *const *)((const char *)strs + i * stride);
-		uint64_t h = 1469598103934665603ull; /* FNV-1a */
-		size_t j;
-		for (const unsigned char *c = (const unsigned char *)s; *c; c++)
-			h = (h ^ *c) * 1099511628211ull;
-		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
-		     j = (j + 1) & (cap - 1)) {
-			const char *o = *(const char *const *)((const char *)strs + slot[j].i * stride);
-			if (slot[j].h == h && !strcmp(o, s)) {
-				r = -EINVAL;
-				break;
-			}
-		}
-		slot[j].i = i;
-		slot[j].h = h;
-	}
-	free(slot);
-	return r;
-}
-
 /* Byte size of a tensor spec; -EINVAL/-EOVERFLOW as documented. */
 static int st_spec_bytes(const struct ckpt_st_tensor_spec *s, uint64_t *ret_bytes)
 {
@@ -1051,11 +1009,11 @@ static int st_ser_check(const struct ckpt_st_tensor_spec *tensors, size_t ntenso
 		if (!st_valid_cstr(keys[i]) || !st_valid_cstr(values[i]))
 			return -EINVAL;
 	if (ntensors > 1) {
-		r = st_check_unique(&tensors[0].name, sizeof(*tensors), ntensors);
+		r = ckpt_check_unique_strs(&tensors[0].name, sizeof(*tensors), ntensors);
 		if (r < 0)
 			return r;
 	}
-	return nmeta > 1 ? st_check_unique(keys, sizeof(*keys), nmeta) : 0;
+	return nmeta > 1 ? ckpt_check_unique_strs(keys, sizeof(*keys), nmeta) : 0;
 }
 
 int ckpt_st_serialize(const struct ckpt_st_tensor_spec *tensors, size_t ntensors,

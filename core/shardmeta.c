@@ -810,45 +810,6 @@ static int sm_put_entry(struct sm_dump *d, const struct ckpt_tensor_meta *t)
 	return r ? r : sm_puts(d, "}");
 }
 
-/* -EINVAL if two of the n names are equal (an open-addressing hash set:
- * a qsort of 20,000 names cost more than writing them). */
-static int sm_check_unique(const char *const *names, size_t n)
-{
-	struct slot {
-		size_t i; /* SIZE_MAX: empty */
-		uint64_t h;
-	} *slot;
-	size_t cap = 16;
-	int r = 0;
-
-	if (n < 2)
-		return 0;
-	while (cap < 2 * n)
-		cap *= 2;
-	slot = malloc(cap * sizeof(*slot));
-	if (!slot)
-		return -ENOMEM;
-	for (size_t j = 0; j < cap; j++)
-		slot[j].i = SIZE_MAX;
-	for (size_t i = 0; i < n && !r; i++) {
-		uint64_t h = 1469598103934665603ull; /* FNV-1a */
-		size_t j;
-		for (const unsigned char *c = (const unsigned char *)names[i]; *c; c++)
-			h = (h ^ *c) * 1099511628211ull;
-		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
-		     j = (j + 1) & (cap - 1)) {
-			if (slot[j].h == h && !strcmp(names[slot[j].i], names[i])) {
-				r = -EINVAL;
-				break;
-			}
-		}
-		slot[j].i = i;
-		slot[j].h = h;
-	}
-	free(slot);
-	return r;
-}
-
 int ckpt_shardmeta_serialize_cb(const char *group, bool has_num_layers, uint64_t num_layers,
 				size_t n, ckpt_shardmeta_get_fn get, void *ud, char **ret_json)
 {
@@ -919,7 +880,7 @@ int ckpt_shardmeta_serialize_cb(const char *group, bool has_num_layers, uint64_t
 	if (!r)
 		r = sm_puts(&d, "}}");
 	if (!r)
-		r = sm_check_unique(names, n);
+		r = ckpt_check_unique_strs(names, sizeof(*names), n);
 	free(names);
 	if (r < 0) {
 		free(d.buf);

@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <syslog.h>
@@ -79,4 +80,44 @@ int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off)
 		off += (uint64_t)n;
 	}
 	return 0;
+}
+
+int ckpt_check_unique_strs(const char *const *strs, size_t stride, size_t n)
+{
+	struct slot {
+		size_t i; /* SIZE_MAX: empty */
+		uint64_t h;
+	} *slot;
+	size_t cap = 16;
+	int r = 0;
+
+	/* an open-addressing hash set, FNV-1a hashes */
+	if (n < 2)
+		return 0;
+	while (cap < 2 * n)
+		cap *= 2;
+	slot = malloc(cap * sizeof(*slot));
+	if (!slot)
+		return -ENOMEM;
+	for (size_t j = 0; j < cap; j++)
+		slot[j].i = SIZE_MAX;
+	for (size_t i = 0; i < n && !r; i++) {
+		const char *s = *(const char *const *)((const char *)strs + i * stride);
+		uint64_t h = 1469598103934665603ull; /* FNV-1a */
+		size_t j;
+		for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+		for (j = (size_t)(h ^ (h >> 29)) & (cap - 1); slot[j].i != SIZE_MAX;
+		     j = (j + 1) & (cap - 1)) {
+			const char *o = *(const char *const *)((const char *)strs + slot[j].i * stride);
+			if (slot[j].h == h && !strcmp(o, s)) {
+				r = -EINVAL;
+				break;
+			}
+		}
+		slot[j].i = i;
+		slot[j].h = h;
+	}
+	free(slot);
+	return r;
 }

@@ -97,4 +97,13 @@ void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off);
 int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 
+/*
+ * 0 if the n NUL-terminated strings are pairwise different, -EINVAL if two
+ * are equal, -ENOMEM.  String i is *(const char **)((char *)strs + i *
+ * stride): an array of pointers (stride sizeof(char *)) or the name field
+ * of an array of structs.  Expected O(n) (a hash set; a sort of 20,000
+ * names cost more than writing them out).
+ */
+int ckpt_check_unique_strs(const char *const *strs, size_t stride, size_t n);
+
 #endif
