@@ -297,63 +297,56 @@ def parallel_save(jobs, dest, nwriters, sync):
     per = [[] for _ in range(nwriters)]
     for rank, name, src in sorted(jobs, key=lambda j: (j[0], j[1])):
         per[rank % nwriters].append((name, src))
-    errors = []
-    total = [0]
-    lock = threading.Lock()
-    start = threading.Barrier(nwriters + 1)
 
     def work(items):
-        start.wait()
         n = 0
-        try:
-            for name, src in items:
-                n += _write_file(os.path.join(dest, name), src, sync)
-        except OSError as e:
-            errors.append(e)
-        with lock:
-            total[0] += n
+        for name, src in items:
+            n += _write_file(os.path.join(dest, name), src, sync)
+        return n
 
-    th = [threading.Thread(target=work, args=(p,)) for p in per]
-    for x in th:
-        x.start()
-    start.wait()
-    t0 = now()
-    for x in th:
-        x.join()
-    dt = now() - t0
-    if errors:
-        raise errors[0]
-    return dt, total[0]
+    return _timed_threads(work, per)
 
 
 def parallel_read(groups):
     """groups: list of path lists, one reader thread each, 1 MiB reads.  (seconds, bytes)."""
+    def rd(paths):
+        buf = bytearray(IO)
+        n = 0
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                while True:
+                    k = os.readv(fd, [buf])
+                    if k <= 0:
+                        break
+                    n += k
+            finally:
+                os.close(fd)
+        return n
+
+    return _timed_threads(rd, groups)
+
+
+def _timed_threads(fn, args):
+    """Run fn(a) for every a in args, one thread each, released together; returns (seconds
+    from the release until the last thread ends, sum of fn's results).  The first OSError
+    of any thread is raised after all have ended."""
     errors = []
     total = [0]
     lock = threading.Lock()
-    start = threading.Barrier(len(groups) + 1)
+    start = threading.Barrier(len(args) + 1)
 
-    def rd(paths):
+    def run(a):
         start.wait()
-        buf = bytearray(IO)
         n = 0
         try:
-            for p in paths:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    while True:
-                        k = os.readv(fd, [buf])
-                        if k <= 0:
-                            break
-                        n += k
-                finally:
-                    os.close(fd)
+            n = fn(a)
         except OSError as e:
             errors.append(e)
         with lock:
             total[0] += n
 
-    th = [threading.Thread(target=rd, args=(g,)) for g in groups]
+    th = [threading.Thread(target=run, args=(a,)) for a in args]
     for x in th:
         x.start()
     start.wait()

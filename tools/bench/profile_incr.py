@@ -44,19 +44,25 @@ def main():
                 for i, n in enumerate(sorted(os.listdir(d)))]
 
     store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
-    subprocess.run(["rm", "-rf", store], check=True)
     os.makedirs(mnt, exist_ok=True)
-    p = subprocess.Popen([binp, store, mnt, "-f"] + extra,
-                         stderr=open(os.path.join(work, "daemon.log"), "a"))
-    tracer = None
-    try:
+    dev = os.stat(work).st_dev  # drop_caches() then also waits for an idle disk
+    bench.DISK_STAT = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+
+    def mount():
+        """A daemon on a fresh store."""
+        subprocess.run(["rm", "-rf", store], check=True)
+        d = subprocess.Popen([binp, store, mnt, "-f"] + extra,
+                             stderr=open(os.path.join(work, "daemon.log"), "a"))
         for _ in range(400):
             if os.path.ismount(mnt):
-                break
+                return d
             time.sleep(0.05)
-        else:
-            sys.exit("the daemon did not mount")
+        d.kill()
+        sys.exit("the daemon did not mount")
 
+    p = mount()
+    tracer = None
+    try:
         def cpu():
             f = open(f"/proc/{p.pid}/stat").read().split(")")[1].split()
             return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
@@ -67,11 +73,7 @@ def main():
                 if rep:
                     subprocess.run(["fusermount3", "-u", mnt], check=True)
                     p.wait()
-                    subprocess.run(["rm", "-rf", store], check=True)
-                    p = subprocess.Popen([binp, store, mnt, "-f"] + extra,
-                                         stderr=open(os.path.join(work, "daemon.log"), "a"))
-                    while not os.path.ismount(mnt):
-                        time.sleep(0.05)
+                    p = mount()
                 bench.drop_caches()
                 c0 = cpu()
                 dt, n = bench.parallel_save(jobs, os.path.join(mnt, "step_0001"), 2, True)
