@@ -12,6 +12,19 @@
  * sync_file_range(SYNC_FILE_RANGE_WRITE).  The disk then writes while more
  * data arrives, and a later fdatasync waits only for the tail.  It is a
  * hint: durability still comes only from ckpt_pack_sync().
+ *
+ * Page recycling: the same appender then waits for the writeback of the
+ * range kicked before the previous one (it has had a whole kick's time to
+ * reach the disk) and drops it from the page cache with
+ * POSIX_FADV_DONTNEED.  A pack's share of the page cache thus stays at
+ * about three kicks, and the pages it frees are the ones the next appends
+ * get.  On a VM whose host reclaims guest memory that the guest has freed
+ * (virtio-balloon free page reporting), first touches of memory cost host
+ * page faults: an append into fresh page-cache pages measured 2-3x the CPU
+ * of one into recycled pages (docs/performance.md 6c), and it is what made
+ * the cost per GB of a save grow with its size.  Records are read back
+ * rarely while they are new (dedup hits do not read; sealed packs are read
+ * with O_DIRECT anyway), so dropping them costs nothing measurable.
  */
 #include "pack.h"
 #include "util.h"
@@ -56,6 +69,7 @@
 
 #define SCAN_WINDOW		(64 * 1024)	/* multiple of 8, > record header */
 #define MAX_FILE_OFF		((uint64_t)INT64_MAX)
+#define CKPT_PACK_PAGE		4096u	/* page-cache drops are rounded to this */
 
 _Static_assert(SCAN_WINDOW % CKPT_PACK_ALIGN == 0, "scan window alignment");
 _Static_assert(CKPT_PACK_HDR_SIZE % CKPT_PACK_ALIGN == 0, "header alignment");
@@ -80,6 +94,8 @@ struct ckpt_pack {
 	struct inflight *if_head, *if_tail;
 	uint64_t synced;		/* [0, synced) is durable */
 	uint64_t kicked;		/* writeback started for [0, kicked) */
+	uint64_t kick_prev;		/* where the latest kicked range starts */
+	uint64_t dropped;		/* [CKPT_PACK_HDR_SIZE, dropped) left the page cache */
 	int sync_err;			/* latched fdatasync error, or 0 */
 };
 
@@ -543,7 +559,7 @@ int ckpt_pack_appendv(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struc
 	struct inflight node = { 0 };
 	struct iovec iov[CKPT_PACK_MAX_IOV + 2];
 	uint64_t off, span, pad, written = 0, total = 0, csum;
-	uint64_t stable, kick_from = 0, kick_len = 0;
+	uint64_t stable, kick_from = 0, kick_len = 0, drop_from = 0, drop_len = 0;
 	int r, cnt = 0;
 
 	if (!p || !rec || !stored || nstored < 1 || nstored > CKPT_PACK_MAX_IOV)
@@ -615,15 +631,32 @@ int ckpt_pack_appendv(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struc
 	/* Everything before the oldest append still in flight is written. */
 	stable = p->if_head ? p->if_head->off : atomic_load(&p->size);
 	if (!r && stable >= p->kicked + CKPT_PACK_KICK) {
+		uint64_t drop_to = p->kick_prev / CKPT_PACK_PAGE * CKPT_PACK_PAGE;
+
 		kick_from = p->kicked;
 		kick_len = stable - kick_from;
+		p->kick_prev = kick_from;
 		p->kicked = stable;
+		if (drop_to > p->dropped) {
+			drop_from = p->dropped;
+			drop_len = drop_to - drop_from;
+			p->dropped = drop_to;
+		}
 	}
 	pthread_mutex_unlock(&p->lock);
 
 	if (kick_len > 0)
 		(void)sync_file_range(p->fd, (off_t)kick_from, (off_t)kick_len,
 				      SYNC_FILE_RANGE_WRITE);
+	if (drop_len > 0) {
+		/* Both calls are hints; errors of the writeback itself surface
+		 * in ckpt_pack_sync()'s fdatasync. */
+		(void)sync_file_range(p->fd, (off_t)drop_from, (off_t)drop_len,
+				      SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+				      SYNC_FILE_RANGE_WAIT_AFTER);
+		(void)posix_fadvise(p->fd, (off_t)drop_from, (off_t)drop_len,
+				    POSIX_FADV_DONTNEED);
+	}
 	if (!r && ret_offset)
 		*ret_offset = off;
 	return r;

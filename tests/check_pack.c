@@ -22,7 +22,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -1299,6 +1302,55 @@ START_TEST(test_sync_inflight)
 }
 END_TEST
 
+/*
+ * Page recycling (pack.c): after appends of many kicks' worth of records,
+ * the pack's pages more than three kicks behind the end have left the page
+ * cache (mincore on a mapping of the file), and every record still reads
+ * back intact.  tmpfs keeps files only in the page cache, so there the
+ * residency is not asserted.
+ */
+START_TEST(test_page_recycling)
+{
+	const uint32_t len = 1u << 20;
+	const int n = (int)(6 * CKPT_PACK_KICK / len);
+	ckpt_pack *p = create_pack(1);
+	uint64_t *offs = calloc((size_t)n, sizeof(*offs));
+	uint64_t size, low;
+	unsigned char *vec;
+	struct statfs sfs;
+	long resident = 0;
+	void *map;
+	int fd;
+
+	ck_assert_ptr_nonnull(offs);
+	for (int i = 0; i < n; i++)
+		offs[i] = app(p, len, (uint64_t)i + 1);
+	size = ckpt_pack_size(p);
+	/* Everything below the start of the range kicked two kicks before
+	 * the last one has been dropped; leave slack for the kick points. */
+	low = size - 4 * (uint64_t)CKPT_PACK_KICK - ckpt_pack_rec_span(len);
+	fd = pack_fd(1, O_RDONLY);
+	map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	ck_assert_ptr_ne(map, MAP_FAILED);
+	vec = malloc(size / 4096 + 1);
+	ck_assert_ptr_nonnull(vec);
+	ck_assert_int_eq(mincore(map, size, vec), 0);
+	for (uint64_t pg = 0; pg < low / 4096; pg++)
+		resident += vec[pg] & 1;
+	ck_assert_int_eq(fstatfs(fd, &sfs), 0);
+	if (sfs.f_type != TMPFS_MAGIC)
+		ck_assert_int_eq(resident, 0);
+	munmap(map, size);
+	close(fd);
+	free(vec);
+	for (int i = 0; i < n; i++)
+		chk(p, offs[i], len, (uint64_t)i + 1);
+	ck_assert_int_eq(ckpt_pack_sync(p, UINT64_MAX), 0);
+	ckpt_pack_free(p);
+	free(offs);
+}
+END_TEST
+
 #define SYNC_THREADS 4
 
 static void *sync_main(void *arg)
@@ -1367,6 +1419,7 @@ static Suite *pack_suite(void)
 	tcase_add_test(tc, test_sync);
 	tcase_add_test(tc, test_sync_inflight);
 	tcase_add_test(tc, test_sync_concurrent);
+	tcase_add_test(tc, test_page_recycling);
 	suite_add_tcase(s, tc);
 	return s;
 }
