@@ -81,6 +81,8 @@ struct handle {
 	uint64_t version;
 	struct vtree_file *vf;         /* files of the virtual view trees */
 	struct ckpt_ra_window ra;      /* read-only handles: read-ahead state */
+	uint64_t dropped;              /* drop-behind: kernel pages below this offset
+					* were queued for dropping (atomic) */
 };
 
 struct dir_handle {
@@ -88,16 +90,24 @@ struct dir_handle {
 	size_t n;
 };
 
+/* A kernel cache invalidation: pages of [off, off+len) of ino, or with
+ * len 0 its attributes and all its pages. */
+struct inval {
+	uint64_t ino;
+	uint64_t off, len;
+};
+
 static struct {
 	ckpt_store *store;
 	ckpt_readahead *ra; /* NULL: read-ahead off */
 	ckpt_pool *pool;
 	struct fuse_session *se;
+	bool drop_behind;   /* -o drop_behind (set before the session starts) */
 	/* Kernel cache invalidations, sent from their own thread (sending
 	 * them from a request handler can deadlock on the inode). */
 	pthread_mutex_t inval_lock;
 	pthread_cond_t inval_cond;
-	uint64_t *inval;   /* protected by inval_lock */
+	struct inval *inval;   /* protected by inval_lock */
 	size_t ninval, cap_inval;
 	bool inval_stop;
 	pthread_t inval_thread;
@@ -139,12 +149,12 @@ static void inode_to_stat(const struct ckpt_inode *in, struct stat *st)
  * attributes and pages of ino.  A read-only handle that read past its
  * snapshot's end made the kernel shrink its idea of the size; without this,
  * a reopen within the attribute timeout would see that stale size. */
-static void queue_inval(uint64_t ino)
+static void queue_inval_range(uint64_t ino, uint64_t off, uint64_t len)
 {
 	pthread_mutex_lock(&fs.inval_lock);
 	if (fs.ninval == fs.cap_inval) {
 		size_t nc = fs.cap_inval ? fs.cap_inval * 2 : 64;
-		uint64_t *v = realloc(fs.inval, nc * sizeof(*v));
+		struct inval *v = realloc(fs.inval, nc * sizeof(*v));
 		if (!v) {
 			pthread_mutex_unlock(&fs.inval_lock);
 			return; /* best effort: attributes expire after ATTR_TIMEOUT */
@@ -152,9 +162,14 @@ static void queue_inval(uint64_t ino)
 		fs.inval = v;
 		fs.cap_inval = nc;
 	}
-	fs.inval[fs.ninval++] = ino;
+	fs.inval[fs.ninval++] = (struct inval){ ino, off, len };
 	pthread_cond_signal(&fs.inval_cond);
 	pthread_mutex_unlock(&fs.inval_lock);
+}
+
+static void queue_inval(uint64_t ino)
+{
+	queue_inval_range(ino, 0, 0);
 }
 
 static void *inval_main(void *arg)
@@ -163,9 +178,11 @@ static void *inval_main(void *arg)
 	pthread_mutex_lock(&fs.inval_lock);
 	while (!fs.inval_stop) {
 		while (fs.ninval > 0) {
-			uint64_t ino = fs.inval[--fs.ninval];
+			struct inval iv = fs.inval[--fs.ninval];
 			pthread_mutex_unlock(&fs.inval_lock);
-			fuse_lowlevel_notify_inval_inode(fs.se, ino, 0, 0);
+			/* -ENOENT: the kernel has forgotten the inode: nothing cached */
+			(void)fuse_lowlevel_notify_inval_inode(fs.se, iv.ino, (off_t)iv.off,
+							       (off_t)iv.len);
 			pthread_mutex_lock(&fs.inval_lock);
 		}
 		pthread_cond_wait(&fs.inval_cond, &fs.inval_lock);
@@ -932,6 +949,52 @@ static bool read_ahead(struct handle *h, size_t size, off_t off)
 }
 
 /*
+ * Drop-behind: once a sequential reader (read_ahead() says so) is
+ * DROP_LAG + DROP_STEP bytes into a file, the kernel's cached pages more
+ * than DROP_LAG behind it are dropped, DROP_STEP at a time, by a range
+ * invalidation from the invalidation thread.  A checkpoint is read once;
+ * keeping every page of a 16 GiB load in the page cache only pushes out
+ * what the node needs, and on a VM whose host reclaims memory the guest
+ * frees (virtio-balloon free page reporting) each page of fresh page cache
+ * costs a host page fault on first touch: reads that recycle the pages
+ * they drop measured up to 2x faster (docs/performance.md 6c).  Not done
+ * while another handle has the file open (concurrent readers share the
+ * page cache); a reopen re-reads from the daemon anyway, since opens drop
+ * the cache (keep_cache = 0).  Off with -o drop_behind=0.
+ */
+#define DROP_LAG (32ull << 20)
+#define DROP_STEP (32ull << 20)
+
+static bool handle_shared(struct handle *h)
+{
+	bool shared;
+
+	if (h->vf)
+		return vtree_file_shared(h->vf);
+	pthread_mutex_lock(&fs.nodes_lock);
+	shared = h->node->nopen > 1;
+	pthread_mutex_unlock(&fs.nodes_lock);
+	return shared;
+}
+
+static void drop_behind(fuse_ino_t ino, struct handle *h, size_t size, off_t off)
+{
+	uint64_t end = (uint64_t)off + size, to, done;
+
+	if (!fs.drop_behind || end < DROP_LAG + DROP_STEP)
+		return;
+	to = (end - DROP_LAG) & ~(uint64_t)4095;
+	done = __atomic_load_n(&h->dropped, __ATOMIC_RELAXED);
+	if (to < done + DROP_STEP)
+		return;
+	if (!__atomic_compare_exchange_n(&h->dropped, &done, to, false, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED))
+		return; /* another thread of this reader took the step */
+	if (!handle_shared(h))
+		queue_inval_range(ino, done, to - done);
+}
+
+/*
  * Committed content is replied from the chunk cache without copying: the
  * reply's iovecs point into the pinned cache entries for pieces of 32 KiB
  * and more (struct ckpt_gather), only short pieces (views interleaving
@@ -977,6 +1040,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		reply_err(req, (int)r);
 	} else if (gathered) {
 		fuse_reply_iov(req, g.iov, (int)g.niov);
+		if (g.stream)
+			drop_behind(ino, h, size, off);
 	} else {
 		fuse_reply_buf(req, (const char *)buf, (size_t)r);
 	}
@@ -1223,6 +1288,7 @@ struct options {
 	unsigned workers;
 	unsigned readahead_kb;
 	unsigned ra_workers;
+	unsigned drop_behind;
 	int nonopt;
 };
 
@@ -1238,6 +1304,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("tp_rules=%s", tp_rules),
 	OPT("readahead_kb=%u", readahead_kb),
 	OPT("ra_workers=%u", ra_workers),
+	OPT("drop_behind=%u", drop_behind),
 	FUSE_OPT_END
 };
 
@@ -1294,6 +1361,9 @@ static void usage(const char *prog)
 	       "  -o ra_workers=N      threads loading chunks ahead of sequential readers\n"
 	       "                       (default: two per CPU; 0, or cache_size=0, turns\n"
 	       "                       chunk read-ahead off)\n"
+	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
+	       "                       behind a sequential reader that has it open alone\n"
+	       "                       (default 1)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1450,6 +1520,7 @@ int main(int argc, char **argv)
 	o.compress = INT_MIN; /* unset */
 	o.readahead_kb = UINT_MAX; /* unset */
 	o.ra_workers = UINT_MAX;   /* unset */
+	o.drop_behind = 1;
 	/* Chunk and request buffers are 128 KiB..4 MiB: by default glibc serves
 	 * them with fresh mmap()s, and every page of every buffer is faulted in
 	 * and zeroed again (clear_page was ~10% of the write path).  Keep them
@@ -1556,6 +1627,7 @@ int main(int argc, char **argv)
 		goto out;
 	}
 	fs.se = se;
+	fs.drop_behind = o.drop_behind != 0;
 	pthread_mutex_init(&fs.inval_lock, NULL);
 	pthread_cond_init(&fs.inval_cond, NULL);
 	if (pthread_create(&fs.inval_thread, NULL, inval_main, NULL) == 0)

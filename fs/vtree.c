@@ -45,6 +45,7 @@ struct vnode {
 	uint64_t sig;   /* V_FILE: signature of the view version */
 	uint64_t size;  /* V_FILE: size in that version */
 	int64_t mtime_ns;
+	unsigned nopen; /* open vtree_files; protected by vt.lock */
 	struct vnode *next_key, *next_ino;
 };
 
@@ -76,6 +77,7 @@ static struct {
 } vt;
 
 struct vtree_file {
+	struct vnode *n;               /* lives until vtree_fini() */
 	ckpt_vfile *vf;                /* view file, or */
 	struct ckpt_extent_list *snap; /* passthrough file */
 };
@@ -592,6 +594,10 @@ out:
 		free(f);
 		return r;
 	}
+	f->n = n;
+	pthread_mutex_lock(&vt.lock);
+	n->nopen++;
+	pthread_mutex_unlock(&vt.lock);
 	*ret = f;
 	return 0;
 }
@@ -617,10 +623,23 @@ size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_diges
 	return ckpt_store_prefetch_list(f->snap, off, len, out, max, NULL);
 }
 
+bool vtree_file_shared(const struct vtree_file *f)
+{
+	bool shared;
+
+	pthread_mutex_lock(&vt.lock);
+	shared = f->n->nopen > 1;
+	pthread_mutex_unlock(&vt.lock);
+	return shared;
+}
+
 void vtree_close(struct vtree_file *f)
 {
 	if (!f)
 		return;
+	pthread_mutex_lock(&vt.lock);
+	f->n->nopen--;
+	pthread_mutex_unlock(&vt.lock);
 	ckpt_vfile_free(f->vf);
 	ckpt_extent_list_free(f->snap);
 	free(f);

@@ -63,6 +63,8 @@ ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off,
 uint64_t vtree_file_size(const struct vtree_file *f);
 size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_digest *out,
 		    size_t max);
+/* Whether another vtree_file of the same inode is open now. */
+bool vtree_file_shared(const struct vtree_file *f);
 void vtree_close(struct vtree_file *f);
 
 #endif

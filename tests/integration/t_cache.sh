@@ -1,0 +1,80 @@
+#!/bin/bash
+# Drop-behind (fs/ckptfs.c): the kernel's cached pages of a file that one
+# handle reads sequentially are dropped 32 MiB behind the reader, for store
+# files and for files under a view directory; not while a second handle has
+# the file open, and not with -o drop_behind=0.  Content read is exact in
+# every case.  Residency is measured with mincore() on a mapping of the
+# reading descriptor itself (a new open would drop the cache: keep_cache=0).
+# shellcheck source=tests/integration/lib.sh
+. "$(dirname "$0")/lib.sh"
+
+SIZE=$((160 * MiB))
+rand_file "$WORK/big" "$SIZE"
+WANT=$(sha "$WORK/big")
+
+cat >"$WORK/resident.py" <<'PY'
+"""resident.py FILE WANT_SHA MODE: read FILE sequentially with 1 MiB reads
+(MODE shared: while a second descriptor has it open), check the content,
+then print how many of the pages of its first 64 MiB are still in the
+kernel's page cache, after waiting up to 3 s for them to go."""
+import ctypes, hashlib, mmap, os, sys, time
+path, want, mode = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+other = os.open(path, os.O_RDONLY) if mode == "shared" else None
+fd = os.open(path, os.O_RDONLY)
+h = hashlib.sha256()
+while True:
+    b = os.read(fd, 1 << 20)
+    if not b:
+        break
+    h.update(b)
+print(("ok - " if h.hexdigest() == want else "not ok - ") + f"content of {path} read exactly")
+span = 64 << 20
+addr = libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
+vec = ctypes.create_string_buffer(span // 4096)
+for _ in range(30):
+    if libc.mincore(addr, span, vec) != 0:
+        sys.exit(f"mincore: {os.strerror(ctypes.get_errno())}")
+    resident = sum(v & 1 for v in vec.raw)
+    if resident == 0 or mode != "alone":
+        break
+    time.sleep(0.1)
+libc.munmap(addr, span)
+print(f"resident {resident}")
+PY
+
+# resident FILE MODE: the count printed by resident.py (its checks are counted too)
+resident() {
+	_py_tap "read $1 ($2)" "$PY" "$WORK/resident.py" "$1" "$WANT" "$2" >"$T_DIR/res.out"
+	grep -v '^# resident' "$T_DIR/res.out" >&2 || true
+	sed -n 's/^# resident //p' "$T_DIR/res.out"
+}
+
+start_daemon || bail "mount $STORE"
+mkdir -p "$MNT/d"
+cp "$WORK/big" "$MNT/big" || bail "copy into the mount"
+cp "$WORK/big" "$MNT/d/big" || bail "copy into the mount"
+PAGES=$((64 * MiB / 4096))
+
+n=$(resident "$MNT/big" alone)
+assert_eq 0 "$n" "store file read alone: its first 64 MiB left the page cache"
+n=$(resident "$MNT/tp1_pp1/d/big" alone)
+assert_eq 0 "$n" "file under a view directory read alone: its first 64 MiB left the page cache"
+n=$(resident "$MNT/big" shared)
+assert_lt $((PAGES / 2)) "${n:-0}" "store file open twice: pages kept ($n of $PAGES resident)"
+n=$(resident "$MNT/tp1_pp1/d/big" shared)
+assert_lt $((PAGES / 2)) "${n:-0}" "view-directory file open twice: pages kept ($n of $PAGES resident)"
+
+remount -o drop_behind=0 || bail "remount with -o drop_behind=0"
+n=$(resident "$MNT/big" alone)
+assert_lt $((PAGES / 2)) "${n:-0}" "-o drop_behind=0: pages kept ($n of $PAGES resident)"
+
+stop_daemon || fail "unmount"
+finish
