@@ -20,9 +20,9 @@
  * about three kicks, and the pages it frees are the ones the next appends
  * get.  On a VM whose host reclaims guest memory that the guest has freed
  * (virtio-balloon free page reporting), first touches of memory cost host
- * page faults: an append into fresh page-cache pages measured 2-3x the CPU
- * of one into recycled pages (docs/performance.md 6c), and it is what made
- * the cost per GB of a save grow with its size.  Records are read back
+ * page faults: a 4 GiB save appending into fresh page-cache pages took
+ * twice the CPU and 1.7x the time of one recycling them (docs/performance.md
+ * 6c), and it is what made the cost per GB of a save grow with its size.  Records are read back
  * rarely while they are new (dedup hits do not read; sealed packs are read
  * with O_DIRECT anyway), so dropping them costs nothing measurable.
  */
