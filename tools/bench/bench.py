@@ -1277,7 +1277,7 @@ class Bench:
         if not shutil.which("gnuplot"):
             log("gnuplot not installed: no chart")
             return
-        rows = [r for r in self.rows if r.ratio == r.ratio]
+        rows = [r for r in self.rows if r.ratio == r.ratio and r.ratio > 0]  # log axis
         dat = os.path.join(self.out, "chart.dat")
         with open(dat, "w") as f:
             for i, r in enumerate(rows):
@@ -1285,18 +1285,19 @@ class Bench:
                 f.write(f'{i} {r.ratio:.4f} "{label}"\n')
         gp = os.path.join(self.out, "chart.gp")
         with open(gp, "w") as f:
-            f.write(f"""set terminal pngcairo size 1400,{200 + 28 * len(rows)}
+            f.write(f"""set terminal pngcairo noenhanced size 1400,{200 + 28 * len(rows)}
 set output '{os.path.join(self.out, "chart.png")}'
-set title 'ckptfs / baseline (medians); GB/s rows: >1 is better, time/bytes rows: <1 is better'
+set title 'ckptfs / baseline (medians)'
 set style fill solid 0.6
 set logscale x 2
 set ytics scale 0 font ',9'
 set grid xtics
-set xlabel 'ratio ckptfs / baseline'
+set xlabel 'ratio ckptfs / baseline (GB/s rows: > 1 is better; time and bytes rows: < 1 is better)'
 unset key
 set yrange [-1:{len(rows)}]
-plot '{dat}' using (($2>1)?1:$2):1:(($2>1)?$2:1):($1-0.35):($1+0.35):ytic(3) with boxxyerror, \\
-     1 with lines lc rgb 'black'
+set arrow from 1, graph 0 to 1, graph 1 nohead lc rgb 'black'
+# boxxyerror columns: x y xlow xhigh ylow yhigh; a bar from 1 to the ratio
+plot '{dat}' using (1):1:(($2>1)?1:$2):(($2>1)?$2:1):($1-0.35):($1+0.35):ytic(3) with boxxyerror
 """)
         r = subprocess.run(["gnuplot", gp], capture_output=True, text=True)
         if r.returncode == 0:
