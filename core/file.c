@@ -77,6 +77,7 @@ static void *pool_main(void *arg)
 int ckpt_pool_new(unsigned nthreads, ckpt_pool **ret_pool)
 {
 	struct ckpt_pool *p = calloc(1, sizeof(*p));
+	int r;
 
 	if (!p)
 		return -ENOMEM;
@@ -91,15 +92,12 @@ int ckpt_pool_new(unsigned nthreads, ckpt_pool **ret_pool)
 		free(p);
 		return -ENOMEM;
 	}
-	for (unsigned i = 0; i < nthreads; i++) {
-		if (pthread_create(&p->threads[i], NULL, pool_main, p) != 0)
-			break;
-		p->nthreads++;
-	}
-	if (p->nthreads == 0) {
+	r = ckpt_threads_start(p->threads, nthreads, pool_main, p);
+	if (r < 0) {
 		ckpt_pool_free(p);
-		return -EAGAIN;
+		return r;
 	}
+	p->nthreads = (unsigned)r;
 	*ret_pool = p;
 	return 0;
 }
@@ -108,12 +106,7 @@ void ckpt_pool_free(ckpt_pool *p)
 {
 	if (!p)
 		return;
-	pthread_mutex_lock(&p->lock);
-	p->stop = true;
-	pthread_cond_broadcast(&p->cond);
-	pthread_mutex_unlock(&p->lock);
-	for (unsigned i = 0; i < p->nthreads; i++)
-		pthread_join(p->threads[i], NULL);
+	ckpt_threads_stop(&p->lock, &p->cond, &p->stop, p->threads, p->nthreads);
 	free(p->threads);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->cond);

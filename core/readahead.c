@@ -89,15 +89,12 @@ int ckpt_readahead_new(ckpt_store *s, unsigned nthreads, unsigned queue_len,
 	ra->qlen = queue_len;
 	pthread_mutex_init(&ra->lock, NULL);
 	pthread_cond_init(&ra->work, NULL);
-	for (ra->nthreads = 0; ra->nthreads < nthreads; ra->nthreads++) {
-		r = -pthread_create(&ra->threads[ra->nthreads], NULL, ra_main, ra);
-		if (r < 0)
-			break;
-	}
-	if (ra->nthreads == 0) {
+	r = ckpt_threads_start(ra->threads, nthreads, ra_main, ra);
+	if (r < 0) {
 		ckpt_readahead_free(ra);
 		return r;
 	}
+	ra->nthreads = (unsigned)r;
 	*ret = ra;
 	return 0;
 }
@@ -106,12 +103,7 @@ void ckpt_readahead_free(ckpt_readahead *ra)
 {
 	if (!ra)
 		return;
-	pthread_mutex_lock(&ra->lock);
-	ra->stop = true;
-	pthread_cond_broadcast(&ra->work);
-	pthread_mutex_unlock(&ra->lock);
-	for (unsigned i = 0; i < ra->nthreads; i++)
-		pthread_join(ra->threads[i], NULL);
+	ckpt_threads_stop(&ra->lock, &ra->work, &ra->stop, ra->threads, ra->nthreads);
 	pthread_cond_destroy(&ra->work);
 	pthread_mutex_destroy(&ra->lock);
 	free(ra->q);

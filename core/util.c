@@ -121,3 +121,27 @@ int ckpt_check_unique_strs(const char *const *strs, size_t stride, size_t n)
 	free(slot);
 	return r;
 }
+
+int ckpt_threads_start(pthread_t *t, unsigned n, void *(*fn)(void *), void *arg)
+{
+	unsigned i;
+	int r = 0;
+
+	for (i = 0; i < n; i++) {
+		r = pthread_create(&t[i], NULL, fn, arg);
+		if (r != 0)
+			break;
+	}
+	return i > 0 ? (int)i : -r;
+}
+
+void ckpt_threads_stop(pthread_mutex_t *lock, pthread_cond_t *cond, bool *stop, pthread_t *t,
+		       unsigned n)
+{
+	pthread_mutex_lock(lock);
+	*stop = true;
+	pthread_cond_broadcast(cond);
+	pthread_mutex_unlock(lock);
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+}

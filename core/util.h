@@ -10,6 +10,8 @@
 #ifndef CKPT_UTIL_H
 #define CKPT_UTIL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -105,5 +107,17 @@ int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
  * names cost more than writing them out).
  */
 int ckpt_check_unique_strs(const char *const *strs, size_t stride, size_t n);
+
+/*
+ * Worker threads of a pool that waits on one mutex and condition variable.
+ * ckpt_threads_start() starts up to n threads running fn(arg) into t[0..n)
+ * and returns how many started (0: the errno of the first failure, as a
+ * negative value).  ckpt_threads_stop() sets *stop under lock, wakes every
+ * waiter on cond and joins t[0..n); the workers must return once they see
+ * *stop (read under lock).
+ */
+int ckpt_threads_start(pthread_t *t, unsigned n, void *(*fn)(void *), void *arg);
+void ckpt_threads_stop(pthread_mutex_t *lock, pthread_cond_t *cond, bool *stop, pthread_t *t,
+		       unsigned n);
 
 #endif

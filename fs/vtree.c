@@ -144,13 +144,8 @@ int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
 
 void vtree_fini(void)
 {
-	if (vt.pf_started) {
-		pthread_mutex_lock(&vt.lock);
-		vt.pf_stop = true;
-		pthread_cond_signal(&vt.pf_cond);
-		pthread_mutex_unlock(&vt.lock);
-		pthread_join(vt.pf_thread, NULL);
-	}
+	if (vt.pf_started)
+		ckpt_threads_stop(&vt.lock, &vt.pf_cond, &vt.pf_stop, &vt.pf_thread, 1);
 	free(vt.pf);
 	pthread_cond_destroy(&vt.pf_cond);
 	for (size_t i = 0; i < VT_BUCKETS; i++) {
