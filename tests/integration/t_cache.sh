@@ -3,7 +3,8 @@
 # handle reads sequentially are dropped 32 MiB behind the reader, for store
 # files and for files under a view directory; not while a second handle has
 # the file open, and not with -o drop_behind=0.  Content read is exact in
-# every case.  Residency is measured with mincore() on a mapping of the
+# every case, also through a mapping whose pages are dropped while mapped
+# (and refaulted from the daemon).  Residency is measured with mincore() on a mapping of the
 # reading descriptor itself (a new open would drop the cache: keep_cache=0).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -71,6 +72,42 @@ n=$(resident "$MNT/big" shared)
 assert_lt $((PAGES / 2)) "${n:-0}" "store file open twice: pages kept ($n of $PAGES resident)"
 n=$(resident "$MNT/tp1_pp1/d/big" shared)
 assert_lt $((PAGES / 2)) "${n:-0}" "view-directory file open twice: pages kept ($n of $PAGES resident)"
+
+# A mapping read front to back (page faults reach the daemon as sequential
+# reads of the mapping's handle, so pages behind are invalidated while
+# mapped), then its first MiB again (refaulted from the daemon).
+py_checks "mmap reader" "$MNT/big" "$WANT" "$WORK/big" <<'PY'
+import ctypes, hashlib, mmap, os, sys, time
+path, want, orig = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+fd = os.open(path, os.O_RDONLY)
+size = os.fstat(fd).st_size
+addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
+h = hashlib.sha256()
+for off in range(0, size, 1 << 20):
+    h.update(ctypes.string_at(addr + off, min(1 << 20, size - off)))
+print(("ok - " if h.hexdigest() == want else "not ok - ") + "mapping read front to back exactly")
+span = 64 << 20
+vec = ctypes.create_string_buffer(span // 4096)
+for _ in range(30):
+    libc.mincore(addr, span, vec)
+    resident = sum(v & 1 for v in vec.raw)
+    if resident == 0:
+        break
+    time.sleep(0.1)
+print(("ok - " if resident == 0 else "not ok - ") +
+      f"mapped pages behind the reader dropped ({resident} of {span // 4096} resident)")
+with open(orig, "rb") as f:
+    first = f.read(1 << 20)
+print(("ok - " if ctypes.string_at(addr, 1 << 20) == first else "not ok - ") +
+      "first MiB of the mapping again (refaulted), exactly")
+PY
 
 remount -o drop_behind=0 || bail "remount with -o drop_behind=0"
 n=$(resident "$MNT/big" alone)
