@@ -4,8 +4,9 @@
 # files and for files under a view directory; not while a second handle has
 # the file open, and not with -o drop_behind=0.  Content read is exact in
 # every case, also through a mapping whose pages are dropped while mapped
-# (and refaulted from the daemon).  Residency is measured with mincore() on a mapping of the
-# reading descriptor itself (a new open would drop the cache: keep_cache=0).
+# (and refaulted from the daemon).  Residency is measured with mincore() on
+# a mapping of the reading descriptor itself (a new open would drop the
+# cache: keep_cache=0).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 
