@@ -22,9 +22,9 @@
  * (virtio-balloon free page reporting), first touches of memory cost host
  * page faults: a 4 GiB save appending into fresh page-cache pages took
  * twice the CPU and 1.7x the time of one recycling them (docs/performance.md
- * 6c), and it is what made the cost per GB of a save grow with its size.  Records are read back
- * rarely while they are new (dedup hits do not read; sealed packs are read
- * with O_DIRECT anyway), so dropping them costs nothing measurable.
+ * 6c), and it is what made the cost per GB of a save grow with its size.
+ * Chunk reads use O_DIRECT (ckpt_pack_read_direct), so the dropped pages
+ * are not missed.
  */
 #include "pack.h"
 #include "util.h"
@@ -777,7 +777,7 @@ corrupt:
 }
 
 /* The pack's O_DIRECT descriptor, opened on first use; -1 if the file
- * system refuses O_DIRECT (tmpfs) or the pack is open for appends. */
+ * system refuses O_DIRECT (tmpfs). */
 static int direct_fd(ckpt_pack *p)
 {
 	int fd = atomic_load(&p->dfd), want = -1;
@@ -785,14 +785,10 @@ static int direct_fd(ckpt_pack *p)
 
 	if (fd != -1)
 		return fd >= 0 ? fd : -1;
-	if (p->writable) {
-		fd = -2; /* appends go through the page cache: read them from there */
-	} else {
-		snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
-		fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0)
-			fd = -2;
-	}
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
+	fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0)
+		fd = -2;
 	if (!atomic_compare_exchange_strong(&p->dfd, &want, fd)) {
 		if (fd >= 0)
 			close(fd);
@@ -802,7 +798,8 @@ static int direct_fd(ckpt_pack *p)
 }
 
 int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
-			  struct ckpt_pack_rec *ret_rec, void **ret_mem, const uint8_t **ret_stored)
+			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
+			  const uint8_t **ret_stored)
 {
 	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
 	uint64_t a, e, need;
@@ -848,6 +845,12 @@ int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_store
 	}
 	if (rec.stored_len != expected_stored_len) {
 		why = "stored length mismatch";
+		goto corrupt;
+	}
+	if (check_data &&
+	    ckpt_get_le64(mem + (offset - a) + REC_OFF_DATA_CSUM) !=
+		    XXH3_64bits(mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE, expected_stored_len)) {
+		why = "data checksum mismatch";
 		goto corrupt;
 	}
 	if (ret_rec)

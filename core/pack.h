@@ -213,14 +213,17 @@ int ckpt_pack_read_trusting(ckpt_pack *p, uint64_t offset, uint32_t expected_sto
  * to CKPT_PACK_DIRECT_ALIGN (*ret_mem, free() it), without the copy out of
  * the page cache and without filling the page cache with packs that the
  * chunk cache and the mount's page cache hold decoded anyway.  *ret_stored
- * points at the stored bytes inside *ret_mem.  Only for packs opened
- * read-only (a pack being appended to is read through the page cache);
- * -EOPNOTSUPP when the pack is writable or its file system refuses O_DIRECT
- * (use ckpt_pack_read then).  Other errors as ckpt_pack_read.
+ * points at the stored bytes inside *ret_mem.  check_data: also verify the
+ * checksum of the stored bytes (as ckpt_pack_read does).  Also for a pack
+ * being appended to: the kernel writes back the range's dirty pages before
+ * an O_DIRECT read, so a record whose append returned reads back exactly.
+ * -EOPNOTSUPP when the pack's file system refuses O_DIRECT (use
+ * ckpt_pack_read then).  Other errors as ckpt_pack_read.
  */
 #define CKPT_PACK_DIRECT_ALIGN 4096u
 int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
-			  struct ckpt_pack_rec *ret_rec, void **ret_mem, const uint8_t **ret_stored);
+			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
+			  const uint8_t **ret_stored);
 
 /* Total on-disk size of a record with this stored length:
  * 48 + stored_len rounded up to a multiple of 8. */

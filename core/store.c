@@ -473,9 +473,10 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 		return -ENOMEM;
 	pthread_rwlock_rdlock(&s->pack_rw);
 	r = get_pack(s, loc->pack_id, &p);
-	/* reads through the mount bypass the page cache of sealed packs */
-	if (r == 0 && !rec_csum) {
-		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, &rec, &mem, &src);
+	/* O_DIRECT: no copy out of the page cache, and packs do not fill it */
+	if (r == 0) {
+		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, rec_csum, &rec, &mem,
+					  &src);
 		if (r == -EOPNOTSUPP)
 			r = 1;
 	}

@@ -1124,49 +1124,78 @@ START_TEST(test_scan_holes)
 }
 END_TEST
 
-/* ckpt_pack_read_direct: refused on a writable pack; on a read-only one the
- * same record as ckpt_pack_read (or -EOPNOTSUPP where O_DIRECT is refused),
- * records at unaligned offsets and up to the end of the file included. */
+/* ckpt_pack_read_direct: the same record as ckpt_pack_read (or -EOPNOTSUPP
+ * where O_DIRECT is refused), on the pack being appended to (records not yet
+ * synced included) and on a read-only one, at unaligned offsets and up to
+ * the end of the file; check_data catches a damaged stored byte that a
+ * trusting read lets through. */
+static int direct_chk(ckpt_pack *p, uint64_t off, uint32_t len, uint64_t seed, bool check)
+{
+	struct ckpt_pack_rec got, want;
+	const uint8_t *stored;
+	uint8_t *exp = malloc(len ? len : 1);
+	void *mem = NULL;
+	int r;
+
+	ck_assert_ptr_nonnull(exp);
+	r = ckpt_pack_read_direct(p, off, len, check, &got, &mem, &stored);
+	if (r == 0) {
+		ck_assert_uint_eq((uintptr_t)mem % CKPT_PACK_DIRECT_ALIGN, 0);
+		mkrec(&want, len, seed);
+		fill(exp, len, seed);
+		ck_assert_uint_eq(got.stored_len, len);
+		ck_assert_uint_eq(got.raw_len, want.raw_len);
+		ck_assert_mem_eq(got.digest, want.digest, 16);
+		if (len)
+			ck_assert_mem_eq(stored, exp, len);
+		free(mem);
+	}
+	free(exp);
+	return r;
+}
+
 START_TEST(test_read_direct)
 {
 	ckpt_pack *p = create_pack(1);
 	uint64_t o[4];
 	uint32_t lens[4] = { 100, 0, 70000, 13 };
-	struct ckpt_pack_rec got, want;
+	struct ckpt_pack_rec got;
 	const uint8_t *stored;
 	void *mem = NULL;
 	int r;
 
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 4; i++) {
 		o[i] = app(p, lens[i], (uint64_t)i + 1);
-	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0], lens[0], &got, &mem, &stored),
-			 -EOPNOTSUPP);
+		/* appended, not synced: still in the page cache, dirty */
+		r = direct_chk(p, o[i], lens[i], (uint64_t)i + 1, true);
+		if (r == -EOPNOTSUPP)
+			break; /* file system without O_DIRECT */
+		ck_assert_int_eq(r, 0);
+	}
 	ckpt_pack_free(p);
 	p = open_pack(1, false);
 	for (int i = 0; i < 4; i++) {
-		uint8_t *exp = malloc(lens[i] ? lens[i] : 1);
-
-		r = ckpt_pack_read_direct(p, o[i], lens[i], &got, &mem, &stored);
-		if (r == -EOPNOTSUPP) {
-			free(exp);
-			break; /* file system without O_DIRECT */
-		}
+		r = direct_chk(p, o[i], lens[i], (uint64_t)i + 1, i % 2 == 0);
+		if (r == -EOPNOTSUPP)
+			break;
 		ck_assert_int_eq(r, 0);
-		ck_assert_uint_eq((uintptr_t)mem % CKPT_PACK_DIRECT_ALIGN, 0);
-		mkrec(&want, lens[i], (uint64_t)i + 1);
-		fill(exp, lens[i], (uint64_t)i + 1);
-		ck_assert_uint_eq(got.stored_len, lens[i]);
-		ck_assert_uint_eq(got.raw_len, want.raw_len);
-		ck_assert_mem_eq(got.digest, want.digest, 16);
-		if (lens[i])
-			ck_assert_mem_eq(stored, exp, lens[i]);
-		free(mem);
-		free(exp);
 	}
 	/* a wrong length is a damaged record; bad offsets are refused */
-	ck_assert_int_ne(ckpt_pack_read_direct(p, o[0], lens[0] + 8, &got, &mem, &stored), 0);
-	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0] + 4, lens[0], &got, &mem, &stored),
+	ck_assert_int_ne(ckpt_pack_read_direct(p, o[0], lens[0] + 8, false, &got, &mem, &stored), 0);
+	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0] + 4, lens[0], false, &got, &mem, &stored),
 			 -EINVAL);
+	ckpt_pack_free(p);
+
+	/* a flipped stored byte: only check_data notices it */
+	flip(1, o[2] + CKPT_PACK_REC_HDR_SIZE + 1000, 0x01);
+	p = open_pack(1, false);
+	r = ckpt_pack_read_direct(p, o[2], lens[2], false, &got, &mem, &stored);
+	if (r != -EOPNOTSUPP) {
+		ck_assert_int_eq(r, 0);
+		free(mem);
+		ck_assert_int_eq(ckpt_pack_read_direct(p, o[2], lens[2], true, &got, &mem, &stored),
+				 -EIO);
+	}
 	ckpt_pack_free(p);
 }
 END_TEST
