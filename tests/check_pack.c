@@ -245,26 +245,36 @@ static uint64_t app(ckpt_pack *p, uint32_t len, uint64_t seed)
 	return off;
 }
 
+/* got and data[0..len) are record `seed` of length len. */
+static void assert_rec(const struct ckpt_pack_rec *got, const uint8_t *data, uint32_t len,
+		       uint64_t seed)
+{
+	struct ckpt_pack_rec want;
+	uint8_t *exp = malloc(len ? len : 1);
+
+	ck_assert_ptr_nonnull(exp);
+	mkrec(&want, len, seed);
+	fill(exp, len, seed);
+	ck_assert_uint_eq(got->codec, want.codec);
+	ck_assert_uint_eq(got->stored_len, len);
+	ck_assert_uint_eq(got->raw_len, want.raw_len);
+	ck_assert_mem_eq(got->digest, want.digest, 16);
+	if (len)
+		ck_assert_mem_eq(data, exp, len);
+	free(exp);
+}
+
 /* Read the record at off and check it is record `seed` of length len. */
 static void chk(ckpt_pack *p, uint64_t off, uint32_t len, uint64_t seed)
 {
-	struct ckpt_pack_rec got, want;
-	uint8_t *buf = malloc(len ? len : 1), *exp = malloc(len ? len : 1);
+	struct ckpt_pack_rec got;
+	uint8_t *buf = malloc(len ? len : 1);
 
 	ck_assert_ptr_nonnull(buf);
-	ck_assert_ptr_nonnull(exp);
 	memset(&got, 0xaa, sizeof(got));
 	ck_assert_int_eq(ckpt_pack_read(p, off, len, &got, buf), 0);
-	mkrec(&want, len, seed);
-	fill(exp, len, seed);
-	ck_assert_uint_eq(got.codec, want.codec);
-	ck_assert_uint_eq(got.stored_len, len);
-	ck_assert_uint_eq(got.raw_len, want.raw_len);
-	ck_assert_mem_eq(got.digest, want.digest, 16);
-	if (len)
-		ck_assert_mem_eq(buf, exp, len);
+	assert_rec(&got, buf, len, seed);
 	free(buf);
-	free(exp);
 }
 
 static int read_len(ckpt_pack *p, uint64_t off, uint32_t len)
@@ -1131,26 +1141,17 @@ END_TEST
  * trusting read lets through. */
 static int direct_chk(ckpt_pack *p, uint64_t off, uint32_t len, uint64_t seed, bool check)
 {
-	struct ckpt_pack_rec got, want;
+	struct ckpt_pack_rec got;
 	const uint8_t *stored;
-	uint8_t *exp = malloc(len ? len : 1);
 	void *mem = NULL;
 	int r;
 
-	ck_assert_ptr_nonnull(exp);
 	r = ckpt_pack_read_direct(p, off, len, check, &got, &mem, &stored);
 	if (r == 0) {
 		ck_assert_uint_eq((uintptr_t)mem % CKPT_PACK_DIRECT_ALIGN, 0);
-		mkrec(&want, len, seed);
-		fill(exp, len, seed);
-		ck_assert_uint_eq(got.stored_len, len);
-		ck_assert_uint_eq(got.raw_len, want.raw_len);
-		ck_assert_mem_eq(got.digest, want.digest, 16);
-		if (len)
-			ck_assert_mem_eq(stored, exp, len);
+		assert_rec(&got, stored, len, seed);
 		free(mem);
 	}
-	free(exp);
 	return r;
 }
 
