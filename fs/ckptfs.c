@@ -981,8 +981,8 @@ static void drop_behind(fuse_ino_t ino, struct handle *h, size_t size, off_t off
 {
 	uint64_t end = (uint64_t)off + size, to, done;
 
-	if (!fs.drop_behind || end < DROP_LAG + DROP_STEP)
-		return;
+	if (!fs.drop_behind || !fs.inval_started || end < DROP_LAG + DROP_STEP)
+		return; /* (without the thread nothing would drain the queue) */
 	to = (end - DROP_LAG) & ~(uint64_t)4095;
 	done = __atomic_load_n(&h->dropped, __ATOMIC_RELAXED);
 	if (to < done + DROP_STEP)
