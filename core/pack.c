@@ -3,9 +3,10 @@
  * pack.c - append-only pack files.  Format and contracts: see pack.h.
  *
  * Concurrency: p->lock protects the reservation state (size, the list of
- * appends in flight, synced, sync_err).  Data is written and read with
- * positional I/O outside any lock.  p->sync_lock serialises fdatasync calls
- * so that concurrent ckpt_pack_sync() callers can share one fdatasync.
+ * appends in flight, synced, sync_err) and the write-behind marks (kicked,
+ * kick_prev, dropped).  Data is written and read with positional I/O
+ * outside any lock.  p->sync_lock serialises fdatasync calls so that
+ * concurrent ckpt_pack_sync() callers can share one fdatasync.
  *
  * Write-behind: every CKPT_PACK_KICK bytes of completed appends, the appender
  * that crosses the mark starts writeback of that range with
@@ -95,7 +96,7 @@ struct ckpt_pack {
 	uint64_t synced;		/* [0, synced) is durable */
 	uint64_t kicked;		/* writeback started for [0, kicked) */
 	uint64_t kick_prev;		/* where the latest kicked range starts */
-	uint64_t dropped;		/* [CKPT_PACK_HDR_SIZE, dropped) left the page cache */
+	uint64_t dropped;		/* [0, dropped) was dropped from the page cache */
 	int sync_err;			/* latched fdatasync error, or 0 */
 };
 
