@@ -714,6 +714,25 @@ out:
 	return r;
 }
 
+/*
+ * The checks of a record read back: header valid, its stored length the
+ * expected one, and (data_csum) the checksum of the stored bytes.  Returns
+ * NULL and fills *ret_rec, or the reason for a "corrupt" message.
+ */
+static const char *check_read_rec(const uint8_t *hdr, const uint8_t *stored,
+				  uint32_t expected_stored_len, bool data_csum,
+				  struct ckpt_pack_rec *ret_rec)
+{
+	if (!decode_rec_hdr(hdr, ret_rec))
+		return "invalid record header";
+	if (ret_rec->stored_len != expected_stored_len)
+		return "stored length mismatch";
+	if (data_csum &&
+	    ckpt_get_le64(hdr + REC_OFF_DATA_CSUM) != XXH3_64bits(stored, expected_stored_len))
+		return "data checksum mismatch";
+	return NULL;
+}
+
 static int pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
 		     struct ckpt_pack_rec *ret_rec, void *buf, bool data_csum);
 
@@ -756,19 +775,9 @@ static int pack_read(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len
 	}
 	if (r)
 		return r;
-	if (!decode_rec_hdr(hdr, &rec)) {
-		why = "invalid record header";
+	why = check_read_rec(hdr, buf, expected_stored_len, data_csum, &rec);
+	if (why)
 		goto corrupt;
-	}
-	if (rec.stored_len != expected_stored_len) {
-		why = "stored length mismatch";
-		goto corrupt;
-	}
-	if (data_csum &&
-	    ckpt_get_le64(hdr + REC_OFF_DATA_CSUM) != XXH3_64bits(buf, expected_stored_len)) {
-		why = "data checksum mismatch";
-		goto corrupt;
-	}
 	if (ret_rec)
 		*ret_rec = rec;
 	return 0;
@@ -840,20 +849,10 @@ int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_store
 		why = "file ends inside the record";
 		goto corrupt;
 	}
-	if (!decode_rec_hdr(mem + (offset - a), &rec)) {
-		why = "invalid record header";
+	why = check_read_rec(mem + (offset - a), mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE,
+			     expected_stored_len, check_data, &rec);
+	if (why)
 		goto corrupt;
-	}
-	if (rec.stored_len != expected_stored_len) {
-		why = "stored length mismatch";
-		goto corrupt;
-	}
-	if (check_data &&
-	    ckpt_get_le64(mem + (offset - a) + REC_OFF_DATA_CSUM) !=
-		    XXH3_64bits(mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE, expected_stored_len)) {
-		why = "data checksum mismatch";
-		goto corrupt;
-	}
 	if (ret_rec)
 		*ret_rec = rec;
 	*ret_mem = mem;
