@@ -10,6 +10,7 @@
 #   WORK (env, default /var/tmp/ckptfs-ab-read): scratch on the disk to measure
 set -eu
 [ $# -ge 2 ] || { sed -n '2,10p' "$0"; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
 bin=$(realpath "$1") dir=$2 rounds=${3:-3}
 ckpt=$(dirname "$(dirname "$bin")")/tools/ckpt
 work=${WORK:-/var/tmp/ckptfs-ab-read}
@@ -34,18 +35,13 @@ for r in $(seq 1 "$rounds"); do
 		sync
 		echo 3 >/proc/sys/vm/drop_caches
 		sleep 1
-		/usr/bin/python3 - "$mnt/tp1_pp1/ckpt" "round $r $o" <<'PY'
-import os, sys, time
-files = sorted(os.path.join(r, f) for r, _, fs in os.walk(sys.argv[1]) for f in fs)
-buf = bytearray(1 << 20)
-t, n = time.monotonic(), 0
-for f in files:
-    fd = os.open(f, os.O_RDONLY)
-    while (k := os.readv(fd, [buf])) > 0:
-        n += k
-    os.close(fd)
-dt = time.monotonic() - t
-print(f"{sys.argv[2]}: {n / 1e9:.2f} GB in {dt:.3f} s, {n / 1e9 / dt:.2f} GB/s", flush=True)
+		/usr/bin/python3 - "$here" "$mnt/tp1_pp1/ckpt" "round $r $o" <<'PY'
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import bench
+d = sys.argv[2]
+dt, n = bench.parallel_read([[os.path.join(d, f) for f in sorted(os.listdir(d))]])
+print(f"{sys.argv[3]}: {n / 1e9:.2f} GB in {dt:.3f} s, {n / 1e9 / dt:.2f} GB/s", flush=True)
 PY
 		fusermount3 -u "$mnt"
 		sleep 0.5

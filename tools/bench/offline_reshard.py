@@ -189,24 +189,32 @@ def reshard(src, out, T, P):
     return ranks
 
 
+def read_files(paths):
+    """Read the files one after the other with 1 MiB reads; returns bytes read.  The
+    benchmark's readers through the mount use this too (bench.parallel_read), so both
+    sides of case 4 read the same way."""
+    buf = bytearray(IO)
+    n = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while True:
+                k = os.readv(fd, [buf])
+                if k <= 0:
+                    break
+                n += k
+        finally:
+            os.close(fd)
+    return n
+
+
 def read_parallel(groups_of_paths):
-    """Each list of paths is read by its own thread with 1 MiB reads; returns bytes read."""
+    """Each list of paths is read by its own thread (read_files); returns bytes read."""
     total = [0]
     lock = threading.Lock()
 
     def rd(paths):
-        buf = bytearray(IO)
-        n = 0
-        for p in paths:
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                while True:
-                    k = os.readv(fd, [buf])
-                    if k <= 0:
-                        break
-                    n += k
-            finally:
-                os.close(fd)
+        n = read_files(paths)
         with lock:
             total[0] += n
 
