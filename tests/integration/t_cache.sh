@@ -15,12 +15,15 @@ rand_file "$WORK/big" "$SIZE"
 WANT=$(sha "$WORK/big")
 
 cat >"$WORK/resident.py" <<'PY'
-"""resident.py FILE WANT_SHA MODE: read FILE sequentially with 1 MiB reads
-(MODE shared: while a second descriptor has it open), check the content,
-then print how many of the pages of its first 64 MiB are still in the
-kernel's page cache, after waiting up to 3 s for them to go."""
+"""resident.py FILE WANT_SHA MODE ORIG: read FILE front to back, check the
+content, then print how many of the pages of its first 64 MiB are still in
+the kernel's page cache (waiting up to 3 s for them to go where they
+should).  MODE alone: 1 MiB reads; shared: the same while a second
+descriptor has FILE open; mapped: through a MAP_SHARED mapping of the whole
+file (page faults reach the daemon as sequential reads of the mapping's
+handle), then its first MiB again (refaulted), compared with ORIG."""
 import ctypes, hashlib, mmap, os, sys, time
-path, want, mode = sys.argv[1:4]
+path, want, mode, orig = sys.argv[1:5]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
@@ -29,32 +32,39 @@ libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 other = os.open(path, os.O_RDONLY) if mode == "shared" else None
 fd = os.open(path, os.O_RDONLY)
-h = hashlib.sha256()
-while True:
-    b = os.read(fd, 1 << 20)
-    if not b:
-        break
-    h.update(b)
-print(("ok - " if h.hexdigest() == want else "not ok - ") + f"content of {path} read exactly")
 span = 64 << 20
-addr = libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+size = os.fstat(fd).st_size if mode == "mapped" else span
+addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
 if addr in (None, ctypes.c_void_p(-1).value):
     sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
+h = hashlib.sha256()
+if mode == "mapped":
+    for off in range(0, size, 1 << 20):
+        h.update(ctypes.string_at(addr + off, min(1 << 20, size - off)))
+else:
+    while b := os.read(fd, 1 << 20):
+        h.update(b)
+print(("ok - " if h.hexdigest() == want else "not ok - ") + f"content of {path} read exactly ({mode})")
 vec = ctypes.create_string_buffer(span // 4096)
 for _ in range(30):
     if libc.mincore(addr, span, vec) != 0:
         sys.exit(f"mincore: {os.strerror(ctypes.get_errno())}")
     resident = sum(v & 1 for v in vec.raw)
-    if resident == 0 or mode != "alone":
+    if resident == 0 or mode == "shared":
         break
     time.sleep(0.1)
-libc.munmap(addr, span)
+if mode == "mapped":
+    with open(orig, "rb") as f:
+        first = f.read(1 << 20)
+    print(("ok - " if ctypes.string_at(addr, 1 << 20) == first else "not ok - ") +
+          "first MiB of the mapping again (refaulted), exactly")
+libc.munmap(addr, size)
 print(f"resident {resident}")
 PY
 
 # resident FILE MODE: the count printed by resident.py (its checks are counted too)
 resident() {
-	_py_tap "read $1 ($2)" "$PY" "$WORK/resident.py" "$1" "$WANT" "$2" >"$T_DIR/res.out"
+	_py_tap "read $1 ($2)" "$PY" "$WORK/resident.py" "$1" "$WANT" "$2" "$WORK/big" >"$T_DIR/res.out"
 	grep -v '^# resident' "$T_DIR/res.out" >&2 || true
 	sed -n 's/^# resident //p' "$T_DIR/res.out"
 }
@@ -74,41 +84,8 @@ assert_lt $((PAGES / 2)) "${n:-0}" "store file open twice: pages kept ($n of $PA
 n=$(resident "$MNT/tp1_pp1/d/big" shared)
 assert_lt $((PAGES / 2)) "${n:-0}" "view-directory file open twice: pages kept ($n of $PAGES resident)"
 
-# A mapping read front to back (page faults reach the daemon as sequential
-# reads of the mapping's handle, so pages behind are invalidated while
-# mapped), then its first MiB again (refaulted from the daemon).
-py_checks "mmap reader" "$MNT/big" "$WANT" "$WORK/big" <<'PY'
-import ctypes, hashlib, mmap, os, sys, time
-path, want, orig = sys.argv[1:4]
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                      ctypes.c_int, ctypes.c_long]
-libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-fd = os.open(path, os.O_RDONLY)
-size = os.fstat(fd).st_size
-addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-if addr in (None, ctypes.c_void_p(-1).value):
-    sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
-h = hashlib.sha256()
-for off in range(0, size, 1 << 20):
-    h.update(ctypes.string_at(addr + off, min(1 << 20, size - off)))
-print(("ok - " if h.hexdigest() == want else "not ok - ") + "mapping read front to back exactly")
-span = 64 << 20
-vec = ctypes.create_string_buffer(span // 4096)
-for _ in range(30):
-    libc.mincore(addr, span, vec)
-    resident = sum(v & 1 for v in vec.raw)
-    if resident == 0:
-        break
-    time.sleep(0.1)
-print(("ok - " if resident == 0 else "not ok - ") +
-      f"mapped pages behind the reader dropped ({resident} of {span // 4096} resident)")
-with open(orig, "rb") as f:
-    first = f.read(1 << 20)
-print(("ok - " if ctypes.string_at(addr, 1 << 20) == first else "not ok - ") +
-      "first MiB of the mapping again (refaulted), exactly")
-PY
+n=$(resident "$MNT/big" mapped)
+assert_eq 0 "$n" "store file read through a mapping: its first 64 MiB left the page cache"
 
 remount -o drop_behind=0 || bail "remount with -o drop_behind=0"
 n=$(resident "$MNT/big" alone)
