@@ -864,16 +864,19 @@ static __attribute__((noinline)) void st_sb_grow(struct st_sb *sb, size_t len)
 	sb->cap = ncap;
 }
 
+/* Room for len more bytes; false once out of memory. */
+static inline bool st_sb_reserve(struct st_sb *sb, size_t len)
+{
+	if (!sb->oom && len > sb->cap - sb->len)
+		st_sb_grow(sb, len);
+	return !sb->oom;
+}
+
 /* Inline so that the copies of short literals are inlined too. */
 static inline void st_sb_put(struct st_sb *sb, const char *s, size_t len)
 {
-	if (sb->oom)
+	if (!st_sb_reserve(sb, len))
 		return;
-	if (len > sb->cap - sb->len) {
-		st_sb_grow(sb, len);
-		if (sb->oom)
-			return;
-	}
 	memcpy(sb->buf + sb->len, s, len);
 	sb->len += len;
 }
@@ -885,14 +888,10 @@ static inline void st_sb_puts(struct st_sb *sb, const char *s)
 
 static void st_sb_u64(struct st_sb *sb, uint64_t v)
 {
-	char tmp[24];
-	size_t i = sizeof(tmp);
+	char tmp[CKPT_U64_DEC_MAX];
+	size_t n = ckpt_u64_dec(v, tmp);
 
-	do {
-		tmp[--i] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v);
-	st_sb_put(sb, tmp + i, sizeof(tmp) - i);
+	st_sb_put(sb, tmp + sizeof(tmp) - n, n);
 }
 
 /* Second character of the two-character JSON escape of c, or 0 if none. */
@@ -929,13 +928,8 @@ static void st_sb_jstr(struct st_sb *sb, const char *s)
 	 * quotes), then one tight loop */
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
 		need += *p >= 0x20 && *p != '"' && *p != '\\' ? 1 : st_short_escape(*p) ? 2 : 6;
-	if (sb->oom)
+	if (!st_sb_reserve(sb, need))
 		return;
-	if (need > sb->cap - sb->len) {
-		st_sb_grow(sb, need);
-		if (sb->oom)
-			return;
-	}
 	o = sb->buf + sb->len;
 	*o++ = '"';
 	for (; *s; s++) {

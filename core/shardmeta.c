@@ -703,14 +703,10 @@ static inline int sm_puts(struct sm_dump *d, const char *str)
 
 static int sm_putu(struct sm_dump *d, uint64_t v)
 {
-	char buf[24];
-	size_t i = sizeof(buf);
+	char buf[CKPT_U64_DEC_MAX];
+	size_t n = ckpt_u64_dec(v, buf);
 
-	do {
-		buf[--i] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v);
-	return sm_dump_cb(buf + i, sizeof(buf) - i, d) < 0 ? -ENOMEM : 0;
+	return sm_dump_cb(buf + sizeof(buf) - n, n, d) < 0 ? -ENOMEM : 0;
 }
 
 static int sm_puti(struct sm_dump *d, int64_t v)

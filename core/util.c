@@ -145,3 +145,14 @@ void ckpt_threads_stop(pthread_mutex_t *lock, pthread_cond_t *cond, bool *stop, 
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(t[i], NULL);
 }
+
+size_t ckpt_u64_dec(uint64_t v, char buf[CKPT_U64_DEC_MAX])
+{
+	size_t i = CKPT_U64_DEC_MAX;
+
+	do {
+		buf[--i] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	return CKPT_U64_DEC_MAX - i;
+}

@@ -108,6 +108,12 @@ int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
  */
 int ckpt_check_unique_strs(const char *const *strs, size_t stride, size_t n);
 
+/* Decimal digits of v, written to end of buf (CKPT_U64_DEC_MAX bytes, no
+ * NUL); returns the number of digits, which start at buf + CKPT_U64_DEC_MAX -
+ * the result.  For the JSON writers, which must not depend on the locale. */
+#define CKPT_U64_DEC_MAX 20
+size_t ckpt_u64_dec(uint64_t v, char buf[CKPT_U64_DEC_MAX]);
+
 /*
  * Worker threads of a pool that waits on one mutex and condition variable.
  * ckpt_threads_start() starts up to n threads running fn(arg) into t[0..n)
