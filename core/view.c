@@ -2404,6 +2404,38 @@ static size_t truns_first(const struct truns *t, uint64_t pos)
 	return a;
 }
 
+/* Per-source slots of one request (read cursors, listed ranges): a source
+ * keeps its slot; a new one takes a free slot, then the oldest in round
+ * robin. */
+struct vslots {
+	size_t src[VFILE_CURSORS];
+	unsigned n, next;
+};
+
+/* The slot of source src.  *ret_fresh: it was not src's (the caller sets it
+ * up); *ret_evicted: it held another source until now (the caller releases
+ * that first). */
+static unsigned vslot_get(struct vslots *sl, size_t src, bool *ret_fresh, bool *ret_evicted)
+{
+	unsigned c;
+
+	*ret_fresh = *ret_evicted = false;
+	for (c = 0; c < sl->n && sl->src[c] != src; c++)
+		;
+	if (c < sl->n)
+		return c;
+	*ret_fresh = true;
+	if (sl->n < VFILE_CURSORS) {
+		c = sl->n++;
+	} else {
+		c = sl->next;
+		sl->next = (sl->next + 1) % VFILE_CURSORS;
+		*ret_evicted = true;
+	}
+	sl->src[c] = src;
+	return c;
+}
+
 ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 {
 	return ckpt_vfile_read_gather(f, buf, len, off, NULL);
@@ -2416,8 +2448,7 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 	uint8_t *out = buf;
 	size_t done = 0;
 	struct ckpt_read_cursor cur[VFILE_CURSORS];
-	size_t cur_src[VFILE_CURSORS];
-	unsigned ncur = 0, next_slot = 0;
+	struct vslots sl = { .n = 0 };
 	ssize_t ret;
 
 	if (off >= p->size)
@@ -2447,6 +2478,7 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 			const struct run *rn = &t->v[j];
 			uint64_t pos = off + done, in = pos - rn->dst;
 			size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), rn->len - in);
+			bool fresh, evicted;
 			unsigned c;
 			ssize_t got;
 
@@ -2454,19 +2486,12 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 				ret = -EIO; /* V2 broken */
 				goto out;
 			}
-			for (c = 0; c < ncur && cur_src[c] != rn->src; c++)
-				;
-			if (c == ncur) {
-				if (ncur < VFILE_CURSORS) {
-					c = ncur++;
-				} else {
-					c = next_slot;
-					next_slot = (next_slot + 1) % VFILE_CURSORS;
-					ckpt_store_cursor_done(f->v->s, &cur[c]);
-				}
+			c = vslot_get(&sl, rn->src, &fresh, &evicted);
+			if (evicted)
+				ckpt_store_cursor_done(f->v->s, &cur[c]);
+			if (fresh) {
 				ckpt_read_cursor_init(&cur[c], f->v->srcs[rn->src].ext);
 				cur[c].g = g;
-				cur_src[c] = rn->src;
 			}
 			got = ckpt_store_cursor_read(f->v->s, &cur[c], out + done, n,
 						     rn->src_off + in);
@@ -2483,7 +2508,7 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 	}
 	ret = done < len ? -EIO /* V2 broken */ : (ssize_t)done;
 out:
-	for (unsigned c = 0; c < ncur; c++)
+	for (unsigned c = 0; c < sl.n; c++)
 		ckpt_store_cursor_done(f->v->s, &cur[c]);
 	return ret;
 }
@@ -2492,12 +2517,11 @@ size_t ckpt_vfile_chunks(ckpt_vfile *f, uint64_t off, uint64_t len, ckpt_digest 
 			 size_t max)
 {
 	const struct vfile_plan *p = f->plan;
-	/* per source: source bytes [lo, hi) whose chunks were listed */
+	/* per source slot: source bytes [lo, hi) whose chunks were listed */
 	struct {
-		size_t src;
 		uint64_t lo, hi;
 	} seen[VFILE_CURSORS];
-	unsigned nseen = 0, next_slot = 0;
+	struct vslots sl = { .n = 0 };
 	size_t n = 0;
 
 	if (off >= p->size)
@@ -2514,24 +2538,16 @@ size_t ckpt_vfile_chunks(ckpt_vfile *f, uint64_t off, uint64_t len, ckpt_digest 
 			const struct run *r = &t->v[j];
 			const struct ckpt_extent_list *l = f->v->srcs[r->src].ext;
 			uint64_t a, b;
+			bool fresh, evicted;
 			unsigned c;
 
 			if (r->dst >= off + len)
 				break;
 			a = r->src_off + (off > r->dst ? off - r->dst : 0);
 			b = r->src_off + CKPT_MIN(r->len, off + len - r->dst);
-			for (c = 0; c < nseen && seen[c].src != r->src; c++)
-				;
-			if (c == nseen) {
-				if (nseen < VFILE_CURSORS) {
-					c = nseen++;
-				} else {
-					c = next_slot;
-					next_slot = (next_slot + 1) % VFILE_CURSORS;
-				}
-				seen[c].src = r->src;
+			c = vslot_get(&sl, r->src, &fresh, &evicted);
+			if (fresh)
 				seen[c].lo = seen[c].hi = a;
-			}
 			if (a >= seen[c].lo && b <= seen[c].hi)
 				continue; /* those chunks are listed already */
 			if (a < seen[c].lo || a > seen[c].hi)
