@@ -956,8 +956,8 @@ static bool read_ahead(struct handle *h, size_t size, off_t off)
  * keeping every page of a 16 GiB load in the page cache only pushes out
  * what the node needs, and on a VM whose host reclaims memory the guest
  * frees (virtio-balloon free page reporting) each page of fresh page cache
- * costs a host page fault on first touch: reads that recycle the pages
- * they drop measured up to 2x faster (docs/performance.md 6c).  Not done
+ * costs a host page fault on first touch: a 4 GiB view read that recycles
+ * the pages it drops measured 1.25-1.6x faster (docs/performance.md 6c).  Not done
  * while another handle has the file open (concurrent readers share the
  * page cache); a reopen re-reads from the daemon anyway, since opens drop
  * the cache (keep_cache = 0).  Off with -o drop_behind=0.
