@@ -27,6 +27,7 @@
 #include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -39,6 +40,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "file.h"
@@ -103,6 +105,10 @@ static struct {
 	ckpt_pool *pool;
 	struct fuse_session *se;
 	bool drop_behind;   /* -o drop_behind (set before the session starts) */
+	/* Read-only handles bypass the page cache (direct_io).  Set in op_init,
+	 * before any open, from -o direct_read and what the kernel grants. */
+	bool direct_read;
+	unsigned direct_read_opt; /* -o direct_read: 0, 1, or DIRECT_READ_AUTO */
 	/* Kernel cache invalidations, sent from their own thread (sending
 	 * them from a request handler can deadlock on the inode). */
 	pthread_mutex_t inval_lock;
@@ -363,6 +369,135 @@ static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_ino
 	return 0;
 }
 
+/* ------------------------------------------------- direct reads, shared mmap
+ *
+ * Read-only handles are opened with direct_io when the kernel lets shared
+ * mappings of such files go through the page cache (FUSE_DIRECT_IO_ALLOW_MMAP,
+ * Linux 6.6): read() then moves data from the daemon straight into the
+ * reader's buffer (one copy instead of two, no page-cache pages to allocate
+ * and reclaim), while mmap keeps working for loaders that map files
+ * (safetensors).  Without that flag a shared mapping of a direct_io file
+ * fails with ENODEV, so -o direct_read (default: auto) is then off.
+ *
+ * libfuse 3.16 negotiates the flag (FUSE_CAP_DIRECT_IO_ALLOW_MMAP).  Older
+ * libfuse (Debian 12 ships 3.14) does not know it, so the daemon does it on
+ * the wire, through fuse_session_custom_io: wire_read notes whether the
+ * kernel's INIT request offers the flag, op_init decides, and wire_writev
+ * sets the flag in the reply to that INIT.  Every other message passes
+ * through untouched.  The kernel ignores flags it did not offer.
+ *
+ * Wire layouts (include/uapi/linux/fuse.h, protocol 7.36+): fuse_in_header
+ * is 40 bytes with the opcode at byte 4 and the unique id at byte 8;
+ * fuse_init_in has flags at byte 12 and flags2 at byte 16; fuse_out_header
+ * is 16 bytes with the error at byte 4 and the unique id at byte 8;
+ * fuse_init_out has flags at byte 12 and flags2 at byte 32.
+ */
+#define DIRECT_READ_AUTO 2u
+#define WIRE_FUSE_INIT 26u
+#define WIRE_INIT_EXT (1u << 30)           /* flags: flags2 is valid */
+#define WIRE_ALLOW_MMAP_FLAGS2 (1u << 4)
+#define WIRE_IN_HEADER 40u
+#define WIRE_OUT_HEADER 16u
+
+static struct {
+	/* Written by the thread that reads INIT, read by the one replying to
+	 * it; the kernel sends nothing else until INIT is answered. */
+	_Atomic uint64_t init_unique; /* INIT being answered; 0: none */
+	atomic_bool offered;          /* the kernel's INIT offers ALLOW_MMAP */
+	atomic_bool want;             /* op_init: set it in the reply */
+	atomic_bool granted;          /* set in the reply */
+} wire;
+
+static uint32_t wire_u32(const void *p, size_t off)
+{
+	uint32_t v;
+
+	memcpy(&v, (const uint8_t *)p + off, sizeof(v));
+	return v;
+}
+
+static ssize_t wire_read(int fd, void *buf, size_t len, void *userdata)
+{
+	ssize_t r = read(fd, buf, len);
+
+	(void)userdata;
+	if (r >= (ssize_t)(WIRE_IN_HEADER + 20) && wire_u32(buf, 4) == WIRE_FUSE_INIT) {
+		uint64_t unique;
+		uint32_t flags = wire_u32(buf, WIRE_IN_HEADER + 12);
+		uint32_t flags2 = wire_u32(buf, WIRE_IN_HEADER + 16);
+
+		memcpy(&unique, (uint8_t *)buf + 8, sizeof(unique));
+		atomic_store(&wire.offered, (flags & WIRE_INIT_EXT) && (flags2 & WIRE_ALLOW_MMAP_FLAGS2));
+		atomic_store(&wire.init_unique, unique);
+	}
+	return r;
+}
+
+static ssize_t wire_writev(int fd, struct iovec *iov, int count, void *userdata)
+{
+	uint8_t out[256];
+	struct iovec v[2];
+	uint64_t unique, init = atomic_load(&wire.init_unique);
+
+	(void)userdata;
+	if (!init || count != 2 || iov[0].iov_len != WIRE_OUT_HEADER || iov[1].iov_len < 36 ||
+	    iov[1].iov_len > sizeof(out))
+		return writev(fd, iov, count);
+	memcpy(&unique, (uint8_t *)iov[0].iov_base + 8, sizeof(unique));
+	if (unique != init)
+		return writev(fd, iov, count);
+	atomic_store(&wire.init_unique, 0);
+	if (!atomic_load(&wire.want) || wire_u32(iov[0].iov_base, 4) != 0 ||
+	    !(wire_u32(iov[1].iov_base, 12) & WIRE_INIT_EXT))
+		return writev(fd, iov, count);
+	memcpy(out, iov[1].iov_base, iov[1].iov_len);
+	uint32_t flags2 = wire_u32(out, 32) | WIRE_ALLOW_MMAP_FLAGS2;
+	memcpy(out + 32, &flags2, sizeof(flags2));
+	v[0] = iov[0];
+	v[1].iov_base = out;
+	v[1].iov_len = iov[1].iov_len;
+	atomic_store(&wire.granted, true);
+	return writev(fd, v, 2);
+}
+
+static const struct fuse_custom_io wire_io = {
+	.read = wire_read,
+	.writev = wire_writev,
+};
+
+/* After fuse_session_mount: route the session's messages through wire_io. */
+static void direct_read_install(struct fuse_session *se)
+{
+#ifndef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
+	if (fs.direct_read_opt != 0 && fuse_session_custom_io(se, &wire_io, fuse_session_fd(se)) != 0)
+		ckpt_warn("cannot hook the FUSE channel: read-only files use the page cache");
+#else
+	(void)se;
+#endif
+}
+
+/* From op_init, before the INIT reply is sent. */
+static void direct_read_init(struct fuse_conn_info *conn)
+{
+	bool offered;
+
+#ifdef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
+	offered = conn->capable & FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
+	if (offered && fs.direct_read_opt != 0)
+		conn->want |= FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
+#else
+	(void)conn;
+	offered = atomic_load(&wire.offered);
+	atomic_store(&wire.want, offered && fs.direct_read_opt != 0);
+#endif
+	fs.direct_read = fs.direct_read_opt == 1 || (fs.direct_read_opt == DIRECT_READ_AUTO && offered);
+	if (fs.direct_read_opt == 1 && !offered)
+		ckpt_warn("direct_read=1: this kernel cannot map direct_io files shared "
+			  "(no FUSE_DIRECT_IO_ALLOW_MMAP): mmap(MAP_SHARED) of files will fail "
+			  "with ENODEV");
+	ckpt_info("read-only files: %s", fs.direct_read ? "direct_io" : "page cache");
+}
+
 /* ------------------------------------------------------------ requests */
 
 static void op_init(void *userdata, struct fuse_conn_info *conn)
@@ -377,6 +512,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
 	conn->max_background = 64;
+	direct_read_init(conn);
 }
 
 static void op_destroy(void *userdata)
@@ -799,14 +935,15 @@ static void handle_close(fuse_ino_t ino, struct handle *h);
  * enter the kernel's cache, where readers of the committed snapshot would
  * see them, and large writes reach the daemon without page-cache copies.
  * The price: shared writable mmap of a file open for writing is refused by
- * the kernel (ENODEV).  Read-only handles use the page cache (mmap works);
- * it is dropped at open and after every commit.
+ * the kernel (ENODEV).  Read-only handles bypass it too where the kernel
+ * still maps them shared (fs.direct_read, see direct_read_init); otherwise
+ * they use the page cache, dropped at open and after every commit.
  */
 static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 0;
-	fi->direct_io = h->writable;
+	fi->direct_io = h->writable || fs.direct_read;
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -828,6 +965,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		}
 		fi->fh = (uint64_t)(uintptr_t)h;
 		fi->keep_cache = 0;
+		fi->direct_io = fs.direct_read;
 		if (fuse_reply_open(req, fi) == -ENOENT) {
 			vtree_close(h->vf);
 			free(h);
@@ -1289,6 +1427,7 @@ struct options {
 	unsigned readahead_kb;
 	unsigned ra_workers;
 	unsigned drop_behind;
+	char *direct_read;
 	int nonopt;
 };
 
@@ -1305,6 +1444,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("readahead_kb=%u", readahead_kb),
 	OPT("ra_workers=%u", ra_workers),
 	OPT("drop_behind=%u", drop_behind),
+	OPT("direct_read=%s", direct_read),
 	FUSE_OPT_END
 };
 
@@ -1364,6 +1504,10 @@ static void usage(const char *prog)
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
+	       "  -o direct_read=auto|0|1\n"
+	       "                       read-only files bypass the kernel's page cache\n"
+	       "                       (direct_io); auto (default): when the kernel can\n"
+	       "                       still map them shared (Linux 6.6 and later)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1573,6 +1717,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
 		goto out;
 	}
+	fs.direct_read_opt = DIRECT_READ_AUTO;
+	if (o.direct_read && strcmp(o.direct_read, "auto") != 0) {
+		if (strcmp(o.direct_read, "0") != 0 && strcmp(o.direct_read, "1") != 0) {
+			fprintf(stderr, "ckptfs: invalid direct_read '%s' (auto, 0 or 1)\n",
+				o.direct_read);
+			goto out;
+		}
+		fs.direct_read_opt = o.direct_read[0] == '1';
+	}
 	if (cmd.debug)
 		ckpt_log_set_level(CKPT_LOG_DEBUG);
 	if (o.log_level) {
@@ -1636,6 +1789,7 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot mount %s (see messages above)\n", cmd.mountpoint);
 		goto out_signals;
 	}
+	direct_read_install(se);
 	if (!cmd.foreground) {
 		if (chdir("/") < 0) {
 			/* not fatal */
@@ -1705,6 +1859,7 @@ out:
 	free(cmd.mountpoint);
 	free((char *)o.store);
 	free(o.cache_size);
+	free(o.direct_read);
 	free(o.log_level);
 	fuse_opt_free_args(&args);
 	return ret;

@@ -1,11 +1,16 @@
 #!/bin/bash
-# Drop-behind (fs/ckptfs.c): the kernel's cached pages of a file that one
-# handle reads sequentially are dropped 32 MiB behind the reader, for store
-# files and for files under a view directory; not while a second handle has
-# the file open, and not with -o drop_behind=0.  Content read is exact in
-# every case, also through a mapping whose pages are dropped while mapped
-# (and refaulted from the daemon).  Residency is measured with mincore() on
-# a mapping of the reading descriptor itself (a new open would drop the
+# The kernel's page cache of files read through the mount (fs/ckptfs.c).
+# - Direct reads (-o direct_read, default auto: on where the kernel maps
+#   direct_io files shared, Linux 6.6+): read() leaves no pages in the page
+#   cache even with a second descriptor open, and shared and private
+#   mappings of store files and view files still work and read exactly.
+# - Drop-behind (-o direct_read=0): the cached pages of a file that one
+#   handle reads sequentially are dropped 32 MiB behind the reader, for store
+#   files and for files under a view directory; not while a second handle
+#   has the file open, and not with -o drop_behind=0.  Also through a
+#   mapping whose pages are dropped while mapped (and refaulted).
+# Content read is exact in every case.  Residency is measured with mincore()
+# on a mapping of the reading descriptor itself (a new open would drop the
 # cache: keep_cache=0).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
@@ -21,7 +26,8 @@ the kernel's page cache (waiting up to 3 s for them to go where they
 should).  MODE alone: 1 MiB reads; shared: the same while a second
 descriptor has FILE open; mapped: through a MAP_SHARED mapping of the whole
 file (page faults reach the daemon as sequential reads of the mapping's
-handle), then its first MiB again (refaulted), compared with ORIG."""
+handle), then its first MiB again (refaulted), compared with ORIG; private:
+the same through a MAP_PRIVATE mapping."""
 import ctypes, hashlib, mmap, os, sys, time
 path, want, mode, orig = sys.argv[1:5]
 libc = ctypes.CDLL(None, use_errno=True)
@@ -33,12 +39,14 @@ libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 other = os.open(path, os.O_RDONLY) if mode == "shared" else None
 fd = os.open(path, os.O_RDONLY)
 span = 64 << 20
-size = os.fstat(fd).st_size if mode == "mapped" else span
-addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+mapped = mode in ("mapped", "private")
+size = os.fstat(fd).st_size if mapped else span
+addr = libc.mmap(None, size, mmap.PROT_READ,
+                 mmap.MAP_PRIVATE if mode == "private" else mmap.MAP_SHARED, fd, 0)
 if addr in (None, ctypes.c_void_p(-1).value):
     sys.exit(f"mmap: {os.strerror(ctypes.get_errno())}")
 h = hashlib.sha256()
-if mode == "mapped":
+if mapped:
     for off in range(0, size, 1 << 20):
         h.update(ctypes.string_at(addr + off, min(1 << 20, size - off)))
 else:
@@ -53,7 +61,7 @@ for _ in range(30):
     if resident == 0 or mode == "shared":
         break
     time.sleep(0.1)
-if mode == "mapped":
+if mapped:
     with open(orig, "rb") as f:
         first = f.read(1 << 20)
     print(("ok - " if ctypes.string_at(addr, 1 << 20) == first else "not ok - ") +
@@ -69,12 +77,40 @@ resident() {
 	sed -n 's/^# resident //p' "$T_DIR/res.out"
 }
 
+# Direct reads are on by default where the kernel maps direct_io files
+# shared (FUSE_DIRECT_IO_ALLOW_MMAP, Linux 6.6).
+kver=$(uname -r)
+kmaj=${kver%%.*}
+kmin=${kver#*.}
+kmin=${kmin%%[!0-9]*}
+DIRECT=0
+if [ "$kmaj" -gt 6 ] || { [ "$kmaj" -eq 6 ] && [ "$kmin" -ge 6 ]; }; then
+	DIRECT=1
+fi
+if [ $DIRECT = 1 ]; then note "kernel $kver: direct reads expected on"; else note "kernel $kver: direct reads expected off"; fi
+
 start_daemon || bail "mount $STORE"
 mkdir -p "$MNT/d"
 cp "$WORK/big" "$MNT/big" || bail "copy into the mount"
 cp "$WORK/big" "$MNT/d/big" || bail "copy into the mount"
 PAGES=$((64 * MiB / 4096))
 
+# Default options.  The mappings must work either way; read() with a second
+# descriptor open leaves pages cached only without direct reads.
+n=$(resident "$MNT/big" shared)
+if [ $DIRECT = 1 ]; then
+	assert_eq 0 "$n" "direct reads: store file open twice, read(): no pages cached"
+	n=$(resident "$MNT/tp1_pp1/d/big" shared)
+	assert_eq 0 "$n" "direct reads: view file open twice, read(): no pages cached"
+else
+	assert_lt $((PAGES / 2)) "${n:-0}" "page cache: store file open twice: pages kept ($n of $PAGES)"
+fi
+n=$(resident "$MNT/tp1_pp1/d/big" mapped)
+assert_eq 0 "$n" "default options: view file read through a shared mapping, pages behind dropped"
+n=$(resident "$MNT/big" private)
+assert_eq 0 "$n" "default options: store file read through a private mapping, pages behind dropped"
+
+remount -o direct_read=0 || bail "remount with -o direct_read=0"
 n=$(resident "$MNT/big" alone)
 assert_eq 0 "$n" "store file read alone: its first 64 MiB left the page cache"
 n=$(resident "$MNT/tp1_pp1/d/big" alone)
@@ -87,7 +123,7 @@ assert_lt $((PAGES / 2)) "${n:-0}" "view-directory file open twice: pages kept (
 n=$(resident "$MNT/big" mapped)
 assert_eq 0 "$n" "store file read through a mapping: its first 64 MiB left the page cache"
 
-remount -o drop_behind=0 || bail "remount with -o drop_behind=0"
+remount -o direct_read=0,drop_behind=0 || bail "remount with -o direct_read=0,drop_behind=0"
 n=$(resident "$MNT/big" alone)
 assert_lt $((PAGES / 2)) "${n:-0}" "-o drop_behind=0: pages kept ($n of $PAGES resident)"
 

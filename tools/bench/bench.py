@@ -11,6 +11,7 @@ import argparse
 import atexit
 import csv
 import hashlib
+import mmap
 import os
 import platform
 import shutil
@@ -311,6 +312,46 @@ def parallel_read(groups):
     """groups: list of path lists, one reader thread each, 1 MiB reads (the offline
     reshard's reader).  (seconds, bytes)."""
     return _timed_threads(offline_reshard.read_files, groups)
+
+
+DIRECT_IO = 4 << 20
+
+
+def _read_direct(ranges):
+    """Read (path, offset, length) ranges with O_DIRECT 4 MiB requests into one aligned
+    buffer; returns bytes read."""
+    buf = mmap.mmap(-1, DIRECT_IO)
+    n = 0
+    try:
+        for path, off, length in ranges:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            try:
+                end = off + length
+                while off < end:
+                    k = os.preadv(fd, [buf], off)
+                    if k <= 0:
+                        break
+                    k = min(k, end - off)
+                    n += k
+                    off += k
+            finally:
+                os.close(fd)
+    finally:
+        buf.close()
+    return n
+
+
+def disk_floor_read(store, streams=2):
+    """The least any read of a store's data can cost: every pack file of STORE read cold
+    off the disk with O_DIRECT 4 MiB requests, the bytes split into STREAMS contiguous
+    parts read in parallel (the daemon's read-ahead reads packs from several threads
+    too).  Returns (seconds, bytes)."""
+    packs = sorted(os.path.join(store, "packs", n) for n in os.listdir(os.path.join(store, "packs")))
+    blocks = [(p, off, min(DIRECT_IO, os.path.getsize(p) - off))
+              for p in packs for off in range(0, os.path.getsize(p), DIRECT_IO)]
+    per = -(-len(blocks) // streams)
+    groups = [blocks[i:i + per] for i in range(0, len(blocks), per)]
+    return _timed_threads(_read_direct, [g for g in groups if g])
 
 
 def _timed_threads(fn, args):
@@ -938,7 +979,7 @@ class Bench:
         for T, P in layouts:
             lay = f"tp{T}_pp{P}"
             nread = T * P
-            variants = ["view", "sources", "plain"] + (["offline"] if offline else [])
+            variants = ["view", "sources", "plain"] + (["offline", "floor"] if offline else [])
             for rep in range(self.a.reps):
                 for var in rotate(variants, rep):
                     tag = f"c{case}-{lay}-r{rep}-{var}"
@@ -956,6 +997,11 @@ class Bench:
                         src = sorted(os.path.join(sdir, f["name"]) for f in files)
                         drop_caches()
                         dt, n = parallel_read([src[i::nread] for i in range(nread)])
+                        r = {"s": dt, "bytes": n}
+                    elif var == "floor":
+                        # the stored bytes off the disk: no view read can take less
+                        drop_caches()
+                        dt, n = disk_floor_read(store)
                         r = {"s": dt, "bytes": n}
                     else:
                         mt = self.ck_mount(store, mnt, tag)
@@ -1007,6 +1053,12 @@ class Bench:
                              [r["s"] for r in v], "offline numpy reshard", [r["s"] for r in o],
                              ("ratio", "<=", 0.2, "<= 0.2x offline (5x faster)")
                              if case == "4" else None, better="lower"))
+                fl = res[(lay, "floor")]
+                self.add(Row(case, f"{lay}: disk floor (packs read cold, O_DIRECT)", "s",
+                             [r["s"] for r in fl], "offline numpy reshard", [r["s"] for r in o],
+                             better="lower",
+                             note=f"{median(r['bytes'] for r in fl) / GB:.3f} GB of packs; no "
+                                  "view read can beat this ratio"))
                 self.add(Row(case, f"{lay}: daemon peak RSS", "MiB",
                              [r["hwm"] / MiB for r in v], "", None, better="lower"))
         rmtree(store)
