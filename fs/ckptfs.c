@@ -105,10 +105,12 @@ static struct {
 	ckpt_pool *pool;
 	struct fuse_session *se;
 	bool drop_behind;   /* -o drop_behind (set before the session starts) */
-	/* Read-only handles bypass the page cache (direct_io).  Set in op_init,
-	 * before any open, from -o direct_read and what the kernel grants. */
-	bool direct_read;
-	unsigned direct_read_opt; /* -o direct_read: 0, 1, or DIRECT_READ_AUTO */
+	/* Read-only handles of view files / of stored files bypass the page
+	 * cache (direct_io).  Set in op_init, before any open, from -o
+	 * direct_read and what the kernel grants. */
+	bool direct_views, direct_files;
+	int direct_read_opt;     /* -o direct_read: DIRECT_READ_* */
+	bool direct_read_given;  /* -o direct_read was given */
 	/* Kernel cache invalidations, sent from their own thread (sending
 	 * them from a request handler can deadlock on the inode). */
 	pthread_mutex_t inval_lock;
@@ -371,20 +373,26 @@ static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_ino
 
 /* ------------------------------------------------- direct reads, shared mmap
  *
- * Read-only handles are opened with direct_io when the kernel lets shared
- * mappings of such files go through the page cache (FUSE_DIRECT_IO_ALLOW_MMAP,
- * Linux 6.6): read() then moves data from the daemon straight into the
- * reader's buffer (one copy instead of two, no page-cache pages to allocate
- * and reclaim), while mmap keeps working for loaders that map files
+ * Read-only handles of view files (and with -o direct_read=all of stored
+ * files) are opened with direct_io when the kernel lets shared mappings of
+ * such files go through the page cache (FUSE_DIRECT_IO_ALLOW_MMAP, Linux
+ * 6.6): read() then moves data from the daemon straight into the reader's
+ * buffer (one copy instead of two, no page-cache pages to allocate and
+ * reclaim), while mmap keeps working for loaders that map files
  * (safetensors).  Without that flag a shared mapping of a direct_io file
- * fails with ENODEV, so -o direct_read (default: auto) is then off.
+ * fails with ENODEV, so direct reads are then off whatever the option says.
+ * The price of direct_io is per request: without the kernel's read-ahead
+ * every read() is a round trip to the daemon, so small reads are slower
+ * (docs/performance.md 6d: 4 KiB reads 5x, 32 KiB 1.4x).  Views are read
+ * by checkpoint loaders (large reads or mmap), so they get it by default;
+ * stored files, which any tool may read, keep the page cache.
  *
  * libfuse 3.16 negotiates the flag (FUSE_CAP_DIRECT_IO_ALLOW_MMAP).  Older
  * libfuse (Debian 12 ships 3.14) does not know it, so the daemon does it on
  * the wire, through fuse_session_custom_io: wire_read notes whether the
  * kernel's INIT request offers the flag, op_init decides, and wire_writev
  * sets the flag in the reply to that INIT.  Every other message passes
- * through untouched.  The kernel ignores flags it did not offer.
+ * through untouched.
  *
  * Wire layouts (include/uapi/linux/fuse.h, protocol 7.36+): fuse_in_header
  * is 40 bytes with the opcode at byte 4 and the unique id at byte 8;
@@ -392,7 +400,9 @@ static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_ino
  * is 16 bytes with the error at byte 4 and the unique id at byte 8;
  * fuse_init_out has flags at byte 12 and flags2 at byte 32.
  */
-#define DIRECT_READ_AUTO 2u
+#define DIRECT_READ_NONE 0
+#define DIRECT_READ_VIEWS 1
+#define DIRECT_READ_ALL 2
 #define WIRE_FUSE_INIT 26u
 #define WIRE_INIT_EXT (1u << 30)           /* flags: flags2 is valid */
 #define WIRE_ALLOW_MMAP_FLAGS2 (1u << 4)
@@ -469,7 +479,7 @@ static const struct fuse_custom_io wire_io = {
 static void direct_read_install(struct fuse_session *se)
 {
 #ifndef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
-	if (fs.direct_read_opt != 0 && fuse_session_custom_io(se, &wire_io, fuse_session_fd(se)) != 0)
+	if (fs.direct_read_opt != DIRECT_READ_NONE && fuse_session_custom_io(se, &wire_io, fuse_session_fd(se)) != 0)
 		ckpt_warn("cannot hook the FUSE channel: read-only files use the page cache");
 #else
 	(void)se;
@@ -479,23 +489,28 @@ static void direct_read_install(struct fuse_session *se)
 /* From op_init, before the INIT reply is sent. */
 static void direct_read_init(struct fuse_conn_info *conn)
 {
-	bool offered;
+	bool offered, on;
 
 #ifdef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
 	offered = conn->capable & FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
-	if (offered && fs.direct_read_opt != 0)
+	on = offered && fs.direct_read_opt != DIRECT_READ_NONE;
+	if (on)
 		conn->want |= FUSE_CAP_DIRECT_IO_ALLOW_MMAP;
 #else
 	(void)conn;
 	offered = atomic_load(&wire.offered);
-	atomic_store(&wire.want, offered && fs.direct_read_opt != 0);
+	on = offered && fs.direct_read_opt != DIRECT_READ_NONE;
+	atomic_store(&wire.want, on);
 #endif
-	fs.direct_read = fs.direct_read_opt == 1 || (fs.direct_read_opt == DIRECT_READ_AUTO && offered);
-	if (fs.direct_read_opt == 1 && !offered)
-		ckpt_warn("direct_read=1: this kernel cannot map direct_io files shared "
-			  "(no FUSE_DIRECT_IO_ALLOW_MMAP): mmap(MAP_SHARED) of files will fail "
-			  "with ENODEV");
-	ckpt_info("read-only files: %s", fs.direct_read ? "direct_io" : "page cache");
+	fs.direct_views = on;
+	fs.direct_files = on && fs.direct_read_opt == DIRECT_READ_ALL;
+	if (!offered && fs.direct_read_given && fs.direct_read_opt != DIRECT_READ_NONE)
+		ckpt_warn("direct_read: this kernel cannot map direct_io files shared "
+			  "(no FUSE_DIRECT_IO_ALLOW_MMAP, Linux < 6.6): read-only files use the "
+			  "page cache");
+	ckpt_info("read-only view files: %s; stored files: %s",
+		  fs.direct_views ? "direct_io" : "page cache",
+		  fs.direct_files ? "direct_io" : "page cache");
 }
 
 /* ------------------------------------------------------------ requests */
@@ -935,15 +950,15 @@ static void handle_close(fuse_ino_t ino, struct handle *h);
  * enter the kernel's cache, where readers of the committed snapshot would
  * see them, and large writes reach the daemon without page-cache copies.
  * The price: shared writable mmap of a file open for writing is refused by
- * the kernel (ENODEV).  Read-only handles bypass it too where the kernel
- * still maps them shared (fs.direct_read, see direct_read_init); otherwise
- * they use the page cache, dropped at open and after every commit.
+ * the kernel (ENODEV).  Read-only handles use the page cache, dropped at
+ * open and after every commit, unless -o direct_read=all (fs.direct_files,
+ * see direct_read_init).
  */
 static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 0;
-	fi->direct_io = h->writable || fs.direct_read;
+	fi->direct_io = h->writable || fs.direct_files;
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -965,7 +980,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		}
 		fi->fh = (uint64_t)(uintptr_t)h;
 		fi->keep_cache = 0;
-		fi->direct_io = fs.direct_read;
+		fi->direct_io = fs.direct_views;
 		if (fuse_reply_open(req, fi) == -ENOENT) {
 			vtree_close(h->vf);
 			free(h);
@@ -1504,10 +1519,11 @@ static void usage(const char *prog)
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
-	       "  -o direct_read=auto|0|1\n"
-	       "                       read-only files bypass the kernel's page cache\n"
-	       "                       (direct_io); auto (default): when the kernel can\n"
-	       "                       still map them shared (Linux 6.6 and later)\n"
+	       "  -o direct_read=views|all|none\n"
+	       "                       read-only files that bypass the kernel's page\n"
+	       "                       cache (direct_io): view files (default), also\n"
+	       "                       stored files, or none; only where the kernel can\n"
+	       "                       still map such files shared (Linux 6.6 and later)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -1717,14 +1733,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
 		goto out;
 	}
-	fs.direct_read_opt = DIRECT_READ_AUTO;
-	if (o.direct_read && strcmp(o.direct_read, "auto") != 0) {
-		if (strcmp(o.direct_read, "0") != 0 && strcmp(o.direct_read, "1") != 0) {
-			fprintf(stderr, "ckptfs: invalid direct_read '%s' (auto, 0 or 1)\n",
+	fs.direct_read_opt = DIRECT_READ_VIEWS;
+	if (o.direct_read) {
+		fs.direct_read_given = true;
+		if (strcmp(o.direct_read, "views") == 0) {
+			fs.direct_read_opt = DIRECT_READ_VIEWS;
+		} else if (strcmp(o.direct_read, "all") == 0) {
+			fs.direct_read_opt = DIRECT_READ_ALL;
+		} else if (strcmp(o.direct_read, "none") == 0) {
+			fs.direct_read_opt = DIRECT_READ_NONE;
+		} else {
+			fprintf(stderr, "ckptfs: invalid direct_read '%s' (views, all or none)\n",
 				o.direct_read);
 			goto out;
 		}
-		fs.direct_read_opt = o.direct_read[0] == '1';
 	}
 	if (cmd.debug)
 		ckpt_log_set_level(CKPT_LOG_DEBUG);

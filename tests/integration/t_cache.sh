@@ -1,10 +1,11 @@
 #!/bin/bash
 # The kernel's page cache of files read through the mount (fs/ckptfs.c).
-# - Direct reads (-o direct_read, default auto: on where the kernel maps
-#   direct_io files shared, Linux 6.6+): read() leaves no pages in the page
-#   cache even with a second descriptor open, and shared and private
-#   mappings of store files and view files still work and read exactly.
-# - Drop-behind (-o direct_read=0): the cached pages of a file that one
+# - Direct reads (-o direct_read=views, the default, or all; only where the
+#   kernel maps direct_io files shared, Linux 6.6+): read() of a view file
+#   (with =all also of a stored file) leaves no pages in the page cache even
+#   with a second descriptor open, and shared and private mappings still
+#   work and read exactly.  Stored files keep the page cache by default.
+# - Drop-behind (-o direct_read=none): the cached pages of a file that one
 #   handle reads sequentially are dropped 32 MiB behind the reader, for store
 #   files and for files under a view directory; not while a second handle
 #   has the file open, and not with -o drop_behind=0.  Also through a
@@ -95,22 +96,35 @@ cp "$WORK/big" "$MNT/big" || bail "copy into the mount"
 cp "$WORK/big" "$MNT/d/big" || bail "copy into the mount"
 PAGES=$((64 * MiB / 4096))
 
-# Default options.  The mappings must work either way; read() with a second
-# descriptor open leaves pages cached only without direct reads.
+# Default options (direct_read=views).  The mappings must work either way;
+# read() with a second descriptor open leaves pages cached only without
+# direct reads.
+n=$(resident "$MNT/tp1_pp1/d/big" shared)
+if [ $DIRECT = 1 ]; then
+	assert_eq 0 "$n" "direct reads: view file open twice, read(): no pages cached"
+else
+	assert_lt $((PAGES / 2)) "${n:-0}" "page cache: view file open twice: pages kept ($n of $PAGES)"
+fi
+n=$(resident "$MNT/big" shared)
+assert_lt $((PAGES / 2)) "${n:-0}" "default options: store file open twice: pages kept ($n of $PAGES)"
+n=$(resident "$MNT/tp1_pp1/d/big" mapped)
+assert_eq 0 "$n" "default options: view file read through a shared mapping, pages behind dropped"
+n=$(resident "$MNT/tp1_pp1/d/big" private)
+assert_eq 0 "$n" "default options: view file read through a private mapping, pages behind dropped"
+
+remount -o direct_read=all || bail "remount with -o direct_read=all"
 n=$(resident "$MNT/big" shared)
 if [ $DIRECT = 1 ]; then
-	assert_eq 0 "$n" "direct reads: store file open twice, read(): no pages cached"
-	n=$(resident "$MNT/tp1_pp1/d/big" shared)
-	assert_eq 0 "$n" "direct reads: view file open twice, read(): no pages cached"
+	assert_eq 0 "$n" "direct_read=all: store file open twice, read(): no pages cached"
 else
 	assert_lt $((PAGES / 2)) "${n:-0}" "page cache: store file open twice: pages kept ($n of $PAGES)"
 fi
-n=$(resident "$MNT/tp1_pp1/d/big" mapped)
-assert_eq 0 "$n" "default options: view file read through a shared mapping, pages behind dropped"
+n=$(resident "$MNT/big" mapped)
+assert_eq 0 "$n" "direct_read=all: store file read through a shared mapping, pages behind dropped"
 n=$(resident "$MNT/big" private)
-assert_eq 0 "$n" "default options: store file read through a private mapping, pages behind dropped"
+assert_eq 0 "$n" "direct_read=all: store file read through a private mapping, pages behind dropped"
 
-remount -o direct_read=0 || bail "remount with -o direct_read=0"
+remount -o direct_read=none || bail "remount with -o direct_read=none"
 n=$(resident "$MNT/big" alone)
 assert_eq 0 "$n" "store file read alone: its first 64 MiB left the page cache"
 n=$(resident "$MNT/tp1_pp1/d/big" alone)
@@ -123,7 +137,7 @@ assert_lt $((PAGES / 2)) "${n:-0}" "view-directory file open twice: pages kept (
 n=$(resident "$MNT/big" mapped)
 assert_eq 0 "$n" "store file read through a mapping: its first 64 MiB left the page cache"
 
-remount -o direct_read=0,drop_behind=0 || bail "remount with -o direct_read=0,drop_behind=0"
+remount -o direct_read=none,drop_behind=0 || bail "remount with -o direct_read=none,drop_behind=0"
 n=$(resident "$MNT/big" alone)
 assert_lt $((PAGES / 2)) "${n:-0}" "-o drop_behind=0: pages kept ($n of $PAGES resident)"
 
