@@ -317,14 +317,14 @@ def parallel_read(groups):
 DIRECT_IO = 4 << 20
 
 
-def _read_direct(ranges):
-    """Read (path, offset, length) ranges with O_DIRECT 4 MiB requests into one aligned
-    buffer; returns bytes read."""
+def _read_ranges(ranges, direct):
+    """Read (path, offset, length) ranges with 4 MiB requests into one page-aligned
+    buffer, with O_DIRECT or through the page cache; returns bytes read."""
     buf = mmap.mmap(-1, DIRECT_IO)
     n = 0
     try:
         for path, off, length in ranges:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
             try:
                 end = off + length
                 while off < end:
@@ -342,16 +342,24 @@ def _read_direct(ranges):
 
 
 def disk_floor_read(store, streams=2):
-    """The least any read of a store's data can cost: every pack file of STORE read cold
-    off the disk with O_DIRECT 4 MiB requests, the bytes split into STREAMS contiguous
-    parts read in parallel (the daemon's read-ahead reads packs from several threads
-    too).  Returns (seconds, bytes)."""
+    """The disk time of a store's data: every pack file of STORE read cold, the bytes split
+    into STREAMS contiguous parts read in parallel with 4 MiB requests, once with O_DIRECT
+    (as the daemon reads packs) and once through the page cache (the kernel's read-ahead
+    keeps more requests in flight), caches dropped before each.  Returns (seconds, bytes)
+    of the faster."""
     packs = sorted(os.path.join(store, "packs", n) for n in os.listdir(os.path.join(store, "packs")))
     blocks = [(p, off, min(DIRECT_IO, os.path.getsize(p) - off))
               for p in packs for off in range(0, os.path.getsize(p), DIRECT_IO)]
     per = -(-len(blocks) // streams)
     groups = [blocks[i:i + per] for i in range(0, len(blocks), per)]
-    return _timed_threads(_read_direct, [g for g in groups if g])
+    best = None
+    for direct in (True, False):
+        drop_caches()
+        r = _timed_threads(lambda g: _read_ranges(g, direct), groups)
+        if best is None or r[0] < best[0]:
+            best = r
+    drop_caches()
+    return best
 
 
 def _timed_threads(fn, args):
@@ -1054,11 +1062,12 @@ class Bench:
                              ("ratio", "<=", 0.2, "<= 0.2x offline (5x faster)")
                              if case == "4" else None, better="lower"))
                 fl = res[(lay, "floor")]
-                self.add(Row(case, f"{lay}: disk floor (packs read cold, O_DIRECT)", "s",
+                self.add(Row(case, f"{lay}: disk time of the packs (cold)", "s",
                              [r["s"] for r in fl], "offline numpy reshard", [r["s"] for r in o],
                              better="lower",
-                             note=f"{median(r['bytes'] for r in fl) / GB:.3f} GB of packs; no "
-                                  "view read can beat this ratio"))
+                             note=f"{median(r['bytes'] for r in fl) / GB:.3f} GB of packs, the "
+                                  "faster of O_DIRECT and buffered reads, 2 streams: a view "
+                                  "read cannot be faster than its stored bytes come off the disk"))
                 self.add(Row(case, f"{lay}: daemon peak RSS", "MiB",
                              [r["hwm"] / MiB for r in v], "", None, better="lower"))
         rmtree(store)
