@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * direct_sizes.c - how fast this disk serves O_DIRECT reads of a file by
+ * request size, into 4 KiB pages or into huge pages.
+ *
+ * usage: direct_sizes FILE MIB HUGE STREAMS
+ *
+ * STREAMS threads read contiguous parts of FILE with O_DIRECT preads of MIB
+ * MiB each into one buffer per thread, aligned to 2 MiB and advised
+ * MADV_HUGEPAGE (HUGE 1) or MADV_NOHUGEPAGE (HUGE 0).  Prints GB/s and the
+ * process's AnonHugePages while the buffers are mapped (to show whether huge
+ * pages were used).  Drop the
+ * page cache first (echo 3 > /proc/sys/vm/drop_caches).  An O_DIRECT read
+ * into 4 KiB pages becomes requests of at most max_segments pages (254 on
+ * this virtio disk, about 1 MiB); into huge pages it can go out in requests
+ * of max_sectors_kb.  See docs/performance.md 6d.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#define ALIGN (2ul << 20)
+
+static const char *path;
+static size_t req;
+static int huge;
+static int nstreams;
+static off_t fsize;
+static long anon_huge_kb = -1; /* AnonHugePages seen by stream 0 before it unmaps */
+
+static long read_anon_huge_kb(void)
+{
+	char line[256];
+	long kb = -1;
+	FILE *f = fopen("/proc/self/smaps_rollup", "r");
+
+	while (f && fgets(line, sizeof(line), f))
+		if (!strncmp(line, "AnonHugePages:", 14))
+			kb = atol(line + 14);
+	if (f)
+		fclose(f);
+	return kb;
+}
+
+static double now(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void *stream(void *arg)
+{
+	long id = (long)arg;
+	off_t per = ((fsize / nstreams) + (off_t)req - 1) / (off_t)req * (off_t)req;
+	off_t off = id * per, end = off + per;
+	uint8_t *map, *buf;
+	int fd;
+
+	map = mmap(NULL, req + ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (map == MAP_FAILED)
+		return (void *)1;
+	buf = (uint8_t *)(((uintptr_t)map + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1));
+	(void)madvise(buf, req, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	memset(buf, 1, req);
+	fd = open(path, O_RDONLY | O_DIRECT);
+	if (fd < 0) {
+		munmap(map, req + ALIGN);
+		return (void *)1;
+	}
+	if (end > fsize)
+		end = fsize;
+	for (; off < end; off += (off_t)req)
+		if (pread(fd, buf, req, off) <= 0)
+			break;
+	close(fd);
+	if (id == 0)
+		anon_huge_kb = read_anon_huge_kb();
+	munmap(map, req + ALIGN);
+	return NULL;
+}
+
+int main(int argc, char **argv)
+{
+	pthread_t t[64];
+	double t0, dt;
+	int fd, ok = 1;
+
+	if (argc != 5 || atol(argv[2]) <= 0 || atoi(argv[4]) <= 0 || atoi(argv[4]) > 64) {
+		fprintf(stderr, "usage: direct_sizes FILE MIB HUGE(0|1) STREAMS(1-64)\n");
+		return 2;
+	}
+	path = argv[1];
+	req = (size_t)atol(argv[2]) << 20;
+	huge = atoi(argv[3]) != 0;
+	nstreams = atoi(argv[4]);
+	fd = open(path, O_RDONLY);
+	if (fd < 0) {
+		perror(path);
+		return 1;
+	}
+	fsize = lseek(fd, 0, SEEK_END);
+	close(fd);
+	t0 = now();
+	for (long i = 0; i < nstreams; i++)
+		pthread_create(&t[i], NULL, stream, (void *)i);
+	for (int i = 0; i < nstreams; i++) {
+		void *r;
+		pthread_join(t[i], &r);
+		ok &= r == NULL;
+	}
+	dt = now() - t0;
+	printf("%s: %zu MiB requests, %s pages, %d streams: %.2f GB/s (AnonHugePages %ld kB)%s\n",
+	       path, req >> 20, huge ? "huge" : "4 KiB", nstreams, (double)fsize / dt / 1e9,
+	       anon_huge_kb, ok ? "" : ", some reads failed");
+	return ok ? 0 : 1;
+}
