@@ -383,7 +383,7 @@ static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_ino
  * fails with ENODEV, so direct reads are then off whatever the option says.
  * The price of direct_io is per request: without the kernel's read-ahead
  * every read() is a round trip to the daemon, so small reads are slower
- * (docs/performance.md 6d: 4 KiB reads 5x, 32 KiB 1.4x).  Views are read
+ * (docs/performance.md 6d: 4 KiB reads 5x, 32 KiB 1.5x).  Views are read
  * by checkpoint loaders (large reads or mmap), so they get it by default;
  * stored files, which any tool may read, keep the page cache.
  *
