@@ -96,33 +96,31 @@ cp "$WORK/big" "$MNT/big" || bail "copy into the mount"
 cp "$WORK/big" "$MNT/d/big" || bail "copy into the mount"
 PAGES=$((64 * MiB / 4096))
 
-# Default options (direct_read=views).  The mappings must work either way;
-# read() with a second descriptor open leaves pages cached only without
-# direct reads.
-n=$(resident "$MNT/tp1_pp1/d/big" shared)
-if [ $DIRECT = 1 ]; then
-	assert_eq 0 "$n" "direct reads: view file open twice, read(): no pages cached"
-else
-	assert_lt $((PAGES / 2)) "${n:-0}" "page cache: view file open twice: pages kept ($n of $PAGES)"
-fi
+# direct_file FILE WHAT: FILE is read with direct reads where the kernel
+# allows them: read() with a second descriptor open leaves no pages cached
+# (without direct reads they are kept), and shared and private mappings
+# still read exactly, their pages dropped behind the reader.
+direct_file() {
+	local n
+	n=$(resident "$1" shared)
+	if [ $DIRECT = 1 ]; then
+		assert_eq 0 "$n" "$2 open twice, read(): no pages cached"
+	else
+		assert_lt $((PAGES / 2)) "${n:-0}" "$2 open twice (page cache): pages kept ($n of $PAGES)"
+	fi
+	n=$(resident "$1" mapped)
+	assert_eq 0 "$n" "$2 read through a shared mapping, pages behind dropped"
+	n=$(resident "$1" private)
+	assert_eq 0 "$n" "$2 read through a private mapping, pages behind dropped"
+}
+
+# Default options (direct_read=views): view files direct, stored files not.
+direct_file "$MNT/tp1_pp1/d/big" "default options: view file"
 n=$(resident "$MNT/big" shared)
 assert_lt $((PAGES / 2)) "${n:-0}" "default options: store file open twice: pages kept ($n of $PAGES)"
-n=$(resident "$MNT/tp1_pp1/d/big" mapped)
-assert_eq 0 "$n" "default options: view file read through a shared mapping, pages behind dropped"
-n=$(resident "$MNT/tp1_pp1/d/big" private)
-assert_eq 0 "$n" "default options: view file read through a private mapping, pages behind dropped"
 
 remount -o direct_read=all || bail "remount with -o direct_read=all"
-n=$(resident "$MNT/big" shared)
-if [ $DIRECT = 1 ]; then
-	assert_eq 0 "$n" "direct_read=all: store file open twice, read(): no pages cached"
-else
-	assert_lt $((PAGES / 2)) "${n:-0}" "page cache: store file open twice: pages kept ($n of $PAGES)"
-fi
-n=$(resident "$MNT/big" mapped)
-assert_eq 0 "$n" "direct_read=all: store file read through a shared mapping, pages behind dropped"
-n=$(resident "$MNT/big" private)
-assert_eq 0 "$n" "direct_read=all: store file read through a private mapping, pages behind dropped"
+direct_file "$MNT/big" "direct_read=all: store file"
 
 remount -o direct_read=none || bail "remount with -o direct_read=none"
 n=$(resident "$MNT/big" alone)
