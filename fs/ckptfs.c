@@ -405,14 +405,15 @@ static int make_entry(fuse_ino_t parent, const char *name, const struct ckpt_ino
 #define DIRECT_READ_ALL 2
 #define WIRE_FUSE_INIT 26u
 #define WIRE_INIT_EXT (1u << 30)           /* flags: flags2 is valid */
-#define WIRE_ALLOW_MMAP_FLAGS2 (1u << 4)
+#define WIRE_ALLOW_MMAP_FLAGS2 (1u << 4)   /* FUSE_DIRECT_IO_ALLOW_MMAP, 1ULL << 36 */
 #define WIRE_IN_HEADER 40u
 #define WIRE_OUT_HEADER 16u
 
 static struct {
 	/* Written by the thread that reads INIT, read by the one replying to
 	 * it; the kernel sends nothing else until INIT is answered. */
-	_Atomic uint64_t init_unique; /* INIT being answered; 0: none */
+	atomic_bool init_pending;     /* an INIT request is being answered */
+	_Atomic uint64_t init_unique; /* its unique id */
 	atomic_bool offered;          /* the kernel's INIT offers ALLOW_MMAP */
 	atomic_bool want;             /* op_init: set it in the reply */
 	atomic_bool granted;          /* set in the reply */
@@ -437,8 +438,10 @@ static ssize_t wire_read(int fd, void *buf, size_t len, void *userdata)
 		uint32_t flags2 = wire_u32(buf, WIRE_IN_HEADER + 16);
 
 		memcpy(&unique, (uint8_t *)buf + 8, sizeof(unique));
-		atomic_store(&wire.offered, (flags & WIRE_INIT_EXT) && (flags2 & WIRE_ALLOW_MMAP_FLAGS2));
+		atomic_store(&wire.offered,
+			     (flags & WIRE_INIT_EXT) && (flags2 & WIRE_ALLOW_MMAP_FLAGS2));
 		atomic_store(&wire.init_unique, unique);
+		atomic_store(&wire.init_pending, true);
 	}
 	return r;
 }
@@ -447,27 +450,36 @@ static ssize_t wire_writev(int fd, struct iovec *iov, int count, void *userdata)
 {
 	uint8_t out[256];
 	struct iovec v[2];
-	uint64_t unique, init = atomic_load(&wire.init_unique);
+	uint64_t unique;
+	uint32_t flags2;
+	ssize_t n;
 
 	(void)userdata;
-	if (!init || count != 2 || iov[0].iov_len != WIRE_OUT_HEADER || iov[1].iov_len < 36 ||
-	    iov[1].iov_len > sizeof(out))
+	if (!atomic_load(&wire.init_pending) || count != 2 || iov[0].iov_len != WIRE_OUT_HEADER ||
+	    iov[1].iov_len < 36 || iov[1].iov_len > sizeof(out))
 		return writev(fd, iov, count);
 	memcpy(&unique, (uint8_t *)iov[0].iov_base + 8, sizeof(unique));
-	if (unique != init)
+	if (unique != atomic_load(&wire.init_unique))
 		return writev(fd, iov, count);
-	atomic_store(&wire.init_unique, 0);
-	if (!atomic_load(&wire.want) || wire_u32(iov[0].iov_base, 4) != 0 ||
-	    !(wire_u32(iov[1].iov_base, 12) & WIRE_INIT_EXT))
+	atomic_store(&wire.init_pending, false);
+	if (!atomic_load(&wire.want))
 		return writev(fd, iov, count);
+	if (wire_u32(iov[0].iov_base, 4) != 0 || !(wire_u32(iov[1].iov_base, 12) & WIRE_INIT_EXT)) {
+		ckpt_warn("INIT reply without flags2: read-only files use the page cache");
+		return writev(fd, iov, count);
+	}
 	memcpy(out, iov[1].iov_base, iov[1].iov_len);
-	uint32_t flags2 = wire_u32(out, 32) | WIRE_ALLOW_MMAP_FLAGS2;
+	flags2 = wire_u32(out, 32) | WIRE_ALLOW_MMAP_FLAGS2;
 	memcpy(out + 32, &flags2, sizeof(flags2));
 	v[0] = iov[0];
 	v[1].iov_base = out;
 	v[1].iov_len = iov[1].iov_len;
-	atomic_store(&wire.granted, true);
-	return writev(fd, v, 2);
+	n = writev(fd, v, 2);
+	if (n >= 0) {
+		atomic_store(&wire.granted, true);
+		ckpt_info("INIT reply: FUSE_DIRECT_IO_ALLOW_MMAP set");
+	}
+	return n;
 }
 
 static const struct fuse_custom_io wire_io = {
@@ -479,10 +491,23 @@ static const struct fuse_custom_io wire_io = {
 static void direct_read_install(struct fuse_session *se)
 {
 #ifndef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
-	if (fs.direct_read_opt != DIRECT_READ_NONE && fuse_session_custom_io(se, &wire_io, fuse_session_fd(se)) != 0)
+	if (fs.direct_read_opt != DIRECT_READ_NONE &&
+	    fuse_session_custom_io(se, &wire_io, fuse_session_fd(se)) != 0)
 		ckpt_warn("cannot hook the FUSE channel: read-only files use the page cache");
 #else
 	(void)se;
+#endif
+}
+
+/* Whether the kernel was told FUSE_DIRECT_IO_ALLOW_MMAP: direct_io is used
+ * for read-only handles only then (a shared mapping would fail otherwise,
+ * also if the INIT reply could not be amended as wire_writev expects). */
+static bool direct_granted(void)
+{
+#ifdef FUSE_CAP_DIRECT_IO_ALLOW_MMAP
+	return true; /* fs.direct_views / direct_files are set only when wanted */
+#else
+	return atomic_load(&wire.granted);
 #endif
 }
 
@@ -509,8 +534,8 @@ static void direct_read_init(struct fuse_conn_info *conn)
 			  "(no FUSE_DIRECT_IO_ALLOW_MMAP, Linux < 6.6): read-only files use the "
 			  "page cache");
 	ckpt_info("read-only view files: %s; stored files: %s",
-		  fs.direct_views ? "direct_io" : "page cache",
-		  fs.direct_files ? "direct_io" : "page cache");
+		  fs.direct_views ? "direct_io (once the INIT reply allows mmap)" : "page cache",
+		  fs.direct_files ? "direct_io (once the INIT reply allows mmap)" : "page cache");
 }
 
 /* ------------------------------------------------------------ requests */
@@ -958,7 +983,7 @@ static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 0;
-	fi->direct_io = h->writable || fs.direct_files;
+	fi->direct_io = h->writable || (fs.direct_files && direct_granted());
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -980,7 +1005,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		}
 		fi->fh = (uint64_t)(uintptr_t)h;
 		fi->keep_cache = 0;
-		fi->direct_io = fs.direct_views;
+		fi->direct_io = fs.direct_views && direct_granted();
 		if (fuse_reply_open(req, fi) == -ENOENT) {
 			vtree_close(h->vf);
 			free(h);
