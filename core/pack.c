@@ -807,61 +807,101 @@ static int direct_fd(ckpt_pack *p)
 	return fd >= 0 ? fd : -1;
 }
 
-int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
-			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
-			  const uint8_t **ret_stored)
+/* Read [a, a + e) of fd (both multiples of the O_DIRECT alignment) into mem
+ * until need bytes are in or the file ends; the number read, or -errno. */
+static ssize_t read_aligned(int fd, uint8_t *mem, uint64_t a, size_t e, size_t need)
+{
+	size_t got = 0;
+
+	while (got < need) {
+		ssize_t n = pread(fd, mem + got, e - got, (off_t)(a + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return errno == EINVAL ? -EOPNOTSUPP : -errno; /* EINVAL: alignment refused */
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
+int ckpt_pack_read_window(ckpt_pack *p, uint64_t offset, uint64_t need, uint8_t *buf, size_t cap,
+			  uint64_t *ret_start, size_t *ret_len)
 {
 	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
-	uint64_t a, e, need;
-	size_t got = 0;
-	struct ckpt_pack_rec rec;
-	uint8_t *mem = NULL;
-	const char *why;
+	uint64_t a;
+	ssize_t got;
 	int fd;
 
-	if (!p || expected_stored_len > CKPT_PACK_MAX_STORED || offset < CKPT_PACK_HDR_SIZE ||
-	    offset % CKPT_PACK_ALIGN != 0 ||
-	    offset > MAX_FILE_OFF - ckpt_pack_rec_span(expected_stored_len) - blk)
+	if (!p || !buf || (uintptr_t)buf % blk != 0 || cap % blk != 0 || need > cap ||
+	    offset % blk > cap - need || offset > MAX_FILE_OFF - cap)
 		return -EINVAL;
 	fd = direct_fd(p);
 	if (fd < 0)
 		return -EOPNOTSUPP;
 	a = offset / blk * blk;
-	need = offset + CKPT_PACK_REC_HDR_SIZE + expected_stored_len - a;
-	e = (need + blk - 1) / blk * blk;
-	if (posix_memalign((void **)&mem, blk, e) != 0)
-		return -ENOMEM;
-	while (got < need) {
-		ssize_t n = pread(fd, mem + got, e - got, (off_t)(a + got));
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int r = -errno;
-			free(mem);
-			/* e.g. EINVAL: alignment the device does not accept */
-			return r == -EINVAL ? -EOPNOTSUPP : r;
-		}
-		if (n == 0)
-			break;
-		got += (size_t)n;
+	got = read_aligned(fd, buf, a, cap, offset + need - a);
+	if (got < 0)
+		return (int)got;
+	if ((uint64_t)got < offset + need - a) {
+		ckpt_warn("pack %016" PRIx64 ": read at %" PRIu64 " (%" PRIu64 " bytes): %s", p->id,
+			  offset, need, "the file ends before");
+		return -EIO;
 	}
-	if (got < need) {
-		why = "file ends inside the record";
-		goto corrupt;
+	*ret_start = a;
+	*ret_len = (size_t)got;
+	return 0;
+}
+
+int ckpt_pack_rec_at(ckpt_pack *p, uint64_t offset, const uint8_t *at,
+		     uint32_t expected_stored_len, bool check_data, struct ckpt_pack_rec *ret_rec,
+		     const uint8_t **ret_stored)
+{
+	struct ckpt_pack_rec rec;
+	const char *why;
+
+	if (!p || !at || expected_stored_len > CKPT_PACK_MAX_STORED)
+		return -EINVAL;
+	why = check_read_rec(at, at + CKPT_PACK_REC_HDR_SIZE, expected_stored_len, check_data, &rec);
+	if (why) {
+		ckpt_warn("pack %016" PRIx64 ": record at %" PRIu64 ": %s", p->id, offset, why);
+		return -EIO;
 	}
-	why = check_read_rec(mem + (offset - a), mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE,
-			     expected_stored_len, check_data, &rec);
-	if (why)
-		goto corrupt;
 	if (ret_rec)
 		*ret_rec = rec;
-	*ret_mem = mem;
-	*ret_stored = mem + (offset - a) + CKPT_PACK_REC_HDR_SIZE;
+	*ret_stored = at + CKPT_PACK_REC_HDR_SIZE;
 	return 0;
-corrupt:
-	free(mem);
-	ckpt_warn("pack %016" PRIx64 ": record at %" PRIu64 ": %s", p->id, offset, why);
-	return -EIO;
+}
+
+int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
+			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
+			  const uint8_t **ret_stored)
+{
+	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
+	uint64_t need = CKPT_PACK_REC_HDR_SIZE + (uint64_t)expected_stored_len, start;
+	size_t e, len;
+	uint8_t *mem = NULL;
+	int r;
+
+	if (!p || expected_stored_len > CKPT_PACK_MAX_STORED || offset < CKPT_PACK_HDR_SIZE ||
+	    offset % CKPT_PACK_ALIGN != 0 ||
+	    offset > MAX_FILE_OFF - ckpt_pack_rec_span(expected_stored_len) - 2 * blk)
+		return -EINVAL;
+	/* the record wherever it starts in its first block */
+	e = (size_t)((offset % blk + need + blk - 1) / blk * blk);
+	if (posix_memalign((void **)&mem, blk, e) != 0)
+		return -ENOMEM;
+	r = ckpt_pack_read_window(p, offset, need, mem, e, &start, &len);
+	if (r == 0)
+		r = ckpt_pack_rec_at(p, offset, mem + (offset - start), expected_stored_len, check_data,
+				     ret_rec, ret_stored);
+	if (r < 0) {
+		free(mem);
+		return r;
+	}
+	*ret_mem = mem;
+	return 0;
 }
 
 int ckpt_pack_scan(ckpt_pack *p, int (*cb)(void *ud, uint64_t offset,

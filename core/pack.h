@@ -225,6 +225,29 @@ int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_store
 			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
 			  const uint8_t **ret_stored);
 
+/*
+ * The O_DIRECT read under ckpt_pack_read_direct, for callers that read
+ * several records at once (read-ahead): reads from offset rounded down to
+ * CKPT_PACK_DIRECT_ALIGN into buf (aligned to it; cap bytes, a multiple of
+ * it) until buf is full or the file ends; at least the need bytes from
+ * offset must come back.  *ret_start is the pack offset of buf[0] and
+ * *ret_len how many bytes were read.  Errors: -EINVAL (bad arguments,
+ * offset % 4096 + need > cap), -EOPNOTSUPP (no O_DIRECT here), -EIO (the
+ * file ends before offset + need; logged), or pread's errno.
+ */
+int ckpt_pack_read_window(ckpt_pack *p, uint64_t offset, uint64_t need, uint8_t *buf, size_t cap,
+			  uint64_t *ret_start, size_t *ret_len);
+/*
+ * Check the record at pack offset `offset` whose bytes start at `at` (its
+ * header, then expected_stored_len stored bytes) as the pack's readers do:
+ * header, stored length, and with check_data the stored bytes' checksum.
+ * 0 with *ret_stored (and *ret_rec unless NULL) set; -EIO, logged, on a
+ * mismatch.
+ */
+int ckpt_pack_rec_at(ckpt_pack *p, uint64_t offset, const uint8_t *at,
+		     uint32_t expected_stored_len, bool check_data, struct ckpt_pack_rec *ret_rec,
+		     const uint8_t **ret_stored);
+
 /* Total on-disk size of a record with this stored length:
  * 48 + stored_len rounded up to a multiple of 8. */
 uint64_t ckpt_pack_rec_span(uint32_t stored_len);

@@ -29,35 +29,46 @@ struct ckpt_readahead {
 	pthread_t threads[RA_MAX_THREADS];
 };
 
+/*
+ * Chunks a worker takes from the queue at once: records of them that lie
+ * close together in a pack are read with one request (see
+ * ckpt_store_prefetch_chunks).  A batch is at most RA_BATCH chunks and at
+ * most the queue's share of one worker: with one reader the queue holds a
+ * few chunks and every worker takes one or two, so that the reader's next
+ * chunk does not wait for a large batch; with several readers it is deep
+ * and the batches grow.
+ */
+#define RA_BATCH 8
+#define RA_SHARE 8
+
+
 static void *ra_main(void *arg)
 {
 	ckpt_readahead *ra = arg;
+	ckpt_digest d[RA_BATCH];
 
 	pthread_mutex_lock(&ra->lock);
 	for (;;) {
-		ckpt_digest d;
+		size_t n = 0, want, loaded, skipped;
 		int r;
 
 		while (!ra->stop && ra->qcount == 0)
 			pthread_cond_wait(&ra->work, &ra->lock);
 		if (ra->stop)
 			break;
-		d = ra->q[ra->qhead];
-		ra->qhead = (ra->qhead + 1) % ra->qlen;
-		ra->qcount--;
-		pthread_mutex_unlock(&ra->lock);
-		if (ckpt_store_chunk_cached(ra->s, &d)) {
-			r = 1;
-		} else {
-			r = ckpt_store_prefetch_chunk(ra->s, &d);
+		want = CKPT_MAX((size_t)1, CKPT_MIN((size_t)RA_BATCH, ra->qcount / RA_SHARE));
+		while (n < want && ra->qcount > 0) {
+			d[n++] = ra->q[ra->qhead];
+			ra->qhead = (ra->qhead + 1) % ra->qlen;
+			ra->qcount--;
 		}
+		pthread_mutex_unlock(&ra->lock);
+		r = ckpt_store_prefetch_chunks(ra->s, d, n, &loaded, &skipped);
 		pthread_mutex_lock(&ra->lock);
-		if (r > 0)
-			ra->stats.skipped++;
-		else if (r < 0)
-			ra->stats.failed++; /* the reader will hit (and report) it itself */
-		else
-			ra->stats.loaded++;
+		ra->stats.skipped += skipped;
+		ra->stats.loaded += loaded;
+		/* the readers will hit (and report) these themselves */
+		ra->stats.failed += r < 0 ? n - loaded - skipped : (size_t)r;
 	}
 	pthread_mutex_unlock(&ra->lock);
 	return NULL;

@@ -122,9 +122,18 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
 int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
 			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len);
 void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
-/* Load chunk d into the chunk cache (as a stream entry) unless it is there
- * or being loaded (read-ahead).  Returns 0 or the load's error (nothing is cached then). */
-int ckpt_store_prefetch_chunk(ckpt_store *s, const ckpt_digest *d);
+/*
+ * Read-ahead: load those of chunks d[0..n) that are not cached or being
+ * loaded into the chunk cache (as stream entries), in the order given.
+ * Records that lie close together in a pack are read first, with one
+ * O_DIRECT request of up to 4 MiB into huge pages per run (see
+ * docs/performance.md 6d); the others are read alone.  *ret_loaded: chunks
+ * loaded, *ret_skipped: cached or being loaded already.  Returns how many
+ * could not be loaded (their readers will load them and report the error),
+ * or -ENOMEM.
+ */
+int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
+			       size_t *ret_loaded, size_t *ret_skipped);
 /* Counters of the chunk cache (misses: chunks loaded by readers). */
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
 /* Whether d is in the chunk cache or being loaded (a hint). */

@@ -1155,6 +1155,65 @@ static int direct_chk(ckpt_pack *p, uint64_t off, uint32_t len, uint64_t seed, b
 	return r;
 }
 
+/* Several records with one O_DIRECT read (read-ahead's span reads): every
+ * record in the window checks out and holds its bytes; a misplaced record
+ * pointer is a damaged record; bad arguments and a read past the end fail. */
+START_TEST(test_read_window)
+{
+	ckpt_pack *p = create_pack(1);
+	uint32_t lens[5] = { 5000, 0, 300000, 17, 90000 };
+	uint64_t o[5], start = 0, end;
+	struct ckpt_pack_rec got;
+	const uint8_t *stored;
+	size_t len = 0, cap = 1u << 20;
+	uint8_t *buf = NULL;
+	int r;
+
+	for (int i = 0; i < 5; i++)
+		o[i] = app(p, lens[i], (uint64_t)i + 1);
+	ckpt_pack_free(p);
+	p = open_pack(1, false);
+	ck_assert_int_eq(posix_memalign((void **)&buf, CKPT_PACK_DIRECT_ALIGN, cap), 0);
+	end = o[3] + CKPT_PACK_REC_HDR_SIZE + lens[3];
+	r = ckpt_pack_read_window(p, o[1], end - o[1], buf, cap, &start, &len);
+	if (r == -EOPNOTSUPP)
+		goto out; /* file system without O_DIRECT */
+	ck_assert_int_eq(r, 0);
+	ck_assert_uint_le(start, o[1]);
+	ck_assert_uint_eq(start % CKPT_PACK_DIRECT_ALIGN, 0);
+	ck_assert_uint_ge(start + len, end);
+	for (int i = 1; i <= 3; i++) {
+		ck_assert_int_eq(ckpt_pack_rec_at(p, o[i], buf + (o[i] - start), lens[i], true, &got,
+						  &stored),
+				 0);
+		assert_rec(&got, stored, lens[i], (uint64_t)i + 1);
+	}
+	/* the window reads on to fill the buffer: record 4 is there too */
+	ck_assert_int_eq(ckpt_pack_rec_at(p, o[4], buf + (o[4] - start), lens[4], false, &got,
+					  &stored),
+			 0);
+	assert_rec(&got, stored, lens[4], 5);
+	/* a pointer that is not at a record, or a wrong length: damaged */
+	ck_assert_int_eq(ckpt_pack_rec_at(p, o[2], buf + (o[2] - start) + 8, lens[2], false, &got,
+					  &stored),
+			 -EIO);
+	ck_assert_int_eq(ckpt_pack_rec_at(p, o[2], buf + (o[2] - start), lens[2] + 8, false, &got,
+					  &stored),
+			 -EIO);
+	/* bad arguments */
+	ck_assert_int_eq(ckpt_pack_read_window(p, o[1], 100, buf + 8, cap - 4096, &start, &len),
+			 -EINVAL);
+	ck_assert_int_eq(ckpt_pack_read_window(p, o[1], 100, buf, cap - 100, &start, &len), -EINVAL);
+	ck_assert_int_eq(ckpt_pack_read_window(p, o[1], cap, buf, cap, &start, &len), -EINVAL);
+	/* the file ends before the bytes asked for */
+	end = o[4] + CKPT_PACK_REC_HDR_SIZE + lens[4];
+	ck_assert_int_eq(ckpt_pack_read_window(p, end - 100, 4096, buf, cap, &start, &len), -EIO);
+out:
+	free(buf);
+	ckpt_pack_free(p);
+}
+END_TEST
+
 START_TEST(test_read_direct)
 {
 	ckpt_pack *p = create_pack(1);
@@ -1446,6 +1505,7 @@ static Suite *pack_suite(void)
 	tcase_add_test(tc, test_scan_holes);
 	tcase_add_test(tc, test_readonly_append);
 	tcase_add_test(tc, test_read_direct);
+	tcase_add_test(tc, test_read_window);
 	tcase_add_test(tc, test_sync);
 	tcase_add_test(tc, test_sync_inflight);
 	tcase_add_test(tc, test_sync_concurrent);

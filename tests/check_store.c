@@ -937,6 +937,61 @@ START_TEST(test_chunk_roundtrip)
 }
 END_TEST
 
+/* Read-ahead's batch load: chunks whose records lie together are read with
+ * one request and cached in full; a repeat and cached chunks are skipped,
+ * an unknown one is counted as failed, and a damaged record in the middle
+ * of a span is not cached while its neighbours are. */
+START_TEST(test_prefetch_chunks)
+{
+	ckpt_store *s = open_rw();
+	const size_t n = 200000;
+	ckpt_digest d[8];
+	uint8_t *data[6], *out = malloc(n);
+	struct ckpt_chunk_loc loc;
+	size_t loaded = 9, skipped = 9;
+	char path[PATH_MAX + 64];
+	uint8_t byte;
+	int fd;
+
+	ck_assert_ptr_nonnull(out);
+	for (int i = 0; i < 6; i++) {
+		data[i] = random_buf(n, 100 + (uint64_t)i);
+		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
+	}
+	d[6] = d[2];                   /* a repeat */
+	memset(&d[7], 0x3c, sizeof(d[7])); /* unknown */
+	/* damage chunk 4's stored bytes on the disk */
+	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d[4], &loc, NULL), 0);
+	snprintf(path, sizeof(path), "%s/packs/pack-%016" PRIx64 ".ckpk", spath, loc.pack_id);
+	fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &byte, 1, (off_t)(loc.offset + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
+	byte ^= 0x40;
+	ck_assert_int_eq(pwrite(fd, &byte, 1, (off_t)(loc.offset + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
+	close(fd);
+
+	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 8, &loaded, &skipped), 2);
+	ck_assert_uint_eq(loaded, 5);
+	ck_assert_uint_eq(skipped, 1);
+	for (int i = 0; i < 6; i++) {
+		ck_assert(ckpt_store_chunk_cached(s, &d[i]) == (i != 4));
+		if (i == 4)
+			continue;
+		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, out, n), 0);
+		ck_assert_mem_eq(out, data[i], n);
+	}
+	ck_assert_int_eq(ckpt_store_read_chunk(s, &d[4], 0, out, n), -EIO);
+	/* everything that could be loaded is cached now */
+	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 4, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 0);
+	ck_assert_uint_eq(skipped, 4);
+	for (int i = 0; i < 6; i++)
+		free(data[i]);
+	free(out);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* store.h: read_chunk returns "-ENOENT if unknown". */
 START_TEST(test_read_unknown_chunk)
 {
@@ -2023,6 +2078,7 @@ static Suite *store_suite(void)
 
 	tcase_add_test(ch, test_chunk_roundtrip);
 	tcase_add_test(ch, test_read_unknown_chunk);
+	tcase_add_test(ch, test_prefetch_chunks);
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
