@@ -33,14 +33,14 @@ struct ckpt_readahead {
  * Chunks a worker takes from the queue at once: records of them that lie
  * close together in a pack are read with one request (see
  * ckpt_store_prefetch_chunks).  A batch is at most RA_BATCH chunks and at
- * most the queue's share of one worker: with one reader the queue holds a
- * few chunks and every worker takes one or two, so that the reader's next
- * chunk does not wait for a large batch; with several readers it is deep
- * and the batches grow.
+ * most 1/RA_SHARE of the queue: one sequential reader queues about 16
+ * chunks per 8 MiB, so the workers take one or two each and the reader's
+ * next chunk does not wait for a large batch's reads (a fixed batch of 8
+ * made one reader 10% slower); several readers keep the queue deep and the
+ * batches grow (four readers 1.09-1.16x faster, docs/performance.md 6d).
  */
 #define RA_BATCH 8
 #define RA_SHARE 8
-
 
 static void *ra_main(void *arg)
 {
