@@ -975,15 +975,18 @@ static void handle_close(fuse_ino_t ino, struct handle *h);
  * enter the kernel's cache, where readers of the committed snapshot would
  * see them, and large writes reach the daemon without page-cache copies.
  * The price: shared writable mmap of a file open for writing is refused by
- * the kernel (ENODEV).  Read-only handles use the page cache, dropped at
- * open and after every commit, unless -o direct_read=all (fs.direct_files,
- * see direct_read_init).
+ * the kernel (ENODEV).  Read-only handles of view files (h->vf) bypass it
+ * by default and those of stored files with -o direct_read=all, once the
+ * kernel maps such files shared (fs.direct_views / direct_files, see
+ * direct_read_init); otherwise they use the page cache, dropped at open and
+ * after every commit.
  */
 static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 {
 	fi->fh = (uint64_t)(uintptr_t)h;
 	fi->keep_cache = 0;
-	fi->direct_io = h->writable || (fs.direct_files && direct_granted());
+	fi->direct_io = h->writable ||
+			((h->vf ? fs.direct_views : fs.direct_files) && direct_granted());
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -1003,9 +1006,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 			reply_err(req, r);
 			return;
 		}
-		fi->fh = (uint64_t)(uintptr_t)h;
-		fi->keep_cache = 0;
-		fi->direct_io = fs.direct_views && direct_granted();
+		set_open_flags(fi, h);
 		if (fuse_reply_open(req, fi) == -ENOENT) {
 			vtree_close(h->vf);
 			free(h);
