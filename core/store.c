@@ -639,9 +639,8 @@ struct pf_item {
 	const ckpt_digest *d;
 	ckpt_cache_entry *e;
 	struct ckpt_chunk_loc loc;
-	const uint8_t *at;        /* the record inside the span buffer, or NULL */
-	struct ckpt_pack_rec rec; /* its checked header (at != NULL) */
-	const uint8_t *src;       /* its stored bytes (at != NULL) */
+	const uint8_t *src;       /* its stored bytes in the span buffer, or NULL */
+	struct ckpt_pack_rec rec; /* its checked header (src != NULL) */
 };
 
 static int pf_cmp(const void *a, const void *b)
@@ -662,16 +661,14 @@ static uint64_t pf_end(const struct pf_item *it)
 /*
  * Read the records of the items in o[0..n) (sorted by pack and offset)
  * that lie close together with one O_DIRECT request per run into the
- * thread's span buffer, and set their at/rec/src.  Items left without are
- * read alone by their load.
+ * thread's span buffer (mapped when the first run needs it), and set their
+ * src/rec.  Items left without are read alone by their load.
  */
 static void pf_read_spans(ckpt_store *s, struct tls_ctx *t, struct pf_item **o, size_t n)
 {
-	uint8_t *buf = tls_span(t);
+	uint8_t *buf = NULL;
 	size_t used = 0, i, j, k;
 
-	if (!buf)
-		return;
 	pthread_rwlock_rdlock(&s->pack_rw);
 	for (i = 0; i < n; i = j) {
 		uint64_t a = o[i]->loc.offset / CKPT_PACK_DIRECT_ALIGN * CKPT_PACK_DIRECT_ALIGN;
@@ -687,17 +684,15 @@ static void pf_read_spans(ckpt_store *s, struct tls_ctx *t, struct pf_item **o, 
 			continue; /* a record alone: its load reads it */
 		cap = (size_t)((pf_end(o[j - 1]) - a + CKPT_PACK_DIRECT_ALIGN - 1) /
 			       CKPT_PACK_DIRECT_ALIGN * CKPT_PACK_DIRECT_ALIGN);
-		if (cap > SPAN_BUF - used)
+		if (cap > SPAN_BUF - used || (!buf && !(buf = tls_span(t))))
 			break;
 		if (get_pack(s, o[i]->loc.pack_id, &p) < 0 ||
 		    ckpt_pack_read_window(p, a, pf_end(o[j - 1]) - a, buf + used, cap, &start, &len) < 0)
 			continue;
-		for (k = i; k < j; k++) {
-			o[k]->at = buf + used + (o[k]->loc.offset - start);
-			if (ckpt_pack_rec_at(p, o[k]->loc.offset, o[k]->at, o[k]->loc.stored_len, false,
-					     &o[k]->rec, &o[k]->src) < 0)
-				o[k]->at = NULL; /* its load reads it alone and reports */
-		}
+		for (k = i; k < j; k++)
+			if (ckpt_pack_rec_at(p, o[k]->loc.offset, buf + used + (o[k]->loc.offset - start),
+					     o[k]->loc.stored_len, false, &o[k]->rec, &o[k]->src) < 0)
+				o[k]->src = NULL; /* its load reads it alone and reports */
 		used += cap;
 	}
 	pthread_rwlock_unlock(&s->pack_rw);
@@ -739,7 +734,7 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 		uint8_t *buf = NULL;
 		size_t len;
 
-		if (x->at && (buf = ckpt_cache_buf_alloc(s->cache, x->loc.raw_len)) &&
+		if (x->src && (buf = ckpt_cache_buf_alloc(s->cache, x->loc.raw_len)) &&
 		    !decode_chunk(s, t, x->d, &x->loc, &x->rec, x->src, buf)) {
 			len = x->loc.raw_len;
 		} else {
@@ -763,11 +758,6 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)
 {
 	ckpt_cache_get_stats(s->cache, ret);
-}
-
-bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d)
-{
-	return ckpt_cache_contains(s->cache, d);
 }
 
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,

@@ -136,8 +136,6 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 			       size_t *ret_loaded, size_t *ret_skipped);
 /* Counters of the chunk cache (misses: chunks loaded by readers). */
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
-/* Whether d is in the chunk cache or being loaded (a hint). */
-bool ckpt_store_chunk_cached(ckpt_store *s, const ckpt_digest *d);
 /* Location of a chunk (pending or indexed). */
 int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
 			 uint64_t *ret_refcount);

@@ -948,6 +948,7 @@ START_TEST(test_prefetch_chunks)
 	ckpt_digest d[8];
 	uint8_t *data[6], *out = malloc(n);
 	struct ckpt_chunk_loc loc;
+	struct ckpt_cache_stats before, after;
 	size_t loaded = 9, skipped = 9;
 	char path[PATH_MAX + 64];
 	uint8_t byte;
@@ -973,14 +974,20 @@ START_TEST(test_prefetch_chunks)
 	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 8, &loaded, &skipped), 2);
 	ck_assert_uint_eq(loaded, 5);
 	ck_assert_uint_eq(skipped, 1);
+	/* the five are cached (reads hit), the damaged one is not (a miss) */
+	ckpt_store_cache_stats(s, &before);
 	for (int i = 0; i < 6; i++) {
-		ck_assert(ckpt_store_chunk_cached(s, &d[i]) == (i != 4));
 		if (i == 4)
 			continue;
 		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, out, n), 0);
 		ck_assert_mem_eq(out, data[i], n);
 	}
+	ckpt_store_cache_stats(s, &after);
+	ck_assert_uint_eq(after.hits - before.hits, 5);
+	ck_assert_uint_eq(after.misses, before.misses);
 	ck_assert_int_eq(ckpt_store_read_chunk(s, &d[4], 0, out, n), -EIO);
+	ckpt_store_cache_stats(s, &after);
+	ck_assert_uint_eq(after.misses - before.misses, 1);
 	/* everything that could be loaded is cached now */
 	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 4, &loaded, &skipped), 0);
 	ck_assert_uint_eq(loaded, 0);
