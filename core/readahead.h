@@ -11,13 +11,16 @@
  *
  * A ckpt_ra_window per open file detects sequential reads and says which
  * byte range to load next; the caller maps that range to chunk digests and
- * hands them to ckpt_readahead_submit().  Workers load a digest unless it is
- * cached or being loaded (ckpt_store_prefetch_chunk: a reader that needs a
+ * hands them to ckpt_readahead_submit().  Workers take batches of queued
+ * digests (up to 8, at most an eighth of the queue) and load those not
+ * cached or being loaded (ckpt_store_prefetch_chunks: a reader that needs a
  * chunk a worker is loading waits for it instead of loading it again).
  *
  * Memory: the queue holds digests only (a fixed number; excess submissions
  * are dropped), loaded chunks go into the chunk cache and count against its
- * capacity, and at most one chunk per worker is being loaded at a time.
+ * capacity, at most one batch per worker is being loaded at a time, and
+ * each worker has an 8 MiB span buffer for the batch's pack reads, mapped
+ * on first use.
  *
  * Thread-safety: every function may be called concurrently, except _free.
  */
