@@ -875,33 +875,28 @@ int ckpt_pack_rec_at(ckpt_pack *p, uint64_t offset, const uint8_t *at,
 }
 
 int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
-			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
+			  bool check_data, uint8_t *buf, size_t cap, struct ckpt_pack_rec *ret_rec,
 			  const uint8_t **ret_stored)
 {
 	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
-	uint64_t need = CKPT_PACK_REC_HDR_SIZE + (uint64_t)expected_stored_len, start;
+	uint64_t start;
 	size_t e, len;
-	uint8_t *mem = NULL;
 	int r;
 
-	if (!p || expected_stored_len > CKPT_PACK_MAX_STORED || offset < CKPT_PACK_HDR_SIZE ||
-	    offset % CKPT_PACK_ALIGN != 0 ||
+	if (!p || !buf || expected_stored_len > CKPT_PACK_MAX_STORED ||
+	    offset < CKPT_PACK_HDR_SIZE || offset % CKPT_PACK_ALIGN != 0 ||
 	    offset > MAX_FILE_OFF - ckpt_pack_rec_span(expected_stored_len) - 2 * blk)
 		return -EINVAL;
-	/* the record wherever it starts in its first block */
-	e = (size_t)((offset % blk + need + blk - 1) / blk * blk);
-	if (posix_memalign((void **)&mem, blk, e) != 0)
-		return -ENOMEM;
-	r = ckpt_pack_read_window(p, offset, need, mem, e, &start, &len);
-	if (r == 0)
-		r = ckpt_pack_rec_at(p, offset, mem + (offset - start), expected_stored_len, check_data,
-				     ret_rec, ret_stored);
-	if (r < 0) {
-		free(mem);
+	/* the record wherever it starts in its first block, and no more */
+	e = ckpt_pack_direct_len(offset, expected_stored_len);
+	if (cap < e)
+		return -EINVAL;
+	r = ckpt_pack_read_window(p, offset, CKPT_PACK_REC_HDR_SIZE + (uint64_t)expected_stored_len,
+				  buf, e, &start, &len);
+	if (r < 0)
 		return r;
-	}
-	*ret_mem = mem;
-	return 0;
+	return ckpt_pack_rec_at(p, offset, buf + (offset - start), expected_stored_len, check_data,
+				ret_rec, ret_stored);
 }
 
 int ckpt_pack_scan(ckpt_pack *p, int (*cb)(void *ud, uint64_t offset,

@@ -209,21 +209,34 @@ int ckpt_pack_read_trusting(ckpt_pack *p, uint64_t offset, uint32_t expected_sto
 
 /*
  * ckpt_pack_read_trusting through an O_DIRECT descriptor of the pack (opened
- * on first use): the record is read from the disk into a new buffer aligned
- * to CKPT_PACK_DIRECT_ALIGN (*ret_mem, free() it), without the copy out of
- * the page cache and without filling the page cache with packs that the
- * chunk cache and the mount's page cache hold decoded anyway.  *ret_stored
- * points at the stored bytes inside *ret_mem.  check_data: also verify the
- * checksum of the stored bytes (as ckpt_pack_read does).  Also for a pack
- * being appended to: the kernel writes back the range's dirty pages before
- * an O_DIRECT read, so a record whose append returned reads back exactly.
- * -EOPNOTSUPP when the pack's file system refuses O_DIRECT (use
+ * on first use): the record is read from the disk into the caller's buf,
+ * without the copy out of the page cache and without filling the page cache
+ * with packs that the chunk cache and the mount's page cache hold decoded
+ * anyway.  buf is aligned to CKPT_PACK_DIRECT_ALIGN and holds cap bytes, at
+ * least ckpt_pack_direct_len(offset, expected_stored_len); the callers keep
+ * one such buffer per thread (a fresh buffer per record costs a page fault
+ * per 4 KiB).  *ret_stored points at the stored bytes inside buf.
+ * check_data: also verify the checksum of the stored bytes (as
+ * ckpt_pack_read does).  Also for a pack being appended to: the kernel
+ * writes back the range's dirty pages before an O_DIRECT read, so a record
+ * whose append returned reads back exactly.  -EINVAL also when cap is too
+ * small; -EOPNOTSUPP when the pack's file system refuses O_DIRECT (use
  * ckpt_pack_read then).  Other errors as ckpt_pack_read.
  */
 #define CKPT_PACK_DIRECT_ALIGN 4096u
 int ckpt_pack_read_direct(ckpt_pack *p, uint64_t offset, uint32_t expected_stored_len,
-			  bool check_data, struct ckpt_pack_rec *ret_rec, void **ret_mem,
+			  bool check_data, uint8_t *buf, size_t cap, struct ckpt_pack_rec *ret_rec,
 			  const uint8_t **ret_stored);
+
+/* The buffer bytes ckpt_pack_read_direct needs for a record of stored_len
+ * stored bytes at pack offset `offset`: the aligned blocks it lies in. */
+static inline size_t ckpt_pack_direct_len(uint64_t offset, uint32_t stored_len)
+{
+	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
+
+	return (size_t)((offset % blk + CKPT_PACK_REC_HDR_SIZE + (uint64_t)stored_len + blk - 1) /
+			blk * blk);
+}
 
 /*
  * The O_DIRECT read under ckpt_pack_read_direct, for callers that read

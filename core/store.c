@@ -164,6 +164,9 @@ struct tls_ctx {
 	ckpt_decompressor *dc;
 	void *span_map;   /* SPAN_BUF + SPAN_ALIGN bytes, or NULL */
 	uint8_t *span;    /* SPAN_BUF bytes inside it, 2 MiB aligned */
+	void *rec_map;    /* rec_cap + SPAN_ALIGN bytes, or NULL */
+	uint8_t *rec;     /* single-record reads (verify_chunk): rec_cap bytes, 2 MiB aligned */
+	size_t rec_cap;   /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
 };
 
 static void tls_free(void *p)
@@ -176,23 +179,58 @@ static void tls_free(void *p)
 	ckpt_decompressor_free(t->dc);
 	if (t->span_map)
 		munmap(t->span_map, SPAN_BUF + SPAN_ALIGN);
+	if (t->rec_map)
+		munmap(t->rec_map, t->rec_cap + SPAN_ALIGN);
 	free(t);
+}
+
+/* A 2 MiB aligned mapping of len bytes (a multiple of SPAN_ALIGN) advised
+ * MADV_HUGEPAGE: *ret_map (len + SPAN_ALIGN bytes, for munmap) and the
+ * aligned start, or NULL without memory. */
+static uint8_t *map_aligned(size_t len, void **ret_map)
+{
+	void *m = mmap(NULL, len + SPAN_ALIGN, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *a;
+
+	if (m == MAP_FAILED)
+		return NULL;
+	a = (uint8_t *)(((uintptr_t)m + SPAN_ALIGN - 1) & ~(uintptr_t)(SPAN_ALIGN - 1));
+	(void)madvise(a, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages work too */
+	*ret_map = m;
+	return a;
+}
+
+/*
+ * The thread's buffer for one record's O_DIRECT read, at least need bytes
+ * (need <= SPAN_BUF), kept for the thread's next records: a buffer per
+ * record cost a page fault per 4 KiB, a third of a cold view read's
+ * faults (docs/performance.md 6e).  NULL without memory.
+ */
+static uint8_t *tls_rec(struct tls_ctx *t, size_t need)
+{
+	size_t cap = (need + SPAN_ALIGN - 1) / SPAN_ALIGN * SPAN_ALIGN;
+	void *m;
+	uint8_t *a;
+
+	if (t->rec && t->rec_cap >= need)
+		return t->rec;
+	a = map_aligned(cap, &m);
+	if (!a)
+		return NULL;
+	if (t->rec_map)
+		munmap(t->rec_map, t->rec_cap + SPAN_ALIGN);
+	t->rec_map = m;
+	t->rec = a;
+	t->rec_cap = cap;
+	return a;
 }
 
 /* The thread's span buffer, mapped on first use; NULL without memory. */
 static uint8_t *tls_span(struct tls_ctx *t)
 {
-	void *m;
-
-	if (t->span)
-		return t->span;
-	m = mmap(NULL, SPAN_BUF + SPAN_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		 -1, 0);
-	if (m == MAP_FAILED)
-		return NULL;
-	t->span_map = m;
-	t->span = (uint8_t *)(((uintptr_t)m + SPAN_ALIGN - 1) & ~(uintptr_t)(SPAN_ALIGN - 1));
-	(void)madvise(t->span, SPAN_BUF, MADV_HUGEPAGE); /* a hint: 4 KiB pages work too */
+	if (!t->span)
+		t->span = map_aligned(SPAN_BUF, &t->span_map);
 	return t->span;
 }
 
@@ -515,21 +553,30 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 	struct tls_ctx *t = tls_get(s);
 	struct ckpt_pack_rec rec;
 	ckpt_pack *p;
-	uint8_t *stored = NULL;
+	uint8_t *stored = NULL, *buf;
 	const uint8_t *src = NULL;
 	void *mem = NULL;
 	char hex[2 * CKPT_DIGEST_LEN + 1];
 	const char *why = NULL;
+	size_t need;
 	int r;
 
 	if (!t)
+		return -ENOMEM;
+	need = ckpt_pack_direct_len(loc->offset, loc->stored_len);
+	/* the thread's buffer; a record larger than any chunker makes by
+	 * default gets its own */
+	buf = need <= SPAN_BUF ? tls_rec(t, need) : NULL;
+	if (!buf && need > SPAN_BUF && posix_memalign(&mem, CKPT_PACK_DIRECT_ALIGN, need) == 0)
+		buf = mem;
+	if (!buf)
 		return -ENOMEM;
 	pthread_rwlock_rdlock(&s->pack_rw);
 	r = get_pack(s, loc->pack_id, &p);
 	/* O_DIRECT: no copy out of the page cache, and packs do not fill it */
 	if (r == 0) {
-		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, rec_csum, &rec, &mem,
-					  &src);
+		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, rec_csum, buf, need,
+					  &rec, &src);
 		if (r == -EOPNOTSUPP)
 			r = 1; /* no O_DIRECT here (tmpfs): through the page cache */
 	}

@@ -1143,15 +1143,23 @@ static int direct_chk(ckpt_pack *p, uint64_t off, uint32_t len, uint64_t seed, b
 {
 	struct ckpt_pack_rec got;
 	const uint8_t *stored;
+	size_t cap = ckpt_pack_direct_len(off, len);
 	void *mem = NULL;
 	int r;
 
-	r = ckpt_pack_read_direct(p, off, len, check, &got, &mem, &stored);
+	ck_assert_uint_eq(cap % CKPT_PACK_DIRECT_ALIGN, 0);
+	ck_assert_uint_ge(cap, off % CKPT_PACK_DIRECT_ALIGN + CKPT_PACK_REC_HDR_SIZE + len);
+	ck_assert_int_eq(posix_memalign(&mem, CKPT_PACK_DIRECT_ALIGN, cap), 0);
+	/* one block short of the record is refused before any read */
+	ck_assert_int_eq(ckpt_pack_read_direct(p, off, len, check, mem, cap - CKPT_PACK_DIRECT_ALIGN,
+					       &got, &stored), -EINVAL);
+	r = ckpt_pack_read_direct(p, off, len, check, mem, cap, &got, &stored);
 	if (r == 0) {
-		ck_assert_uint_eq((uintptr_t)mem % CKPT_PACK_DIRECT_ALIGN, 0);
+		ck_assert(stored >= (const uint8_t *)mem + CKPT_PACK_REC_HDR_SIZE);
+		ck_assert(stored + len <= (const uint8_t *)mem + cap);
 		assert_rec(&got, stored, len, seed);
-		free(mem);
 	}
+	free(mem);
 	return r;
 }
 
@@ -1221,8 +1229,11 @@ START_TEST(test_read_direct)
 	uint32_t lens[4] = { 100, 0, 70000, 13 };
 	struct ckpt_pack_rec got;
 	const uint8_t *stored;
-	void *mem = NULL;
+	size_t cap = 128u << 10; /* every record here fits */
+	uint8_t *mem = NULL;
 	int r;
+
+	ck_assert_int_eq(posix_memalign((void **)&mem, CKPT_PACK_DIRECT_ALIGN, cap), 0);
 
 	for (int i = 0; i < 4; i++) {
 		o[i] = app(p, lens[i], (uint64_t)i + 1);
@@ -1241,22 +1252,25 @@ START_TEST(test_read_direct)
 		ck_assert_int_eq(r, 0);
 	}
 	/* a wrong length is a damaged record; bad offsets are refused */
-	ck_assert_int_ne(ckpt_pack_read_direct(p, o[0], lens[0] + 8, false, &got, &mem, &stored), 0);
-	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0] + 4, lens[0], false, &got, &mem, &stored),
+	ck_assert_int_ne(ckpt_pack_read_direct(p, o[0], lens[0] + 8, false, mem, cap, &got,
+					       &stored), 0);
+	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0] + 4, lens[0], false, mem, cap, &got,
+					       &stored), -EINVAL);
+	ck_assert_int_eq(ckpt_pack_read_direct(p, o[0], lens[0], false, NULL, cap, &got, &stored),
 			 -EINVAL);
 	ckpt_pack_free(p);
 
 	/* a flipped stored byte: only check_data notices it */
 	flip(1, o[2] + CKPT_PACK_REC_HDR_SIZE + 1000, 0x01);
 	p = open_pack(1, false);
-	r = ckpt_pack_read_direct(p, o[2], lens[2], false, &got, &mem, &stored);
+	r = ckpt_pack_read_direct(p, o[2], lens[2], false, mem, cap, &got, &stored);
 	if (r != -EOPNOTSUPP) {
 		ck_assert_int_eq(r, 0);
-		free(mem);
-		ck_assert_int_eq(ckpt_pack_read_direct(p, o[2], lens[2], true, &got, &mem, &stored),
-				 -EIO);
+		ck_assert_int_eq(ckpt_pack_read_direct(p, o[2], lens[2], true, mem, cap, &got,
+						       &stored), -EIO);
 	}
 	ckpt_pack_free(p);
+	free(mem);
 }
 END_TEST
 
