@@ -504,5 +504,6 @@ void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)
 	ret_stats->bytes = c->bytes;
 	ret_stats->entries = c->nentries;
 	ret_stats->stream_bytes = c->stream_bytes;
+	ret_stats->stream_cap = c->stream_cap;
 	pthread_mutex_unlock(&c->lock);
 }

@@ -109,6 +109,7 @@ void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d);
 
 struct ckpt_cache_stats {
 	uint64_t hits, misses, bytes, entries, evictions, stream_bytes;
+	uint64_t stream_cap; /* the budget of stream entries (ckpt_cache_fill_as) */
 };
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats);
 

@@ -152,6 +152,13 @@ void ckpt_readahead_get_stats(ckpt_readahead *ra, struct ckpt_ra_stats *ret)
 	pthread_mutex_unlock(&ra->lock);
 }
 
+uint64_t ckpt_ra_window_size(uint64_t stream_cap, unsigned streams)
+{
+	uint64_t w = stream_cap / 8 * 3 / (streams ? streams : 1);
+
+	return CKPT_MIN(CKPT_RA_WINDOW_MAX, CKPT_MAX(CKPT_RA_WINDOW_MIN, w));
+}
+
 bool ckpt_ra_window_next(struct ckpt_ra_window *w, uint64_t off, uint64_t len, uint64_t size,
 			 uint64_t window, uint64_t *from, uint64_t *to, bool *ret_seq)
 {

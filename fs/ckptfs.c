@@ -83,6 +83,8 @@ struct handle {
 	uint64_t version;
 	struct vtree_file *vf;         /* files of the virtual view trees */
 	struct ckpt_ra_window ra;      /* read-only handles: read-ahead state */
+	bool direct;                   /* opened with direct_io (set at open) */
+	bool streaming;                /* counted in fs.ra_streams (atomic) */
 	uint64_t dropped;              /* drop-behind: kernel pages below this offset
 					* were queued for dropping (atomic) */
 };
@@ -102,6 +104,8 @@ struct inval {
 static struct {
 	ckpt_store *store;
 	ckpt_readahead *ra; /* NULL: read-ahead off */
+	uint64_t stream_cap;  /* the chunk cache's stream budget (set at mount) */
+	unsigned ra_streams;  /* open handles read sequentially (atomic) */
 	ckpt_pool *pool;
 	struct fuse_session *se;
 	bool drop_behind;   /* -o drop_behind (set before the session starts) */
@@ -987,6 +991,18 @@ static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 	fi->keep_cache = 0;
 	fi->direct_io = h->writable ||
 			((h->vf ? fs.direct_views : fs.direct_files) && direct_granted());
+	h->direct = fi->direct_io;
+	if (h->direct && !h->writable) {
+		h->streaming = true;
+		__atomic_fetch_add(&fs.ra_streams, 1, __ATOMIC_RELAXED);
+	}
+}
+
+/* A handle that leaves the streams counted by read_ahead(). */
+static void stream_end(struct handle *h)
+{
+	if (__atomic_exchange_n(&h->streaming, false, __ATOMIC_RELAXED))
+		__atomic_fetch_sub(&fs.ra_streams, 1, __ATOMIC_RELAXED);
 }
 
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -1089,35 +1105,40 @@ static int refresh_snapshot(fuse_ino_t ino, struct handle *h)
 
 /*
  * Read-ahead (core/readahead.h): a read that continues the handle's previous
- * one queues the chunks of the next RA_WINDOW bytes for the workers before
- * this request is served, so they are read and decompressed while this
- * request and the next ones are.  The kernel's own read-ahead (1 MiB
- * requests, see raise_readahead) stays on: it decides what is asked, this
- * only makes the chunks ready.
+ * one queues the chunks of the next window for the workers before this
+ * request is served, so they are read and decompressed while this request
+ * and the next ones are.  Through the page cache the kernel's own
+ * read-ahead (1 MiB requests, see raise_readahead) stays on and keeps
+ * several requests in flight; the window is RA_WINDOW.  A direct_io reader
+ * has one request in flight, so its window is deeper, sized by how many
+ * handles read sequentially at the moment (ckpt_ra_window_size).
  */
 #define RA_WINDOW (8ull << 20)
-#define RA_MAX_CHUNKS 64
+#define RA_MAX_CHUNKS 256 /* the read-ahead queue's length */
 
 /* Returns whether the read is sequential (its chunks are then cached as
  * stream entries, see ckpt_cache_fill_as()). */
 static bool read_ahead(struct handle *h, size_t size, off_t off)
 {
 	ckpt_digest d[RA_MAX_CHUNKS];
-	uint64_t from, to, fsize;
+	uint64_t from, to, fsize, window = RA_WINDOW;
 	size_t n = 0;
 	bool seq = false;
 
 	if (!fs.ra)
 		return false;
+	if (h->direct)
+		window = ckpt_ra_window_size(fs.stream_cap,
+					     __atomic_load_n(&fs.ra_streams, __ATOMIC_RELAXED));
 	if (h->vf) {
 		fsize = vtree_file_size(h->vf);
-		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to,
+		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, window, &from, &to,
 					&seq))
 			n = vtree_chunks(h->vf, from, to - from, d, RA_MAX_CHUNKS);
 	} else {
 		pthread_rwlock_rdlock(&h->snap_lock);
 		fsize = h->snap->size;
-		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, RA_WINDOW, &from, &to,
+		if (ckpt_ra_window_next(&h->ra, (uint64_t)off, size, fsize, window, &from, &to,
 					&seq))
 			n = ckpt_store_prefetch_list(h->snap, from, to - from, d, RA_MAX_CHUNKS,
 						     NULL);
@@ -1313,6 +1334,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	struct handle *h = fh_of(fi);
 
+	stream_end(h);
 	if (h->vf) {
 		vtree_close(h->vf);
 		free(h);
@@ -1809,6 +1831,10 @@ int main(int argc, char **argv)
 	}
 	/* read-ahead loads into the chunk cache: pointless without one */
 	if (o.ra_workers != 0 && so.cache_size > 0) {
+		struct ckpt_cache_stats cs;
+
+		ckpt_store_cache_stats(fs.store, &cs);
+		fs.stream_cap = cs.stream_cap;
 		r = ckpt_readahead_new(fs.store, o.ra_workers == UINT_MAX ? 0 : o.ra_workers, 256,
 				       &fs.ra);
 		if (r < 0) {

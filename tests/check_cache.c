@@ -681,6 +681,40 @@ START_TEST(test_ra_window)
 }
 END_TEST
 
+/* Direct readers' windows: 3/8 of the stream budget shared by the streams,
+ * within [CKPT_RA_WINDOW_MIN, CKPT_RA_WINDOW_MAX]; a shrunk window still
+ * tops up from where the reader is. */
+START_TEST(test_ra_window_size)
+{
+	const uint64_t M = 1 << 20;
+	struct ckpt_ra_window w = { 0 };
+	uint64_t from, to;
+	bool seq;
+
+	ck_assert_uint_eq(CKPT_RA_WINDOW_MIN, 8 * M);
+	ck_assert_uint_eq(CKPT_RA_WINDOW_MAX, 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 0), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 1), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 2), 12 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 3), 8 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 100), 8 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 1), 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 2), 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 4), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(0, 1), 8 * M);
+	/* a reader alone queues 24 MiB ahead; when others start, its
+	 * window shrinks to 8 MiB and the next top-up starts at the reader */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, 100 * M, ckpt_ra_window_size(64 * M, 1), &from,
+				      &to, &seq));
+	ck_assert_uint_eq(to, 25 * M);
+	ck_assert(ckpt_ra_window_next(&w, M, M, 100 * M, ckpt_ra_window_size(64 * M, 4), &from,
+				      &to, &seq));
+	ck_assert_uint_eq(from, 2 * M);
+	ck_assert_uint_eq(to, 10 * M);
+	ck_assert(seq);
+}
+END_TEST
+
 /* Pooled chunk buffers: a freed buffer is reused for the next one of its
  * size class; pooled entries go back to the pool when evicted. */
 START_TEST(test_buf_pool)
@@ -734,6 +768,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_stress_threads);
 	tcase_add_test(tc, test_single_flight);
 	tcase_add_test(tc, test_ra_window);
+	tcase_add_test(tc, test_ra_window_size);
 	tcase_add_test(tc, test_buf_pool);
 	suite_add_tcase(s, tc);
 	return s;
