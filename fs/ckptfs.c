@@ -84,7 +84,7 @@ struct handle {
 	struct vtree_file *vf;         /* files of the virtual view trees */
 	struct ckpt_ra_window ra;      /* read-only handles: read-ahead state */
 	bool direct;                   /* opened with direct_io (set at open) */
-	bool streaming;                /* counted in fs.ra_streams (atomic) */
+	bool streaming;                /* counted in fs.ra_streams until release (atomic) */
 	uint64_t dropped;              /* drop-behind: kernel pages below this offset
 					* were queued for dropping (atomic) */
 };
@@ -105,7 +105,7 @@ static struct {
 	ckpt_store *store;
 	ckpt_readahead *ra; /* NULL: read-ahead off */
 	uint64_t stream_cap;  /* the chunk cache's stream budget (set at mount) */
-	unsigned ra_streams;  /* open handles read sequentially (atomic) */
+	unsigned ra_streams;  /* open direct_io read handles (atomic) */
 	ckpt_pool *pool;
 	struct fuse_session *se;
 	bool drop_behind;   /* -o drop_behind (set before the session starts) */
@@ -998,7 +998,7 @@ static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 	}
 }
 
-/* A handle that leaves the streams counted by read_ahead(). */
+/* A handle leaves the streams counted at open (set_open_flags). */
 static void stream_end(struct handle *h)
 {
 	if (__atomic_exchange_n(&h->streaming, false, __ATOMIC_RELAXED))
@@ -1111,7 +1111,9 @@ static int refresh_snapshot(fuse_ino_t ino, struct handle *h)
  * read-ahead (1 MiB requests, see raise_readahead) stays on and keeps
  * several requests in flight; the window is RA_WINDOW.  A direct_io reader
  * has one request in flight, so its window is deeper, sized by how many
- * handles read sequentially at the moment (ckpt_ra_window_size).
+ * direct_io read handles are open (fs.ra_streams, ckpt_ra_window_size).
+ * They are counted at open, not at their first read: four readers starting
+ * together would otherwise all size their first window as if alone.
  */
 #define RA_WINDOW (8ull << 20)
 #define RA_MAX_CHUNKS 256 /* the read-ahead queue's length */
