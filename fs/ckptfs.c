@@ -1024,6 +1024,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		}
 		set_open_flags(fi, h);
 		if (fuse_reply_open(req, fi) == -ENOENT) {
+			stream_end(h); /* interrupted open: no release will come */
 			vtree_close(h->vf);
 			free(h);
 		}
@@ -1036,8 +1037,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		return;
 	}
 	set_open_flags(fi, h);
-	if (fuse_reply_open(req, fi) == -ENOENT)
-		handle_close(ino, h); /* interrupted open: no release will come */
+	if (fuse_reply_open(req, fi) == -ENOENT) {
+		stream_end(h); /* interrupted open: no release will come */
+		handle_close(ino, h);
+	}
 }
 
 static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
