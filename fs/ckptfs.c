@@ -1244,9 +1244,12 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		free(path);
 		reply_err(req, (int)r);
 	} else if (gathered) {
-		fuse_reply_iov(req, g.iov, (int)g.niov);
+		/* Before the reply: once it is out, the reader may close the file
+		 * and its release free h on another thread (a daemon read h->node
+		 * after a free here and died, reading 4 GiB of stored files). */
 		if (g.stream)
 			drop_behind(ino, h, size, off);
+		fuse_reply_iov(req, g.iov, (int)g.niov);
 	} else {
 		fuse_reply_buf(req, (const char *)buf, (size_t)r);
 	}
