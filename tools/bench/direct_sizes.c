@@ -3,11 +3,15 @@
  * direct_sizes.c - how fast this disk serves O_DIRECT reads of a file by
  * request size, into 4 KiB pages or into huge pages.
  *
- * usage: direct_sizes FILE MIB HUGE STREAMS
+ * usage: direct_sizes FILE SIZE HUGE STREAMS [random]
  *
- * STREAMS threads read contiguous parts of FILE with O_DIRECT preads of MIB
- * MiB each into one buffer per thread, aligned to 2 MiB and advised
- * MADV_HUGEPAGE (HUGE 1) or MADV_NOHUGEPAGE (HUGE 0).  Prints GB/s and the
+ * STREAMS threads read contiguous parts of FILE with O_DIRECT preads of SIZE
+ * (MiB, or KiB with a K suffix: 512K) each into one buffer per thread,
+ * aligned to 2 MiB and advised MADV_HUGEPAGE (HUGE 1) or MADV_NOHUGEPAGE
+ * (HUGE 0).  With "random" each thread reads as many bytes at offsets (a
+ * multiple of SIZE) drawn at random over the whole file, as read-ahead of
+ * a view does in a pack whose records follow the save's order, not the
+ * view's (docs/performance.md 6e).  Prints GB/s and the
  * process's AnonHugePages while the buffers are mapped (to show whether huge
  * pages were used).  Drop the
  * page cache first (echo 3 > /proc/sys/vm/drop_caches).  An O_DIRECT read
@@ -31,6 +35,7 @@ static const char *path;
 static size_t req;
 static int huge;
 static int nstreams;
+static int rnd;
 static off_t fsize;
 static long anon_huge_kb = -1; /* AnonHugePages seen by stream 0 before it unmaps */
 
@@ -77,9 +82,18 @@ static void *stream(void *arg)
 	}
 	if (end > fsize)
 		end = fsize;
-	for (; off < end; off += (off_t)req)
-		if (pread(fd, buf, req, off) <= 0)
-			break;
+	if (rnd) {
+		unsigned seed = (unsigned)id * 7919u + 1u;
+		off_t slots = fsize / (off_t)req;
+
+		for (; off < end && slots > 0; off += (off_t)req)
+			if (pread(fd, buf, req, (off_t)(rand_r(&seed) % slots) * (off_t)req) <= 0)
+				break;
+	} else {
+		for (; off < end; off += (off_t)req)
+			if (pread(fd, buf, req, off) <= 0)
+				break;
+	}
 	close(fd);
 	if (id == 0)
 		anon_huge_kb = read_anon_huge_kb();
@@ -93,12 +107,23 @@ int main(int argc, char **argv)
 	double t0, dt;
 	int fd, ok = 1;
 
-	if (argc != 5 || atol(argv[2]) <= 0 || atoi(argv[4]) <= 0 || atoi(argv[4]) > 64) {
-		fprintf(stderr, "usage: direct_sizes FILE MIB HUGE(0|1) STREAMS(1-64)\n");
+	char *unit = NULL;
+	long size = argc >= 3 ? strtol(argv[2], &unit, 10) : 0;
+
+	if ((argc != 5 && !(argc == 6 && !strcmp(argv[5], "random"))) || size <= 0 ||
+	    (*unit && strcmp(unit, "K") && strcmp(unit, "k")) || atoi(argv[4]) <= 0 ||
+	    atoi(argv[4]) > 64) {
+		fprintf(stderr, "usage: direct_sizes FILE SIZE(MiB, or KiB as 512K) HUGE(0|1) "
+				"STREAMS(1-64) [random]\n");
 		return 2;
 	}
 	path = argv[1];
-	req = (size_t)atol(argv[2]) << 20;
+	req = (size_t)size << (*unit ? 10 : 20);
+	rnd = argc == 6;
+	if (req % 4096) {
+		fprintf(stderr, "direct_sizes: SIZE must be a multiple of 4 KiB\n");
+		return 2;
+	}
 	huge = atoi(argv[3]) != 0;
 	nstreams = atoi(argv[4]);
 	fd = open(path, O_RDONLY);
@@ -117,8 +142,8 @@ int main(int argc, char **argv)
 		ok &= r == NULL;
 	}
 	dt = now() - t0;
-	printf("%s: %zu MiB requests, %s pages, %d streams: %.2f GB/s (AnonHugePages %ld kB)%s\n",
-	       path, req >> 20, huge ? "huge" : "4 KiB", nstreams, (double)fsize / dt / 1e9,
-	       anon_huge_kb, ok ? "" : ", some reads failed");
+	printf("%s: %zu KiB requests%s, %s pages, %d streams: %.2f GB/s (AnonHugePages %ld kB)%s\n",
+	       path, req >> 10, rnd ? " at random offsets" : "", huge ? "huge" : "4 KiB", nstreams,
+	       (double)fsize / dt / 1e9, anon_huge_kb, ok ? "" : ", some reads failed");
 	return ok ? 0 : 1;
 }

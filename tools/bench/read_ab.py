@@ -12,7 +12,8 @@ fresh daemon for each of: the tp1_pp1 view with 1 reader, the tp4_pp1 view
 with 4 readers, the stored sources with 1 reader; 1 MiB reads as in
 tools/bench/run case 4.  Prints median wall seconds, GB/s and daemon CPU
 seconds per GB (less sensitive to other load on the machine than wall time),
-and the largest daemon peak RSS (VmHWM) of the samples.  --small adds cases
+the daemon's minor page faults during the read (thousands, median), and the
+largest daemon peak RSS (VmHWM) of the samples.  --small adds cases
 that read the first 128 MiB of the first tp1_pp1 view file with reads of
 each given size (one reader).
 """
@@ -29,10 +30,18 @@ sys.path.insert(0, HERE)
 import bench  # noqa: E402
 
 
-def pid_cpu(pid):
+def pid_stat(pid):
     with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def pid_cpu(pid):
+    v = pid_stat(pid)
     return (int(v[11]) + int(v[12])) / bench.CLK_TCK
+
+
+def pid_minflt(pid):
+    return int(pid_stat(pid)[7])
 
 
 def mount(binary, store, mnt, opts):
@@ -120,25 +129,27 @@ def main():
                 try:
                     g = groups(mnt, what)
                     bench.drop_caches()
-                    c0 = pid_cpu(p.pid)
+                    c0, f0 = pid_cpu(p.pid), pid_minflt(p.pid)
                     if what in small:
                         dt, n = read_small(g[0], small[what])
                     else:
                         dt, n = bench.parallel_read(g)
-                    cpu = pid_cpu(p.pid) - c0
+                    cpu, flt = pid_cpu(p.pid) - c0, pid_minflt(p.pid) - f0
                     rss = hwm(p.pid)
                 finally:
                     umount(p, mnt)
-                res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9), rss))
+                res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9), rss,
+                                                      flt / 1000))
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     print(f"{'case':34s} {'binary':34s} {'s':>6s} {'GB/s':>6s} {'CPU s/GB':>8s} "
-          f"{'RSS MiB':>7s}  samples (s)")
+          f"{'kfaults':>7s} {'RSS MiB':>7s}  samples (s)")
     for what in whats:
         for b, path in enumerate(a.bins):
             v = res[(what, b)]
             print(f"{what:34s} {path[-34:]:34s} {statistics.median(x[0] for x in v):6.3f} "
                   f"{statistics.median(x[1] for x in v):6.2f} "
                   f"{statistics.median(x[2] for x in v):8.2f} "
+                  f"{statistics.median(x[4] for x in v):7.1f} "
                   f"{max(x[3] for x in v):7.0f}  "
                   + " ".join(f"{x[0]:.2f}" for x in v))
     os.rmdir(mnt)
