@@ -66,18 +66,22 @@ static void *stream(void *arg)
 	long id = (long)arg;
 	off_t per = ((fsize / nstreams) + (off_t)req - 1) / (off_t)req * (off_t)req;
 	off_t off = id * per, end = off + per;
+	/* whole huge pages, also for requests under 2 MiB (as the store's
+	 * per-thread record buffer) */
+	size_t maplen = (req + ALIGN - 1) / ALIGN * ALIGN;
 	uint8_t *map, *buf;
 	int fd;
 
-	map = mmap(NULL, req + ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	map = mmap(NULL, maplen + ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+		   0);
 	if (map == MAP_FAILED)
 		return (void *)1;
 	buf = (uint8_t *)(((uintptr_t)map + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1));
-	(void)madvise(buf, req, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+	(void)madvise(buf, maplen, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 	memset(buf, 1, req);
 	fd = open(path, O_RDONLY | O_DIRECT);
 	if (fd < 0) {
-		munmap(map, req + ALIGN);
+		munmap(map, maplen + ALIGN);
 		return (void *)1;
 	}
 	if (end > fsize)
@@ -97,7 +101,7 @@ static void *stream(void *arg)
 	close(fd);
 	if (id == 0)
 		anon_huge_kb = read_anon_huge_kb();
-	munmap(map, req + ALIGN);
+	munmap(map, maplen + ALIGN);
 	return NULL;
 }
 
