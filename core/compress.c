@@ -50,10 +50,10 @@ static void shuffle_generic(const uint8_t *src, uint8_t *dst, size_t n, unsigned
 	}
 }
 
-static void unshuffle_generic(const uint8_t *src, uint8_t *dst, size_t n, unsigned e)
+static void unshuffle_generic(const uint8_t *const *planes, uint8_t *dst, size_t n, unsigned e)
 {
 	for (unsigned b = 0; b < e; b++) {
-		const uint8_t *plane = src + (size_t)b * n;
+		const uint8_t *plane = planes[b];
 
 		for (size_t i = 0; i < n; i++)
 			dst[i * e + b] = plane[i];
@@ -89,9 +89,8 @@ static void shuffle2(const uint8_t *src, uint8_t *dst, size_t n)
 	}
 }
 
-static void unshuffle2(const uint8_t *src, uint8_t *dst, size_t n)
+static void unshuffle2(const uint8_t *s0, const uint8_t *s1, uint8_t *dst, size_t n)
 {
-	const uint8_t *s0 = src, *s1 = src + n;
 	size_t i = 0;
 
 #ifdef __SSE2__
@@ -152,9 +151,9 @@ static void shuffle4(const uint8_t *src, uint8_t *dst, size_t n)
 	}
 }
 
-static void unshuffle4(const uint8_t *src, uint8_t *dst, size_t n)
+static void unshuffle4(const uint8_t *s0, const uint8_t *s1, const uint8_t *s2,
+		       const uint8_t *s3, uint8_t *dst, size_t n)
 {
-	const uint8_t *s0 = src, *s1 = src + n, *s2 = src + 2 * n, *s3 = src + 3 * n;
 	size_t i = 0;
 
 #ifdef __SSE2__
@@ -202,8 +201,20 @@ void ckpt_shuffle(const uint8_t *src, uint8_t *dst, size_t len, unsigned elem_si
 		memcpy(dst + body, src + body, len - body);
 }
 
+void ckpt_unshuffle_planes(const uint8_t *const *planes, unsigned elem_size, size_t n,
+			   uint8_t *dst)
+{
+	if (elem_size == 2)
+		unshuffle2(planes[0], planes[1], dst, n);
+	else if (elem_size == 4)
+		unshuffle4(planes[0], planes[1], planes[2], planes[3], dst, n);
+	else
+		unshuffle_generic(planes, dst, n, elem_size);
+}
+
 void ckpt_unshuffle(const uint8_t *src, uint8_t *dst, size_t len, unsigned elem_size)
 {
+	const uint8_t *planes[8];
 	size_t n, body;
 
 	if (elem_size <= 1 || len < elem_size) {
@@ -213,12 +224,15 @@ void ckpt_unshuffle(const uint8_t *src, uint8_t *dst, size_t len, unsigned elem_
 	}
 	n = len / elem_size;
 	body = n * elem_size;
-	if (elem_size == 2)
-		unshuffle2(src, dst, n);
-	else if (elem_size == 4)
-		unshuffle4(src, dst, n);
-	else
-		unshuffle_generic(src, dst, n, elem_size);
+	if (elem_size <= CKPT_ARRAY_SIZE(planes)) {
+		for (unsigned b = 0; b < elem_size; b++)
+			planes[b] = src + (size_t)b * n;
+		ckpt_unshuffle_planes(planes, elem_size, n, dst);
+	} else {
+		for (size_t i = 0; i < n; i++)
+			for (unsigned b = 0; b < elem_size; b++)
+				dst[i * elem_size + b] = src[(size_t)b * n + i];
+	}
 	if (len > body)
 		memcpy(dst + body, src + body, len - body);
 }

@@ -128,5 +128,13 @@ int ckpt_decompress(ckpt_decompressor *d, uint8_t codec, const void *src, size_t
  */
 void ckpt_shuffle(const uint8_t *src, uint8_t *dst, size_t len, unsigned elem_size);
 void ckpt_unshuffle(const uint8_t *src, uint8_t *dst, size_t len, unsigned elem_size);
+/*
+ * The unshuffle of n whole elements from elem_size (>= 1) byte planes of n
+ * bytes each that need not lie together: dst[i * elem_size + b] =
+ * planes[b][i].  No trailing bytes.  Planes must not overlap dst.
+ * Thread-safe; cannot fail.
+ */
+void ckpt_unshuffle_planes(const uint8_t *const *planes, unsigned elem_size, size_t n,
+			   uint8_t *dst);
 
 #endif

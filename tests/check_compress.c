@@ -147,7 +147,7 @@ END_TEST
 
 START_TEST(test_shuffle_matches_reference)
 {
-	static const unsigned elems[] = { 2, 4, 3, 8 };
+	static const unsigned elems[] = { 2, 4, 3, 8, 12 };
 	/* Around the 16-element SIMD step and its tails. */
 	static const size_t sizes[] = { 0, 1, 2, 31, 32, 33, 63, 64, 65, 66, 67,
 					127, 128, 129, 1000, 4099, MIB + 5 };
@@ -172,6 +172,45 @@ START_TEST(test_shuffle_matches_reference)
 	free(got);
 	free(want);
 	free(back);
+}
+END_TEST
+
+/* ckpt_unshuffle_planes: planes anywhere in memory (here each its own
+ * buffer, allocated in reverse order) give what ckpt_unshuffle gives for
+ * them laid end to end, around the SIMD step and its tails. */
+START_TEST(test_unshuffle_planes)
+{
+	static const unsigned elems[] = { 1, 2, 3, 4, 8 };
+	static const size_t counts[] = { 0, 1, 15, 16, 17, 33, 1000 };
+	uint8_t *shuf = malloc(8 * 1000), *want = malloc(8 * 1000), *got = malloc(8 * 1000 + 1);
+
+	ck_assert(shuf && want && got);
+	fill_random(shuf, 8 * 1000, 7);
+	for (size_t ei = 0; ei < sizeof(elems) / sizeof(elems[0]); ei++) {
+		for (size_t ci = 0; ci < sizeof(counts) / sizeof(counts[0]); ci++) {
+			unsigned e = elems[ei];
+			size_t n = counts[ci];
+			uint8_t *copy[8];
+			const uint8_t *planes[8];
+
+			for (unsigned b = e; b-- > 0;) {
+				copy[b] = malloc(n ? n : 1);
+				ck_assert_ptr_nonnull(copy[b]);
+				memcpy(copy[b], shuf + (size_t)b * n, n);
+				planes[b] = copy[b];
+			}
+			ckpt_unshuffle(shuf, want, n * e, e);
+			memset(got, 0xa5, 8 * 1000 + 1);
+			ckpt_unshuffle_planes(planes, e, n, got);
+			ck_assert_msg(memcmp(got, want, n * e) == 0, "e=%u n=%zu", e, n);
+			ck_assert_uint_eq(got[n * e], 0xa5); /* nothing past n elements */
+			for (unsigned b = 0; b < e; b++)
+				free(copy[b]);
+		}
+	}
+	free(shuf);
+	free(want);
+	free(got);
 }
 END_TEST
 
@@ -622,6 +661,7 @@ static Suite *compress_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_shuffle_layout);
 	tcase_add_test(tc, test_shuffle_matches_reference);
+	tcase_add_test(tc, test_unshuffle_planes);
 	tcase_add_test(tc, test_compressor_new_args);
 	tcase_add_test(tc, test_compress_bad_args);
 	tcase_add_test(tc, test_round_trip_sizes);

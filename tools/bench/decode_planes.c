@@ -14,7 +14,8 @@
  * times, with the chunks' stored bytes not in the CPU cache (204 MiB of
  * stored data, and 64 MiB written between passes): (a) ckpt_decompress, as
  * the store reads such chunks; (b) zstd for the compressed planes into a
- * scratch buffer, then the unshuffle from the raw planes where they lie.
+ * scratch buffer, then the unshuffle from the raw planes where they lie
+ * (ckpt_unshuffle_planes, the same SSE2 steps as ckpt_unshuffle).
  * Prints GB/s of decoded bytes per pass.  docs/performance.md 6e.
  */
 #include <stdint.h>
@@ -23,9 +24,6 @@
 #include <string.h>
 #include <time.h>
 #include <zstd.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "../../core/compress.h"
 
@@ -44,44 +42,6 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* Interleave e planes of n bytes into dst (the inverse of the shuffle),
- * with the SSE2 steps of core/compress.c's unshuffle2/unshuffle4 but from
- * planes that need not be contiguous. */
-static void unshuffle_from(const uint8_t *const *at, unsigned e, size_t n, uint8_t *dst)
-{
-	size_t i = 0;
-
-#ifdef __SSE2__
-	if (e == 2) {
-		for (; i + 16 <= n; i += 16) {
-			__m128i p0 = _mm_loadu_si128((const __m128i *)(at[0] + i));
-			__m128i p1 = _mm_loadu_si128((const __m128i *)(at[1] + i));
-
-			_mm_storeu_si128((__m128i *)(dst + 2 * i), _mm_unpacklo_epi8(p0, p1));
-			_mm_storeu_si128((__m128i *)(dst + 2 * i + 16), _mm_unpackhi_epi8(p0, p1));
-		}
-	} else {
-		for (; i + 16 <= n; i += 16) {
-			__m128i p0 = _mm_loadu_si128((const __m128i *)(at[0] + i));
-			__m128i p1 = _mm_loadu_si128((const __m128i *)(at[1] + i));
-			__m128i p2 = _mm_loadu_si128((const __m128i *)(at[2] + i));
-			__m128i p3 = _mm_loadu_si128((const __m128i *)(at[3] + i));
-			__m128i lo01 = _mm_unpacklo_epi8(p0, p1), hi01 = _mm_unpackhi_epi8(p0, p1);
-			__m128i lo23 = _mm_unpacklo_epi8(p2, p3), hi23 = _mm_unpackhi_epi8(p2, p3);
-			uint8_t *d = dst + 4 * i;
-
-			_mm_storeu_si128((__m128i *)d, _mm_unpacklo_epi16(lo01, lo23));
-			_mm_storeu_si128((__m128i *)(d + 16), _mm_unpackhi_epi16(lo01, lo23));
-			_mm_storeu_si128((__m128i *)(d + 32), _mm_unpacklo_epi16(hi01, hi23));
-			_mm_storeu_si128((__m128i *)(d + 48), _mm_unpackhi_epi16(hi01, hi23));
-		}
-	}
-#endif
-	for (; i < n; i++)
-		for (unsigned b = 0; b < e; b++)
-			dst[i * e + b] = at[b][i];
 }
 
 int main(int argc, char **argv)
@@ -166,7 +126,7 @@ int main(int argc, char **argv)
 					z += n;
 				}
 			}
-			unshuffle_from(pl[c].at, e, n, dst);
+			ckpt_unshuffle_planes(pl[c].at, e, n, dst);
 		}
 		printf("pass %d: one frame + unshuffle %.2f GB/s, planes %.2f GB/s\n", pass,
 		       (double)NCHUNKS * CHUNK / (t1 - t0) / 1e9,
