@@ -440,16 +440,6 @@ ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d)
 	return e;
 }
 
-bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d)
-{
-	bool r;
-
-	pthread_mutex_lock(&c->lock);
-	r = find_locked(c, d) != NULL;
-	pthread_mutex_unlock(&c->lock);
-	return r;
-}
-
 const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len)
 {
 	return ckpt_cache_fill_as(c, e, data, len, false);

@@ -93,8 +93,6 @@ void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len);
 const uint8_t *ckpt_cache_fill_buf(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
 				   bool stream, bool pooled);
 void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e);
-/* Whether d is cached or being loaded (no pin; may change at once). */
-bool ckpt_cache_contains(ckpt_cache *c, const ckpt_digest *d);
 
 /* Pin an entry the caller has pinned already once more (each pin needs its
  * own release). */

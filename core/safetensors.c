@@ -109,9 +109,7 @@ static void st_seterr(struct st_err *e, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(e->buf, e->len, fmt, ap);
 	va_end(ap);
-	for (char *p = e->buf; *p; p++)	/* keep it one line */
-		if ((unsigned char)*p < 0x20)
-			*p = '?';
+	ckpt_str_one_line(e->buf);
 }
 
 /* "[3, 4]"; at most ST_SHAPE_FMT_DIMS dims, then ", ...". */

@@ -55,9 +55,7 @@ static void sm_seterr(struct sm_err *e, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(e->buf, e->len, fmt, ap);
 	va_end(ap);
-	for (char *p = e->buf; *p; p++)	/* keep it one line */
-		if ((unsigned char)*p < 0x20 || *p == 0x7f)
-			*p = '?';
+	ckpt_str_one_line(e->buf);
 }
 
 /* Reason prefixed with "ckptfs metadata: tensor 'NAME': FIELD: ". */

@@ -42,6 +42,13 @@ void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 	va_end(ap);
 }
 
+void ckpt_str_one_line(char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char)*s < 0x20 || *s == 0x7f)
+			*s = '?';
+}
+
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off)
 {
 	uint8_t *p = buf;

@@ -460,6 +460,7 @@ static const struct {
 	{ "{\"__metadata__\":{\"a\":1}}", "__metadata__ value for key 'a' is not a string" },
 	{ "{\"__metadata__\":{\"a\\nb\":1}}", "value for key 'a?b' is not a string" },
 	{ "{\"x\\ty\":5}", "tensor 'x?y': entry is not an object" },
+	{ "{\"x\x7fy\":5}", "tensor 'x?y': entry is not an object" }, /* DEL, raw */
 	{ "{\"__metadata__\":{\"a\":null}}", "is not a string" },
 	{ "{\"__metadata__\":{\"a\":{\"b\":\"c\"}}}", "is not a string" },
 	{ "{\"__metadata__\":\"x\"}", "__metadata__ is not an object" },
