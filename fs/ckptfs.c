@@ -1499,6 +1499,7 @@ struct options {
 	unsigned ra_workers;
 	unsigned drop_behind;
 	char *direct_read;
+	unsigned view_cache;
 	int nonopt;
 };
 
@@ -1514,6 +1515,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("tp_rules=%s", tp_rules),
 	OPT("readahead_kb=%u", readahead_kb),
 	OPT("ra_workers=%u", ra_workers),
+	OPT("view_cache=%u", view_cache),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
 	FUSE_OPT_END
@@ -1572,6 +1574,8 @@ static void usage(const char *prog)
 	       "  -o ra_workers=N      threads loading chunks ahead of sequential readers\n"
 	       "                       (default: two per CPU; 0, or cache_size=0, turns\n"
 	       "                       chunk read-ahead off)\n"
+	       "  -o view_cache=N      resharded views kept built, most recently used\n"
+	       "                       (1-4096, default 8)\n"
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
@@ -1736,6 +1740,7 @@ int main(int argc, char **argv)
 	o.compress = INT_MIN; /* unset */
 	o.readahead_kb = UINT_MAX; /* unset */
 	o.ra_workers = UINT_MAX;   /* unset */
+	o.view_cache = VTREE_VIEW_CACHE_DEFAULT;
 	o.drop_behind = 1;
 	/* Chunk and request buffers are 128 KiB..4 MiB: by default glibc serves
 	 * them with fresh mmap()s, and every page of every buffer is faulted in
@@ -1787,6 +1792,11 @@ int main(int argc, char **argv)
 	so.background = !o.nobackground;
 	if (o.cache_size && parse_size(o.cache_size, &so.cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", o.cache_size);
+		goto out;
+	}
+	if (o.view_cache < 1 || o.view_cache > 4096) {
+		fprintf(stderr, "ckptfs: invalid view_cache %u: between 1 and 4096 views\n",
+			o.view_cache);
 		goto out;
 	}
 	fs.direct_read_opt = DIRECT_READ_VIEWS;
@@ -1851,7 +1861,7 @@ int main(int argc, char **argv)
 		}
 	}
 	pthread_mutex_init(&fs.nodes_lock, NULL);
-	vtree_init(fs.store, rules);
+	vtree_init(fs.store, rules, o.view_cache);
 	se = fuse_session_new(&args, &ops, sizeof(ops), NULL);
 	if (!se) {
 		report("ckptfs: cannot create FUSE session (bad -o option?)\n");
@@ -1928,6 +1938,13 @@ out:
 		ckpt_info("chunk cache: %" PRIu64 " hits, %" PRIu64 " misses (loaded by readers), %"
 			  PRIu64 " evictions, %" PRIu64 " bytes held (%" PRIu64 " stream)",
 			  cs.hits, cs.misses, cs.evictions, cs.bytes, cs.stream_bytes);
+		{
+			struct vtree_stats vs;
+			vtree_get_stats(&vs);
+			ckpt_info("view cache: %" PRIu64 " views built, %" PRIu64
+				  " dropped for newer ones, %" PRIu64 " kept",
+				  vs.builds, vs.evictions, vs.views);
+		}
 	}
 	ckpt_readahead_free(fs.ra);
 	ckpt_pool_free(fs.pool);

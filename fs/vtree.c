@@ -8,6 +8,9 @@
  *  T2. A cache entry's view was built for (layout, dir); it is trusted
  *      while the daemon-wide change generation is what it was when the
  *      entry was last checked, else its sources' signature is recomputed.
+ *      The cache holds at most vt.cache_max entries, most recently used
+ *      first; the last one is dropped for a new one (open files keep their
+ *      own reference to its view).
  *  T3. A V_FILE vnode names one version of a view file: its key includes
  *      the view's signature, its size never changes.  When the sources
  *      change, the same name maps to a new vnode (a new inode for the
@@ -19,6 +22,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +70,9 @@ static struct {
 	/* Protected by lock: */
 	struct vnode *by_key[VT_BUCKETS], *by_ino[VT_BUCKETS];
 	uint64_t next_vino;
-	struct vcache *cache;
+	struct vcache *cache;   /* most recently used first */
+	size_t ncache, cache_max;
+	uint64_t builds, evictions;
 	uint64_t gen; /* bumped by vtree_changed() */
 	/* files to parse ahead of the first view (vtree_prefetch) */
 	pthread_cond_t pf_cond;
@@ -129,17 +135,27 @@ out:
 	pthread_mutex_unlock(&vt.lock);
 }
 
-int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules)
+int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache)
 {
 	memset(&vt, 0, sizeof(vt));
 	vt.s = s;
 	vt.rules = rules;
+	vt.cache_max = view_cache ? view_cache : 1;
 	vt.next_vino = VTREE_INO_BASE;
 	pthread_mutex_init(&vt.lock, NULL);
 	pthread_cond_init(&vt.pf_cond, NULL);
 	if (pthread_create(&vt.pf_thread, NULL, pf_main, NULL) == 0)
 		vt.pf_started = true;
 	return 0;
+}
+
+void vtree_get_stats(struct vtree_stats *ret)
+{
+	pthread_mutex_lock(&vt.lock);
+	ret->views = vt.ncache;
+	ret->builds = vt.builds;
+	ret->evictions = vt.evictions;
+	pthread_mutex_unlock(&vt.lock);
 }
 
 void vtree_fini(void)
@@ -280,15 +296,42 @@ static int vnode_find(uint64_t vino, struct vnode **ret)
 	return 0;
 }
 
-/* The cache entry of (layout, dir), or NULL.  Caller holds vt.lock. */
+/* The cache entry of (layout, dir), moved to the front, or NULL.  Caller
+ * holds vt.lock. */
 static struct vcache *vcache_find_locked(const struct ckpt_layout *l, uint64_t dir)
 {
-	struct vcache *c;
+	struct vcache **pp, *c;
 
-	for (c = vt.cache; c; c = c->next)
+	for (pp = &vt.cache; (c = *pp); pp = &c->next)
 		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
 			break;
+	if (c && pp != &vt.cache) {
+		*pp = c->next;
+		c->next = vt.cache;
+		vt.cache = c;
+	}
 	return c;
+}
+
+/* Drop the least recently used entries beyond vt.cache_max; whether any
+ * was.  Caller holds vt.lock. */
+static bool vcache_trim_locked(void)
+{
+	struct vcache **pp = &vt.cache, *c;
+	bool any = false;
+	size_t i = 0;
+
+	while (*pp && ++i <= vt.cache_max)
+		pp = &(*pp)->next;
+	while ((c = *pp)) {
+		*pp = c->next;
+		ckpt_view_unref(c->view);
+		free(c);
+		vt.ncache--;
+		vt.evictions++;
+		any = true;
+	}
+	return any;
 }
 
 /* The view of (layout, dir), rebuilt if its sources changed.  Returns a
@@ -299,7 +342,7 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	ckpt_view *v = NULL;
 	uint64_t sig = 0, gen;
 	char err[512];
-	bool cached;
+	bool cached, evicted = false;
 	int r;
 
 	pthread_mutex_lock(&vt.lock);
@@ -344,20 +387,28 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 		return r;
 	}
 	pthread_mutex_lock(&vt.lock);
+	vt.builds++;
 	c = vcache_find_locked(l, dir);
 	if (!c && (c = calloc(1, sizeof(*c)))) {
 		c->dir = dir;
 		c->layout = *l;
 		c->next = vt.cache;
 		vt.cache = c;
+		vt.ncache++;
 	}
 	if (c) {
 		ckpt_view_unref(c->view); /* open files keep their own reference */
 		c->view = v;
 		c->gen = gen;
 		ckpt_view_ref(v);
+		evicted = vcache_trim_locked();
 	}
 	pthread_mutex_unlock(&vt.lock);
+	/* A dropped view's memory is spread over the heaps of the threads
+	 * that built it, which keep up to 32 MiB each (M_TRIM_THRESHOLD in
+	 * fs/ckptfs.c): give it back, or the next views grow the daemon. */
+	if (evicted)
+		malloc_trim(0);
 	*ret = v;
 	return 0;
 }

@@ -7,7 +7,12 @@
  * directory are replaced by the files of its resharded view (core/view.h).
  * Virtual inodes are numbered from VTREE_INO_BASE upwards (store inode
  * numbers stay far below) and live until unmount.  Views are cached per
- * (layout, directory) and rebuilt when the directory's sources change.
+ * (layout, directory), the view_cache most recently used ones, and rebuilt
+ * when the directory's sources change or after they were dropped.  A view
+ * of a 20,000-tensor checkpoint holds 2-50 MB (more for layouts that split
+ * more tensors): an evaluator walking checkpoint after checkpoint grew the
+ * daemon by about 55 MB per checkpoint and 3 layouts while every view
+ * stayed cached (docs/performance.md 6e).
  *
  * All functions return 0 / a positive value or a negative errno; replies
  * are made by the caller (fs/ckptfs.c).  Thread-safe.
@@ -29,8 +34,17 @@ static inline bool vtree_is_virtual(uint64_t ino)
 	return ino >= VTREE_INO_BASE;
 }
 
-int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules);
+/* view_cache: how many views to keep (0 counts as 1). */
+#define VTREE_VIEW_CACHE_DEFAULT 8
+int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache);
 void vtree_fini(void);
+
+struct vtree_stats {
+	uint64_t views;     /* cached now */
+	uint64_t builds;    /* views built since mount */
+	uint64_t evictions; /* dropped for newer ones */
+};
+void vtree_get_stats(struct vtree_stats *ret);
 
 /* Is name in parent a view root ("tpT_ppP" directly under the mount root)? */
 bool vtree_is_view_name(uint64_t parent, const char *name);

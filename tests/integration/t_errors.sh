@@ -45,6 +45,7 @@ refused "ckptfs -o compress=-1" "" "$CKPTFS" "$STORE" "$MNT2" -o compress=-1
 refused "ckptfs -o cache_size=lots" "" "$CKPTFS" "$STORE" "$MNT2" -o cache_size=lots
 refused "ckptfs -o log_level=loud" "" "$CKPTFS" "$STORE" "$MNT2" -o log_level=loud
 refused "ckptfs -o direct_read=some" "" "$CKPTFS" "$STORE" "$MNT2" -o direct_read=some
+refused "ckptfs -o view_cache=0" "view_cache" "$CKPTFS" "$STORE" "$MNT2" -o view_cache=0
 refused "ckpt without arguments" "" "$CKPT"
 refused "ckpt with an unknown command" "" "$CKPT" frobnicate "$STORE"
 

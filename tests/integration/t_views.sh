@@ -374,6 +374,24 @@ vl_checks "views with -o tp_rules" verify "$MNT" tp2_pp2,tp3_pp1 --tp-rules "$WO
 vl_checks "explicit tp_dim wins over -o tp_rules" verify "$MNT" tp2_pp2 \
 	--tp-rules "$WORK/tp_rules" "$WORK/spec_ckpt_tp1_pp3.json"
 stop_daemon || fail "unmount"
+
+# ---------------------------------------------------------------- -o view_cache: dropped views
+# With one view kept, every layout read below drops the previous one; the views built again
+# must read element-exact, and the daemon says at unmount how many it built and dropped.
+start_daemon -o view_cache=1,log_level=info || bail "mount with -o view_cache=1"
+for pass in 1 2; do
+	vl_checks "view_cache=1, pass $pass" verify "$MNT" tp2_pp1,tp1_pp2,tp4_pp1 \
+		"$WORK/spec_ckpt_tp2_pp2.json" "$WORK/spec_ckpt_tp1_pp3.json"
+done
+stop_daemon || fail "unmount"
+vc=$(grep 'view cache:' "$STORE/ckptfs.log" | tail -n 1)
+note "$vc"
+built=$(sed -n 's/.*view cache: \([0-9]*\) views built, \([0-9]*\) dropped for newer ones, \([0-9]*\) kept.*/\1 \2 \3/p' <<<"$vc")
+read -r nb nd nk <<<"$built"
+check "view_cache=1: every one of the 2 x 3 x 2 layout reads built its view again" \
+	test "${nb:-0}" -ge 12
+assert_eq "$((nb - 1))" "${nd:-x}" "view_cache=1: all views but the last were dropped"
+assert_eq 1 "${nk:-x}" "view_cache=1: one view kept"
 "$CKPT" fsck "$STORE" >"$WORK/fsck.out" 2>&1
 assert_eq 0 $? "ckpt fsck after the view tests"
 
