@@ -83,8 +83,8 @@ struct handle {
 	uint64_t version;
 	struct vtree_file *vf;         /* files of the virtual view trees */
 	struct ckpt_ra_window ra;      /* read-only handles: read-ahead state */
-	bool direct;                   /* opened with direct_io (set at open) */
-	bool streaming;                /* counted in fs.ra_streams until release (atomic) */
+	bool direct;                   /* opened with direct_io (set at open); read-only
+					* ones count in fs.ra_streams until release */
 	uint64_t dropped;              /* drop-behind: kernel pages below this offset
 					* were queued for dropping (atomic) */
 };
@@ -992,16 +992,15 @@ static void set_open_flags(struct fuse_file_info *fi, struct handle *h)
 	fi->direct_io = h->writable ||
 			((h->vf ? fs.direct_views : fs.direct_files) && direct_granted());
 	h->direct = fi->direct_io;
-	if (h->direct && !h->writable) {
-		h->streaming = true;
+	if (h->direct && !h->writable)
 		__atomic_fetch_add(&fs.ra_streams, 1, __ATOMIC_RELAXED);
-	}
 }
 
-/* A handle leaves the streams counted at open (set_open_flags). */
+/* A handle leaves the streams counted at open (set_open_flags): once, at
+ * its release or its interrupted open. */
 static void stream_end(struct handle *h)
 {
-	if (__atomic_exchange_n(&h->streaming, false, __ATOMIC_RELAXED))
+	if (h->direct && !h->writable)
 		__atomic_fetch_sub(&fs.ra_streams, 1, __ATOMIC_RELAXED);
 }
 

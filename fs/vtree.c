@@ -71,7 +71,7 @@ static struct {
 	struct vnode *by_key[VT_BUCKETS], *by_ino[VT_BUCKETS];
 	uint64_t next_vino;
 	struct vcache *cache;   /* most recently used first */
-	size_t ncache, cache_max;
+	size_t cache_max;
 	uint64_t builds, evictions;
 	uint64_t gen; /* bumped by vtree_changed() */
 	/* files to parse ahead of the first view (vtree_prefetch) */
@@ -152,7 +152,9 @@ int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache)
 void vtree_get_stats(struct vtree_stats *ret)
 {
 	pthread_mutex_lock(&vt.lock);
-	ret->views = vt.ncache;
+	ret->views = 0;
+	for (struct vcache *c = vt.cache; c; c = c->next)
+		ret->views++;
 	ret->builds = vt.builds;
 	ret->evictions = vt.evictions;
 	pthread_mutex_unlock(&vt.lock);
@@ -327,7 +329,6 @@ static bool vcache_trim_locked(void)
 		*pp = c->next;
 		ckpt_view_unref(c->view);
 		free(c);
-		vt.ncache--;
 		vt.evictions++;
 		any = true;
 	}
@@ -394,7 +395,6 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 		c->layout = *l;
 		c->next = vt.cache;
 		vt.cache = c;
-		vt.ncache++;
 	}
 	if (c) {
 		ckpt_view_unref(c->view); /* open files keep their own reference */
