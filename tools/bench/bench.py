@@ -139,13 +139,26 @@ def mounts_under(path):
     return out
 
 
+def _proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name (field 3 is index 0)."""
+    with open(f"/proc/{pid}/stat") as f:
+        s = f.read()
+    return s[s.rindex(")") + 2:].split()
+
+
 def proc_cpu(pid):
     """utime + stime of a process (all threads), seconds."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            s = f.read()
-        fields = s[s.rindex(")") + 2:].split()
+        fields = _proc_stat(pid)
         return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def proc_minflt(pid):
+    """Minor page faults of a process (all threads)."""
+    try:
+        return int(_proc_stat(pid)[7])
     except (OSError, ValueError, IndexError):
         return float("nan")
 

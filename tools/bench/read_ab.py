@@ -30,20 +30,6 @@ sys.path.insert(0, HERE)
 import bench  # noqa: E402
 
 
-def pid_stat(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def pid_cpu(pid):
-    v = pid_stat(pid)
-    return (int(v[11]) + int(v[12])) / bench.CLK_TCK
-
-
-def pid_minflt(pid):
-    return int(pid_stat(pid)[7])
-
-
 def mount(binary, store, mnt, opts):
     binary, _, own = binary.partition("@")
     opts = opts + [o for o in own.split(",") if o]
@@ -55,14 +41,6 @@ def mount(binary, store, mnt, opts):
         time.sleep(0.025)
     time.sleep(0.3)  # let the read-ahead knob be set
     return p
-
-
-def hwm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for ln in f:
-            if ln.startswith("VmHWM:"):
-                return int(ln.split()[1]) / 1024
-    return 0.0
 
 
 def umount(p, mnt):
@@ -129,13 +107,14 @@ def main():
                 try:
                     g = groups(mnt, what)
                     bench.drop_caches()
-                    c0, f0 = pid_cpu(p.pid), pid_minflt(p.pid)
+                    c0, f0 = bench.proc_cpu(p.pid), bench.proc_minflt(p.pid)
                     if what in small:
                         dt, n = read_small(g[0], small[what])
                     else:
                         dt, n = bench.parallel_read(g)
-                    cpu, flt = pid_cpu(p.pid) - c0, pid_minflt(p.pid) - f0
-                    rss = hwm(p.pid)
+                    cpu = bench.proc_cpu(p.pid) - c0
+                    flt = bench.proc_minflt(p.pid) - f0
+                    rss = bench.proc_hwm(p.pid) / bench.MiB
                 finally:
                     umount(p, mnt)
                 res.setdefault((what, b), []).append((dt, n / 1e9 / dt, cpu / (n / 1e9), rss,

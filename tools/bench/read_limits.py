@@ -54,12 +54,6 @@ def mount_nullfs(binary, mnt, direct):
     return p
 
 
-def pid_cpu(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        v = f.read().rsplit(")", 1)[1].split()
-    return (int(v[11]) + int(v[12])) / bench.CLK_TCK
-
-
 def self_cpu():
     t = os.times()
     return t.user + t.system
@@ -100,9 +94,9 @@ def main():
                         f.truncate(size)
                 for nread in (1, 4):
                     bench.drop_caches()
-                    c0, d0 = self_cpu(), pid_cpu(p.pid)
+                    c0, d0 = self_cpu(), bench.proc_cpu(p.pid)
                     dt, nbytes = bench.parallel_read([names[i::nread] for i in range(nread)])
-                    c1, d1 = self_cpu(), pid_cpu(p.pid)
+                    c1, d1 = self_cpu(), bench.proc_cpu(p.pid)
                     key = f"null FUSE, {'direct_io' if direct else 'page cache'}, {nread} reader(s)"
                     res.setdefault(key, []).append(nbytes / GB / dt)
                     cpu.setdefault(key, []).append(((c1 - c0) / (nbytes / GB),
