@@ -5,7 +5,10 @@
  * Invariants (all under c->lock):
  *  - every entry is in exactly one hash chain;
  *  - an entry is on the LRU list iff its pin count is zero;
- *  - c->bytes is the sum of len over all entries (pinned or not);
+ *  - c->bytes is the sum of charge over all entries (pinned or not), and
+ *    c->stream_bytes that over the stream entries; charge is len, or for
+ *    data in a pooled buffer the buffer's mapped size (what it costs in
+ *    memory, up to twice len: ckpt_cache_buf_alloc);
  *  - after any insert or release, unpinned entries are evicted from the LRU
  *    tail until c->bytes <= c->capacity or no unpinned entry is left.
  */
@@ -37,6 +40,8 @@ struct ckpt_cache_entry {
 	bool loading; /* placeholder: its owner is loading the data (len 0) */
 	bool stream;  /* loaded for a sequential reader: on the stream list */
 	bool pooled;  /* data from ckpt_cache_buf_alloc (else malloc) */
+	size_t charge; /* bytes it counts against the capacity: len, or its
+			* buffer's mapped size when pooled */
 	struct ckpt_cache_entry *hnext;
 	struct ckpt_cache_entry *lru_prev, *lru_next; /* valid iff pins == 0 */
 };
@@ -57,6 +62,7 @@ struct ckpt_cache {
 	pthread_mutex_t pool_lock;
 	void *pool[BUF_CLASSES];
 	uint64_t pool_bytes;
+	uint64_t buf_stats[3]; /* buffers handed out: pooled, resized, fresh (atomic) */
 	struct ckpt_cache_stats stats;
 };
 
@@ -137,29 +143,80 @@ static void *pool_pop_locked(ckpt_cache *c, size_t k)
 	return p;
 }
 
+/* The class of a buffer from ckpt_cache_buf_alloc. */
+static size_t buf_class_of(const uint8_t *buf)
+{
+	size_t k;
+
+	memcpy(&k, buf - BUF_HDR, sizeof(k));
+	return k;
+}
+
+/*
+ * A free buffer for class k from the pool, or NULL (*ret_how: 0 taken as
+ * it is, 1 resized).  Chunk sizes vary (content-defined: 128 KiB to 2 MiB
+ * by default), so the pool often has no buffer of k's class; a buffer of
+ * another class still beats a new mapping, whose every page is a fault and
+ * a zeroing (and on this VM memory the host must first back; see
+ * docs/performance.md 6f).  In order of preference:
+ *  - the smallest of classes k .. k + max(BUF_SLACK, k), as it is (at most
+ *    about half of it unused; the cache charges the whole buffer);
+ *  - the largest of a smaller class, grown to k with mremap: its pages move
+ *    along, only the new tail is fresh;
+ *  - the smallest of a larger class, shrunk to k with mremap (its tail is
+ *    unmapped).
+ */
+static void *pool_take(ckpt_cache *c, size_t k, int *ret_how)
+{
+	size_t j = 0, i, top = k + CKPT_MAX((size_t)BUF_SLACK, k);
+	void *p = NULL, *q;
+
+	*ret_how = 0;
+	pthread_mutex_lock(&c->pool_lock);
+	for (i = k; i < BUF_CLASSES && i <= top && !p; i++)
+		if ((p = pool_pop_locked(c, i)))
+			j = i;
+	for (i = k - 1; i >= 1 && !p; i--)
+		if ((p = pool_pop_locked(c, i)))
+			j = i;
+	for (i = top + 1; i < BUF_CLASSES && !p; i++)
+		if ((p = pool_pop_locked(c, i)))
+			j = i;
+	pthread_mutex_unlock(&c->pool_lock);
+	if (!p || (j >= k && j <= top)) {
+		if (p)
+			memcpy(p, &j, sizeof(j));
+		return p;
+	}
+	*ret_how = 1;
+	q = mremap(p, j * BUF_GRAIN, k * BUF_GRAIN, MREMAP_MAYMOVE);
+	if (q == MAP_FAILED) {
+		munmap(p, j * BUF_GRAIN);
+		return NULL;
+	}
+	memcpy(q, &k, sizeof(k));
+	return q;
+}
+
 uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
 {
-	size_t k = buf_class(len), j = k;
+	size_t k = buf_class(len);
 	void *p = NULL;
+	int how = 2;
 
 	if (len > SIZE_MAX - BUF_HDR - BUF_GRAIN)
 		return NULL;
-	/* chunk sizes vary: a free buffer up to BUF_SLACK classes larger beats
-	 * a fresh mapping (page faults and zeroing) */
-	pthread_mutex_lock(&c->pool_lock);
-	for (j = k; j < BUF_CLASSES && j <= k + BUF_SLACK && !p; j++)
-		p = pool_pop_locked(c, j);
-	pthread_mutex_unlock(&c->pool_lock);
-	if (p) {
-		j--; /* the class p came from */
-	} else {
-		j = k;
-		p = mmap(NULL, j * BUF_GRAIN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+	if (k < BUF_CLASSES)
+		p = pool_take(c, k, &how);
+	if (!p) {
+		how = 2;
+		p = mmap(NULL, k * BUF_GRAIN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			 -1, 0);
 		if (p == MAP_FAILED)
 			return NULL;
+		memcpy(p, &k, sizeof(k));
 	}
-	memcpy(p, &j, sizeof(j));
+	__atomic_add_fetch(&c->buf_stats[how], 1, __ATOMIC_RELAXED);
 	return (uint8_t *)p + BUF_HDR;
 }
 
@@ -197,9 +254,9 @@ static void entry_data_free(ckpt_cache *c, struct ckpt_cache_entry *e)
 
 static void entry_destroy(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
-	c->bytes -= e->len;
+	c->bytes -= e->charge;
 	if (e->stream)
-		c->stream_bytes -= e->len;
+		c->stream_bytes -= e->charge;
 	c->nentries--;
 	entry_data_free(c, e);
 	free(e);
@@ -332,6 +389,7 @@ ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t
 	e->digest = *d;
 	e->data = data;
 	e->len = len;
+	e->charge = len;
 	e->pins = 1;
 	e->hnext = c->buckets[bucket_of(c, d)];
 	c->buckets[bucket_of(c, d)] = e;
@@ -460,9 +518,10 @@ const uint8_t *ckpt_cache_fill_buf(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *
 	e->loading = false;
 	e->stream = stream;
 	e->pooled = pooled;
-	c->bytes += len;
+	e->charge = pooled ? buf_class_of(data) * BUF_GRAIN : len;
+	c->bytes += e->charge;
 	if (stream)
-		c->stream_bytes += len;
+		c->stream_bytes += e->charge;
 	evict_locked(c);
 	pthread_cond_broadcast(&c->loaded);
 	pthread_mutex_unlock(&c->lock);
@@ -496,4 +555,7 @@ void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)
 	ret_stats->stream_bytes = c->stream_bytes;
 	ret_stats->stream_cap = c->stream_cap;
 	pthread_mutex_unlock(&c->lock);
+	ret_stats->bufs_pooled = __atomic_load_n(&c->buf_stats[0], __ATOMIC_RELAXED);
+	ret_stats->bufs_resized = __atomic_load_n(&c->buf_stats[1], __ATOMIC_RELAXED);
+	ret_stats->bufs_fresh = __atomic_load_n(&c->buf_stats[2], __ATOMIC_RELAXED);
 }

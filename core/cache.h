@@ -24,7 +24,8 @@
 typedef struct ckpt_cache ckpt_cache;
 typedef struct ckpt_cache_entry ckpt_cache_entry;
 
-/* capacity: bytes of chunk data kept; 0 disables caching (inserts are
+/* capacity: bytes of chunk data kept (an entry in a pooled buffer counts
+ * the buffer's size: ckpt_cache_buf_alloc); 0 disables caching (inserts are
  * returned pinned and freed on release). */
 int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache);
 /* All entries must have been released. Accepts NULL. */
@@ -84,7 +85,12 @@ void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes);
  * readers of a 2.2 GB view left 462 MB with malloc for 88 MB in use.  These
  * buffers are anonymous mappings in 128 KiB steps; freed ones are kept for
  * reuse up to 32 MiB in all and unmapped beyond, so memory follows what the
- * cache holds; a request may get a free buffer up to 512 KiB larger.
+ * cache holds.  A request takes a free buffer of its size class or up to
+ * twice it (at least 512 KiB larger) as it is; failing that, a free buffer
+ * of another class resized with mremap (the pages it has touched stay, so
+ * they are not faulted and zeroed again); only then a new mapping.  An
+ * entry in such a buffer is charged the buffer's mapped size against the
+ * capacity, so the cache's bound is a bound on its memory.
  * buf_alloc returns NULL when out of memory; a buffer goes back with
  * buf_free or into the cache with fill_buf(pooled = true).
  */
@@ -108,6 +114,9 @@ void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d);
 struct ckpt_cache_stats {
 	uint64_t hits, misses, bytes, entries, evictions, stream_bytes;
 	uint64_t stream_cap; /* the budget of stream entries (ckpt_cache_fill_as) */
+	/* chunk buffers handed out by ckpt_cache_buf_alloc: from the pool as
+	 * they were, from the pool resized (mremap), newly mapped */
+	uint64_t bufs_pooled, bufs_resized, bufs_fresh;
 };
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats);
 

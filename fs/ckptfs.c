@@ -1937,6 +1937,8 @@ out:
 		ckpt_info("chunk cache: %" PRIu64 " hits, %" PRIu64 " misses (loaded by readers), %"
 			  PRIu64 " evictions, %" PRIu64 " bytes held (%" PRIu64 " stream)",
 			  cs.hits, cs.misses, cs.evictions, cs.bytes, cs.stream_bytes);
+		ckpt_info("chunk buffers: %" PRIu64 " reused, %" PRIu64 " reused resized, %" PRIu64
+			  " newly mapped", cs.bufs_pooled, cs.bufs_resized, cs.bufs_fresh);
 		{
 			struct vtree_stats vs;
 			vtree_get_stats(&vs);

@@ -723,7 +723,8 @@ START_TEST(test_buf_pool)
 	ckpt_cache_entry *e;
 	uint8_t *a, *b;
 
-	ck_assert_int_eq(ckpt_cache_new(100000, &c), 0);
+	/* a pooled entry is charged its buffer, 128 KiB here */
+	ck_assert_int_eq(ckpt_cache_new(1u << 20, &c), 0);
 	a = ckpt_cache_buf_alloc(c, 1000);
 	ck_assert_ptr_nonnull(a);
 	memset(a, 0x5a, 1000);
@@ -744,6 +745,66 @@ START_TEST(test_buf_pool)
 	a[(3u << 20) - 1] = 1;
 	ckpt_cache_buf_free(c, a, 3u << 20);
 	ckpt_cache_free(c); /* unmaps the pool */
+}
+END_TEST
+
+/* Chunk sizes vary, so the pool serves other classes too: a smaller free
+ * buffer is grown (its pages, and so its bytes, move along: no fresh
+ * memory for them), a larger one within twice the class is used as it is,
+ * a much larger one is shrunk; an entry in a pooled buffer is charged the
+ * buffer's mapped size. */
+START_TEST(test_buf_reuse_other_class)
+{
+	const size_t G = 128u << 10;
+	struct ckpt_cache_stats st;
+	ckpt_cache *c;
+	ckpt_digest d = dig(12);
+	ckpt_cache_entry *e;
+	uint8_t *a, *b;
+	size_t i;
+
+	ck_assert_int_eq(ckpt_cache_new(64u << 20, &c), 0);
+	a = ckpt_cache_buf_alloc(c, 600u << 10); /* class 5 */
+	ck_assert_ptr_nonnull(a);
+	for (i = 0; i < (600u << 10); i++)
+		a[i] = (uint8_t)(i * 7);
+	ckpt_cache_buf_free(c, a, 600u << 10);
+	b = ckpt_cache_buf_alloc(c, 1100u << 10); /* class 9: grows the class 5 one */
+	ck_assert_ptr_nonnull(b);
+	for (i = 0; i < (600u << 10); i++)
+		if (b[i] != (uint8_t)(i * 7))
+			ck_abort_msg("byte %zu of the grown buffer changed", i);
+	memset(b, 1, 1100u << 10);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bufs_fresh, 1);
+	ck_assert_uint_eq(st.bufs_resized, 1);
+	ckpt_cache_buf_free(c, b, 1100u << 10);
+	a = ckpt_cache_buf_alloc(c, 600u << 10); /* class 5 takes the class 9 one as it is */
+	ck_assert_ptr_eq(a, b);
+	e = ckpt_cache_reserve(c, &d);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_fill_buf(c, e, a, 600u << 10, true, true);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bytes, 9 * G);
+	ck_assert_uint_eq(st.stream_bytes, 9 * G);
+	ck_assert_uint_eq(st.bufs_pooled, 1);
+	ckpt_cache_release(c, e);
+	ckpt_cache_forget(c, &d);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bytes, 0);
+	ck_assert_uint_eq(st.stream_bytes, 0);
+	a = ckpt_cache_buf_alloc(c, 1000); /* class 1: shrinks the class 9 one */
+	ck_assert_ptr_nonnull(a);
+	memset(a, 2, 1000);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bufs_resized, 2);
+	ck_assert_uint_eq(st.bufs_fresh, 1);
+	e = ckpt_cache_reserve(c, &d);
+	ckpt_cache_fill_buf(c, e, a, 1000, false, true);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bytes, G);
+	ckpt_cache_release(c, e);
+	ckpt_cache_free(c);
 }
 END_TEST
 
@@ -769,6 +830,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_ra_window);
 	tcase_add_test(tc, test_ra_window_size);
 	tcase_add_test(tc, test_buf_pool);
+	tcase_add_test(tc, test_buf_reuse_other_class);
 	suite_add_tcase(s, tc);
 	return s;
 }
