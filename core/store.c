@@ -616,16 +616,22 @@ out:
 	return r;
 }
 
-/* Read and verify chunk d (uncached) into a new malloc'd buffer. */
-static int load_chunk(ckpt_store *s, const ckpt_digest *d, uint8_t **ret_buf, size_t *ret_len)
+/* Read and verify chunk d (uncached) into a new pooled buffer.  known: its
+ * location if the caller has just looked it up, else NULL. */
+static int load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *known,
+		      uint8_t **ret_buf, size_t *ret_len)
 {
 	struct ckpt_chunk_loc loc;
 	uint8_t *buf;
 	int r;
 
-	r = ckpt_store_chunk_loc(s, d, &loc, NULL);
-	if (r < 0)
-		return r == -ENOENT ? -EIO : r;
+	if (known) {
+		loc = *known;
+	} else {
+		r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+		if (r < 0)
+			return r == -ENOENT ? -EIO : r;
+	}
 	buf = ckpt_cache_buf_alloc(s->cache, loc.raw_len);
 	if (!buf)
 		return -ENOMEM;
@@ -666,7 +672,7 @@ int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
 	if (!e)
 		return -ENOMEM;
 	if (fill) {
-		r = load_chunk(s, d, &buf, &dlen);
+		r = load_chunk(s, d, NULL, &buf, &dlen);
 		if (r < 0) {
 			ckpt_cache_abandon(s->cache, e);
 			return r;
@@ -789,7 +795,7 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 		} else {
 			if (buf)
 				ckpt_cache_buf_free(s->cache, buf, x->loc.raw_len);
-			if (load_chunk(s, x->d, &buf, &len) < 0) {
+			if (load_chunk(s, x->d, &x->loc, &buf, &len) < 0) {
 				ckpt_cache_abandon(s->cache, x->e);
 				continue;
 			}
