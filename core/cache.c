@@ -183,11 +183,8 @@ static void *pool_take(ckpt_cache *c, size_t k, int *ret_how)
 		if ((p = pool_pop_locked(c, i)))
 			j = i;
 	pthread_mutex_unlock(&c->pool_lock);
-	if (!p || (j >= k && j <= top)) {
-		if (p)
-			memcpy(p, &j, sizeof(j));
-		return p;
-	}
+	if (!p || (j >= k && j <= top))
+		return p; /* its header still holds its class j */
 	*ret_how = 1;
 	q = mremap(p, j * BUF_GRAIN, k * BUF_GRAIN, MREMAP_MAYMOVE);
 	if (q == MAP_FAILED) {

@@ -93,14 +93,14 @@ void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 #define ckpt_info(...) ckpt_log(CKPT_LOG_INFO, __VA_ARGS__)
 #define ckpt_debug(...) ckpt_log(CKPT_LOG_DEBUG, __VA_ARGS__)
 
-/* pread/pwrite loops that retry on EINTR and short transfers.
- * Return 0 on success, -errno on failure; pread_full returns -EIO when the
- * file ends before len bytes were read. */
 /* Make the NUL-terminated s one printable line, in place, for an error
  * message that quotes names from files: control characters (below 0x20,
  * and DEL) become '?'; other bytes, UTF-8 included, stay. */
 void ckpt_str_one_line(char *s);
 
+/* pread/pwrite loops that retry on EINTR and short transfers.
+ * Return 0 on success, -errno on failure; pread_full returns -EIO when the
+ * file ends before len bytes were read. */
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off);
 int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off);
 
