@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 #include "index.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
@@ -49,6 +50,58 @@ static int rocks_errno(char *err)
 	return r;
 }
 
+/* The number of write-ahead logs (NNNNNN.log) in dir, or -errno. */
+static int count_wals(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	size_t len;
+	int n = 0;
+
+	if (!d)
+		return -errno;
+	while ((de = readdir(d))) {
+		len = strlen(de->d_name);
+		if (len > 4 && strcmp(de->d_name + len - 4, ".log") == 0)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/*
+ * RocksDB 7.x (Debian 12 ships 7.8) creates a write-ahead log at every
+ * read-write open and lets a log go only once a memtable flush has moved
+ * the oldest log to keep past it.  An open that writes nothing flushes
+ * nothing, so every mount that only reads left one more empty log behind:
+ * a store mounted 2,191 times had 2,191 of them, and each open lists them
+ * all again (fixed upstream in RocksDB 8.3, "Delete empty WAL files on
+ * reopen").  When more than CKPT_INDEX_WALS_MAX logs are there, write one
+ * tombstone of a key that never exists ('M' "wal-trim") and flush it: the
+ * flush records the newer log number and RocksDB deletes the old logs.
+ * The tombstone's tiny table is merged away by compaction.
+ */
+#define CKPT_INDEX_WALS_MAX 4
+
+static int trim_wals(ckpt_index *ix, const char *dir)
+{
+	static const char key[] = { CKPT_KEY_META, 'w', 'a', 'l', '-', 't', 'r', 'i', 'm' };
+	ckpt_batch *b;
+	int r = count_wals(dir);
+
+	if (r <= CKPT_INDEX_WALS_MAX)
+		return r < 0 ? r : 0;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	ckpt_batch_delete(b, key, sizeof(key));
+	r = ckpt_index_write(ix, b, false);
+	ckpt_batch_free(b);
+	if (r == 0)
+		r = ckpt_index_flush(ix);
+	return r;
+}
+
 int ckpt_index_open(const char *dir, bool create, bool read_only, uint64_t cache_bytes,
 		    ckpt_index **ret_index, char *errbuf, size_t errlen)
 {
@@ -88,6 +141,12 @@ int ckpt_index_open(const char *dir, bool create, bool read_only, uint64_t cache
 	rocksdb_writeoptions_set_sync(ix->wopts_nosync, 0);
 	ix->fopts = rocksdb_flushoptions_create();
 	rocksdb_flushoptions_set_wait(ix->fopts, 1);
+	if (!read_only) {
+		r = trim_wals(ix, dir);
+		if (r < 0) /* harmless: the logs stay for the next open to try */
+			ckpt_warn("index %s: cannot drop old write-ahead logs: %s", dir,
+				  strerror(-r));
+	}
 	*ret_index = ix;
 	return 0;
 fail:
