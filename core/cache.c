@@ -9,8 +9,13 @@
  *    c->stream_bytes that over the stream entries; charge is len, or for
  *    data in a pooled buffer the buffer's mapped size (what it costs in
  *    memory, up to twice len: ckpt_cache_buf_alloc);
- *  - after any insert or release, unpinned entries are evicted from the LRU
- *    tail until c->bytes <= c->capacity or no unpinned entry is left.
+ *  - an unpinned entry is on exactly one list: lru if not a stream entry,
+ *    else dlru once readers have read all its bytes (nread >= len), else
+ *    slru;
+ *  - after any insert or release, stream entries are evicted while
+ *    c->stream_bytes > c->stream_cap, the oldest of dlru first, then of
+ *    slru; then unpinned entries (lru, dlru, slru, oldest first) until
+ *    c->bytes <= c->capacity or no unpinned entry is left.
  */
 #include "cache.h"
 
@@ -40,6 +45,7 @@ struct ckpt_cache_entry {
 	bool loading; /* placeholder: its owner is loading the data (len 0) */
 	bool stream;  /* loaded for a sequential reader: on the stream list */
 	bool pooled;  /* data from ckpt_cache_buf_alloc (else malloc) */
+	size_t nread; /* bytes of it handed to readers (ckpt_cache_release_read) */
 	size_t charge; /* bytes it counts against the capacity: len, or its
 			* buffer's mapped size when pooled */
 	struct ckpt_cache_entry *hnext;
@@ -56,7 +62,8 @@ struct ckpt_cache {
 	size_t nbuckets; /* power of two */
 	struct ckpt_cache_entry **buckets;
 	struct ckpt_cache_entry lru; /* sentinel: lru.lru_next is most recent */
-	struct ckpt_cache_entry slru; /* the same for stream entries */
+	struct ckpt_cache_entry slru; /* the same for stream entries not yet read */
+	struct ckpt_cache_entry dlru; /* and for those read to the end */
 	uint64_t stream_bytes, stream_cap; /* stream entries' bytes and their budget */
 	/* Free chunk buffers by size class (index cap / BUF_GRAIN), pool_lock. */
 	pthread_mutex_t pool_lock;
@@ -92,6 +99,7 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache)
 	c->capacity = capacity;
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
 	c->slru.lru_next = c->slru.lru_prev = &c->slru;
+	c->dlru.lru_next = c->dlru.lru_prev = &c->dlru;
 	c->stream_cap = CKPT_MIN(capacity / 4, CKPT_CACHE_STREAM_MAX);
 	*ret_cache = c;
 	return 0;
@@ -106,7 +114,8 @@ static void lru_unlink(struct ckpt_cache_entry *e)
 
 static void lru_push_front(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
-	struct ckpt_cache_entry *head = e->stream ? &c->slru : &c->lru;
+	struct ckpt_cache_entry *head = !e->stream ? &c->lru
+					: e->nread >= e->len ? &c->dlru : &c->slru;
 
 	e->lru_next = head->lru_next;
 	e->lru_prev = head;
@@ -261,26 +270,33 @@ static void entry_destroy(ckpt_cache *c, struct ckpt_cache_entry *e)
 
 static void evict_one_locked(ckpt_cache *c, struct ckpt_cache_entry *e)
 {
+	if (e->stream && e->nread < e->len)
+		c->stats.evicted_unread++;
 	lru_unlink(e);
 	hash_unlink(c, e);
 	entry_destroy(c, e);
 	c->stats.evictions++;
 }
 
-/* Stream entries beyond their budget go first (oldest first), then the
- * least recently used entries of either list until under capacity. */
+/* The oldest entry of list head, or NULL when it is empty. */
+static struct ckpt_cache_entry *lru_oldest(struct ckpt_cache_entry *head)
+{
+	return head->lru_prev != head ? head->lru_prev : NULL;
+}
+
+/* Stream entries beyond their budget go first, those read to the end
+ * before those still to be read (oldest first in each), then the least
+ * recently used entries of any list until under capacity. */
 static void evict_locked(ckpt_cache *c)
 {
-	while (c->stream_bytes > c->stream_cap && c->slru.lru_prev != &c->slru)
-		evict_one_locked(c, c->slru.lru_prev);
-	while (c->bytes > c->capacity) {
-		if (c->lru.lru_prev != &c->lru)
-			evict_one_locked(c, c->lru.lru_prev);
-		else if (c->slru.lru_prev != &c->slru)
-			evict_one_locked(c, c->slru.lru_prev);
-		else
-			break;
-	}
+	struct ckpt_cache_entry *e;
+
+	while (c->stream_bytes > c->stream_cap &&
+	       ((e = lru_oldest(&c->dlru)) || (e = lru_oldest(&c->slru))))
+		evict_one_locked(c, e);
+	while (c->bytes > c->capacity && ((e = lru_oldest(&c->lru)) || (e = lru_oldest(&c->dlru)) ||
+					   (e = lru_oldest(&c->slru))))
+		evict_one_locked(c, e);
 }
 
 static void grow_locked(ckpt_cache *c)
@@ -411,9 +427,15 @@ void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e)
 
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e)
 {
+	ckpt_cache_release_read(c, e, 0);
+}
+
+void ckpt_cache_release_read(ckpt_cache *c, ckpt_cache_entry *e, size_t nread)
+{
 	if (!e)
 		return;
 	pthread_mutex_lock(&c->lock);
+	e->nread = nread > SIZE_MAX - e->nread ? SIZE_MAX : e->nread + nread;
 	if (--e->pins == 0) {
 		if (e->dead) {
 			entry_destroy(c, e);

@@ -107,12 +107,25 @@ void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e);
 /* Unpin an entry returned by lookup, insert, acquire or reserve (after
  * fill). */
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
+/*
+ * Unpin it and count nread more of its bytes as handed to a reader.  A
+ * stream entry whose bytes have all been handed out (in sum, by any
+ * readers) is evicted before stream entries not yet read to the end: those
+ * are chunks read-ahead loaded for a reader still to come, or chunks one
+ * reader read in part and another will read the rest of (two tp4 ranks of
+ * a view read the two halves of each row of a tp2 shard).  Under plain LRU
+ * such a chunk was evicted, and loaded a second time, whenever the two
+ * readers drifted apart by more than the stream budget
+ * (docs/performance.md 6g).
+ */
+void ckpt_cache_release_read(ckpt_cache *c, ckpt_cache_entry *e, size_t nread);
 
 /* Drop a digest if present and unpinned (used when a chunk is found damaged). */
 void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d);
 
 struct ckpt_cache_stats {
 	uint64_t hits, misses, bytes, entries, evictions, stream_bytes;
+	uint64_t evicted_unread; /* stream entries evicted before read to the end */
 	uint64_t stream_cap; /* the budget of stream entries (ckpt_cache_fill_as) */
 	/* chunk buffers handed out by ckpt_cache_buf_alloc: from the pool as
 	 * they were, from the pool resized (mremap), newly mapped */

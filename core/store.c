@@ -1561,8 +1561,9 @@ void ckpt_read_cursor_init(struct ckpt_read_cursor *c, const struct ckpt_extent_
 void ckpt_store_cursor_done(ckpt_store *s, struct ckpt_read_cursor *c)
 {
 	if (c->e)
-		ckpt_cache_release(s->cache, c->e);
+		ckpt_cache_release_read(s->cache, c->e, c->got);
 	c->e = NULL;
+	c->got = 0;
 }
 
 ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *dst, size_t len,
@@ -1604,6 +1605,7 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 			}
 			if (in > c->dlen || n > c->dlen - in)
 				return -EIO;
+			c->got += n;
 			if (c->g && n >= CKPT_GATHER_MIN && c->g->niov + 2 <= CKPT_GATHER_MAX) {
 				/* reference the cached bytes; one slot stays free for
 				 * the pieces after the last reference */

@@ -185,6 +185,7 @@ struct ckpt_read_cursor {
 	ckpt_cache_entry *e; /* pinned chunk of extent ei, or NULL */
 	const uint8_t *data;
 	size_t dlen;
+	size_t got; /* bytes of e read through this cursor */
 };
 void ckpt_read_cursor_init(struct ckpt_read_cursor *c, const struct ckpt_extent_list *l);
 ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *dst, size_t len,

@@ -1935,8 +1935,10 @@ out:
 		struct ckpt_cache_stats cs;
 		ckpt_store_cache_stats(fs.store, &cs);
 		ckpt_info("chunk cache: %" PRIu64 " hits, %" PRIu64 " misses (loaded by readers), %"
-			  PRIu64 " evictions, %" PRIu64 " bytes held (%" PRIu64 " stream)",
-			  cs.hits, cs.misses, cs.evictions, cs.bytes, cs.stream_bytes);
+			  PRIu64 " evictions (%" PRIu64 " of streamed chunks not read to the end), %"
+			  PRIu64 " bytes held (%" PRIu64 " stream)",
+			  cs.hits, cs.misses, cs.evictions, cs.evicted_unread, cs.bytes,
+			  cs.stream_bytes);
 		ckpt_info("chunk buffers: %" PRIu64 " reused, %" PRIu64 " reused resized, %" PRIu64
 			  " newly mapped", cs.bufs_pooled, cs.bufs_resized, cs.bufs_fresh);
 		{

@@ -808,6 +808,64 @@ START_TEST(test_buf_reuse_other_class)
 }
 END_TEST
 
+/* Stream a chunk into the cache as read-ahead does: reserve, fill as a
+ * stream entry, release. */
+static void put_stream(ckpt_cache *c, uint32_t k, size_t len)
+{
+	ckpt_digest d = dig(k);
+	ckpt_cache_entry *e = ckpt_cache_reserve(c, &d);
+
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_fill_as(c, e, blob(len, (uint8_t)k), len, true);
+	ckpt_cache_release(c, e);
+}
+
+/* A reader takes n bytes of chunk k. */
+static void read_part(ckpt_cache *c, uint32_t k, size_t n)
+{
+	ckpt_digest d = dig(k);
+	const uint8_t *data;
+	size_t len;
+	ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
+
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_release_read(c, e, n);
+}
+
+/* Over the stream budget, chunks read to the end go before chunks not yet
+ * read to the end, whatever their age; the parts read by several readers
+ * add up. */
+START_TEST(test_stream_read_first_evicted)
+{
+	const size_t L = 1000;
+	struct ckpt_cache_stats st;
+	ckpt_cache *c;
+
+	ck_assert_int_eq(ckpt_cache_new(1u << 20, &c), 0);
+	ckpt_cache_set_stream_cap(c, 3 * L);
+	put_stream(c, 1, L); /* oldest */
+	put_stream(c, 2, L);
+	put_stream(c, 3, L);
+	read_part(c, 1, L / 2); /* half of 1: another reader needs the rest */
+	read_part(c, 3, L / 2);
+	read_part(c, 3, L / 2); /* 3 read to the end by two readers */
+	read_part(c, 2, L / 4);
+	put_stream(c, 4, L); /* over the budget: 3 goes, though the newest */
+	ck_assert(present(c, 1));
+	ck_assert(present(c, 2));
+	ck_assert(!present(c, 3));
+	ck_assert(present(c, 4));
+	st = stats(c);
+	ck_assert_uint_eq(st.evicted_unread, 0);
+	put_stream(c, 5, L); /* none read to the end: the least recent goes */
+	ck_assert(!present(c, 1));
+	st = stats(c);
+	ck_assert_uint_eq(st.evicted_unread, 1);
+	ck_assert_uint_eq(st.stream_bytes, 3 * L);
+	ckpt_cache_free(c);
+}
+END_TEST
+
 static Suite *cache_suite(void)
 {
 	Suite *s = suite_create("cache");
@@ -827,6 +885,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_many_entries);
 	tcase_add_test(tc, test_stress_threads);
 	tcase_add_test(tc, test_single_flight);
+	tcase_add_test(tc, test_stream_read_first_evicted);
 	tcase_add_test(tc, test_ra_window);
 	tcase_add_test(tc, test_ra_window_size);
 	tcase_add_test(tc, test_buf_pool);
