@@ -555,7 +555,7 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 	struct tls_ctx *t = tls_get(s);
 	struct ckpt_pack_rec rec;
 	ckpt_pack *p;
-	uint8_t *stored = NULL, *buf;
+	uint8_t *buf;
 	const uint8_t *src = NULL;
 	void *mem = NULL;
 	char hex[2 * CKPT_DIGEST_LEN + 1];
@@ -583,14 +583,12 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 			r = 1; /* no O_DIRECT here (tmpfs): through the page cache */
 	}
 	if (r == 1) {
-		stored = malloc(loc->stored_len ? loc->stored_len : 1);
-		if (!stored)
-			r = -ENOMEM;
-		else if (rec_csum)
-			r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, stored);
+		/* the same buffer: it holds at least the stored bytes */
+		if (rec_csum)
+			r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, buf);
 		else
-			r = ckpt_pack_read_trusting(p, loc->offset, loc->stored_len, &rec, stored);
-		src = stored;
+			r = ckpt_pack_read_trusting(p, loc->offset, loc->stored_len, &rec, buf);
+		src = buf;
 	}
 	pthread_rwlock_unlock(&s->pack_rw);
 	if (r == -ENOENT) {
@@ -611,7 +609,6 @@ out:
 		ckpt_err("%s: chunk %s in pack %" PRIu64 " at offset %" PRIu64 " is damaged: %s",
 			 s->path, hex, loc->pack_id, loc->offset, why);
 	}
-	free(stored);
 	free(mem);
 	return r;
 }
