@@ -854,6 +854,16 @@ int ckpt_pack_read_window(ckpt_pack *p, uint64_t offset, uint64_t need, uint8_t 
 	return 0;
 }
 
+int ckpt_pack_direct_fd(ckpt_pack *p)
+{
+	int fd;
+
+	if (!p)
+		return -EINVAL;
+	fd = direct_fd(p);
+	return fd >= 0 ? fd : -EOPNOTSUPP;
+}
+
 int ckpt_pack_rec_at(ckpt_pack *p, uint64_t offset, const uint8_t *at,
 		     uint32_t expected_stored_len, bool check_data, struct ckpt_pack_rec *ret_rec,
 		     const uint8_t **ret_stored)

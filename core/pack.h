@@ -251,6 +251,16 @@ static inline size_t ckpt_pack_direct_len(uint64_t offset, uint32_t stored_len)
 int ckpt_pack_read_window(ckpt_pack *p, uint64_t offset, uint64_t need, uint8_t *buf, size_t cap,
 			  uint64_t *ret_start, size_t *ret_len);
 /*
+ * The pack's O_DIRECT descriptor (opened on first use), for callers that
+ * submit their own asynchronous reads of it (read-ahead, kernel AIO): reads
+ * at offsets and lengths that are multiples of CKPT_PACK_DIRECT_ALIGN into
+ * buffers aligned to it.  It is closed with the pack: submit while the pack
+ * cannot be freed (the store's pack lock); a submitted read holds its own
+ * reference to the file.  Check what comes back with ckpt_pack_rec_at.
+ * -EOPNOTSUPP when the pack's file system refuses O_DIRECT, -EINVAL for NULL.
+ */
+int ckpt_pack_direct_fd(ckpt_pack *p);
+/*
  * Check the record at pack offset `offset` whose bytes start at `at` (its
  * header, then expected_stored_len stored bytes) as the pack's readers do:
  * header, stored length, and with check_data the stored bytes' checksum.

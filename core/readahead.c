@@ -42,33 +42,61 @@ struct ckpt_readahead {
 #define RA_BATCH 8
 #define RA_SHARE 8
 
+/* Count a finished batch of n chunks (lock held). */
+static void ra_count(ckpt_readahead *ra, size_t n, int r, size_t loaded, size_t skipped)
+{
+	ra->stats.skipped += skipped;
+	ra->stats.loaded += loaded;
+	/* the readers will hit (and report) these themselves */
+	ra->stats.failed += r < 0 ? n - loaded - skipped : (size_t)r;
+}
+
+/*
+ * A worker keeps one batch's reads in flight while it decodes the batch
+ * before (ckpt_store_prefetch_begin / _finish): it takes the next batch
+ * from the queue and submits its reads, then decodes the previous one.  So
+ * the disk works while the CPUs decode, also when every worker is busy
+ * decoding; the worker only waits for the disk when the queue is empty.
+ */
 static void *ra_main(void *arg)
 {
 	ckpt_readahead *ra = arg;
-	ckpt_digest d[RA_BATCH];
+	ckpt_digest d[2][RA_BATCH];
+	ckpt_prefetch *prev = NULL; /* begun, not finished: d[cur ^ 1][0..prev_n) */
+	size_t prev_n = 0;
+	unsigned cur = 0;
 
 	pthread_mutex_lock(&ra->lock);
 	for (;;) {
+		ckpt_prefetch *next = NULL;
 		size_t n = 0, want, loaded, skipped;
 		int r;
 
-		while (!ra->stop && ra->qcount == 0)
+		while (!ra->stop && ra->qcount == 0 && !prev)
 			pthread_cond_wait(&ra->work, &ra->lock);
-		if (ra->stop)
+		if (ra->stop && !prev)
 			break;
-		want = CKPT_MAX((size_t)1, CKPT_MIN((size_t)RA_BATCH, ra->qcount / RA_SHARE));
-		while (n < want && ra->qcount > 0) {
-			d[n++] = ra->q[ra->qhead];
-			ra->qhead = (ra->qhead + 1) % ra->qlen;
-			ra->qcount--;
+		if (!ra->stop && ra->qcount > 0) {
+			want = CKPT_MAX((size_t)1, CKPT_MIN((size_t)RA_BATCH, ra->qcount / RA_SHARE));
+			while (n < want && ra->qcount > 0) {
+				d[cur][n++] = ra->q[ra->qhead];
+				ra->qhead = (ra->qhead + 1) % ra->qlen;
+				ra->qcount--;
+			}
 		}
 		pthread_mutex_unlock(&ra->lock);
-		r = ckpt_store_prefetch_chunks(ra->s, d, n, &loaded, &skipped);
+		if (n > 0 && ckpt_store_prefetch_begin(ra->s, d[cur], n, &next) < 0)
+			next = NULL;
+		if (prev)
+			r = ckpt_store_prefetch_finish(ra->s, prev, &loaded, &skipped);
 		pthread_mutex_lock(&ra->lock);
-		ra->stats.skipped += skipped;
-		ra->stats.loaded += loaded;
-		/* the readers will hit (and report) these themselves */
-		ra->stats.failed += r < 0 ? n - loaded - skipped : (size_t)r;
+		if (prev)
+			ra_count(ra, prev_n, r, loaded, skipped);
+		else if (n > 0 && !next)
+			ra_count(ra, n, -ENOMEM, 0, 0);
+		prev = next;
+		prev_n = next ? n : 0;
+		cur ^= 1;
 	}
 	pthread_mutex_unlock(&ra->lock);
 	return NULL;

@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <linux/aio_abi.h>
+#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -85,6 +87,7 @@ struct ckpt_store {
 	ckpt_cache *cache;
 	uint8_t uuid[16];
 	pthread_key_t tls_key; /* per-thread compressor/decompressor */
+	struct ckpt_prefetch_stats pf_stats; /* read-ahead's requests (atomic adds) */
 
 	pthread_mutex_t ns_lock;
 	/* Protected by ns_lock: */
@@ -148,24 +151,31 @@ static struct commit *overlay_find_locked(ckpt_store *s, uint64_t ino);
 static int db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
 
 /*
- * Span buffer of read-ahead (ckpt_store_prefetch_chunks): SPAN_BUF bytes
- * aligned to 2 MiB and advised MADV_HUGEPAGE.  This virtio disk serves
- * O_DIRECT reads into huge pages about twice as fast as into 4 KiB pages,
- * at any request size from 512 KiB to 4 MiB (docs/performance.md 6d, 6e).
+ * Span buffers of read-ahead (ckpt_store_prefetch_begin): SPAN_BUF bytes
+ * each, aligned to 2 MiB and advised MADV_HUGEPAGE.  This virtio disk
+ * serves O_DIRECT reads into huge pages about twice as fast as into 4 KiB
+ * pages, at any request size from 512 KiB to 4 MiB (docs/performance.md
+ * 6d, 6e).  A thread has PF_INFLIGHT of them: one per batch it has begun
+ * and not finished.
  */
 #define SPAN_MAX (4u << 20) /* one request */
 #define SPAN_BUF (8u << 20) /* the spans of one batch */
 #define SPAN_ALIGN (2u << 20)
 #define SPAN_GAP (64u << 10) /* records this far apart still share a span */
+#define PF_INFLIGHT 2       /* batches a thread has begun and not finished */
+#define PF_SPANS 16         /* requests of one batch; the rest load alone */
 
 struct tls_ctx {
 	ckpt_compressor *cc;
 	ckpt_decompressor *dc;
-	void *span_map;   /* SPAN_BUF + SPAN_ALIGN bytes, or NULL */
-	uint8_t *span;    /* SPAN_BUF bytes inside it, 2 MiB aligned */
+	void *span_map[PF_INFLIGHT]; /* SPAN_BUF + SPAN_ALIGN bytes each, or NULL */
+	uint8_t *span[PF_INFLIGHT];  /* SPAN_BUF bytes inside, 2 MiB aligned */
+	bool span_busy[PF_INFLIGHT]; /* held by a batch begun and not finished */
 	void *rec_map;    /* rec_cap + SPAN_ALIGN bytes, or NULL */
 	uint8_t *rec;     /* single-record reads (verify_chunk): rec_cap bytes, 2 MiB aligned */
 	size_t rec_cap;   /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
+	aio_context_t aio; /* the thread's kernel AIO context (aio_state 1) */
+	int aio_state;     /* 0 not set up yet, 1 set up, -1 unavailable */
 };
 
 static void tls_free(void *p)
@@ -176,8 +186,12 @@ static void tls_free(void *p)
 		return;
 	ckpt_compressor_free(t->cc);
 	ckpt_decompressor_free(t->dc);
-	if (t->span_map)
-		munmap(t->span_map, SPAN_BUF + SPAN_ALIGN);
+	/* every batch was finished: no read is in flight */
+	if (t->aio_state == 1)
+		(void)syscall(SYS_io_destroy, t->aio);
+	for (int i = 0; i < PF_INFLIGHT; i++)
+		if (t->span_map[i])
+			munmap(t->span_map[i], SPAN_BUF + SPAN_ALIGN);
 	if (t->rec_map)
 		munmap(t->rec_map, t->rec_cap + SPAN_ALIGN);
 	free(t);
@@ -228,12 +242,41 @@ static uint8_t *tls_rec(struct tls_ctx *t, size_t need)
 	return a;
 }
 
-/* The thread's span buffer, mapped on first use; NULL without memory. */
-static uint8_t *tls_span(struct tls_ctx *t)
+/* A free span buffer of the thread (mapped on first use), marked busy:
+ * its index, or -1 when both are held or there is no memory. */
+static int tls_span_take(struct tls_ctx *t)
 {
-	if (!t->span)
-		t->span = map_aligned(SPAN_BUF, &t->span_map);
-	return t->span;
+	for (int i = 0; i < PF_INFLIGHT; i++) {
+		if (t->span_busy[i])
+			continue;
+		if (!t->span[i] && !(t->span[i] = map_aligned(SPAN_BUF, &t->span_map[i])))
+			return -1;
+		t->span_busy[i] = true;
+		return i;
+	}
+	return -1;
+}
+
+/*
+ * The thread's AIO context, set up on first use: true when it has one.
+ * Without one (the kernel lacks AIO, or fs.aio-max-nr is reached) the
+ * thread reads its spans with pread; that is logged once per thread.
+ */
+static bool tls_aio(ckpt_store *s, struct tls_ctx *t)
+{
+	if (t->aio_state == 0) {
+		t->aio = 0;
+		if (s->opts.sync_readahead) {
+			t->aio_state = -1;
+		} else if (syscall(SYS_io_setup, PF_INFLIGHT * PF_SPANS, &t->aio) == 0) {
+			t->aio_state = 1;
+		} else {
+			ckpt_warn("%s: no kernel AIO (%s): read-ahead reads with pread", s->path,
+				  strerror(errno));
+			t->aio_state = -1;
+		}
+	}
+	return t->aio_state == 1;
 }
 
 static struct tls_ctx *tls_get(ckpt_store *s)
@@ -691,8 +734,38 @@ struct pf_item {
 	const ckpt_digest *d;
 	ckpt_cache_entry *e;
 	struct ckpt_chunk_loc loc;
-	const uint8_t *src;       /* its stored bytes in the span buffer, or NULL */
+	const uint8_t *src;       /* its stored bytes in a span, or NULL: it loads alone */
 	struct ckpt_pack_rec rec; /* its checked header (src != NULL) */
+};
+
+#define PF_UNREAD INT64_MIN /* pf_span.res: no result yet */
+
+/* One request: the records of items o[i..j), which lie close together in
+ * one pack, read as the aligned range [start, start + len) into buf. */
+struct pf_span {
+	ckpt_prefetch *pf;
+	size_t i, j;
+	uint64_t pack_id, start;
+	size_t len;   /* bytes requested: a multiple of CKPT_PACK_DIRECT_ALIGN */
+	size_t need;  /* bytes that must come back: up to the last record's end */
+	uint8_t *buf; /* inside the batch's span buffer */
+	int64_t res;  /* bytes read, -errno, or PF_UNREAD */
+	bool submitted;
+	struct iocb cb;
+};
+
+/*
+ * A batch between ckpt_store_prefetch_begin and _finish.  Owned by the
+ * thread that began it; its spans' reads are in flight in that thread's
+ * AIO context and land in one of that thread's span buffers (slot).
+ */
+struct ckpt_prefetch {
+	struct pf_item *it;  /* the reserved chunks, in the order asked for */
+	struct pf_item **o;  /* the same sorted by pack and offset */
+	size_t n, m, lost;   /* asked for, reserved, not in the index */
+	int slot;            /* the thread's span buffer in use, or -1 */
+	size_t nspans, inflight;
+	struct pf_span sp[PF_SPANS];
 };
 
 static int pf_cmp(const void *a, const void *b)
@@ -711,59 +784,140 @@ static uint64_t pf_end(const struct pf_item *it)
 }
 
 /*
- * Read the records of the items in o[0..n) (sorted by pack and offset)
- * that lie close together with one O_DIRECT request per run into the
- * thread's span buffer (mapped when the first run needs it), and set their
- * src/rec.  Items left without are read alone by their load.
+ * Group the sorted items into spans (records that lie close together, one
+ * request each, a record alone too) in a span buffer of the thread while
+ * they fit in it: items left without one load alone in _finish.
  */
-static void pf_read_spans(ckpt_store *s, struct tls_ctx *t, struct pf_item **o, size_t n)
+static void pf_plan(struct tls_ctx *t, ckpt_prefetch *pf)
 {
-	uint8_t *buf = NULL;
-	size_t used = 0, i, j, k;
+	struct pf_item **o = pf->o;
+	const uint64_t blk = CKPT_PACK_DIRECT_ALIGN;
+	size_t used = 0, i, j;
 
-	pthread_rwlock_rdlock(&s->pack_rw);
-	for (i = 0; i < n; i = j) {
-		uint64_t a = o[i]->loc.offset / CKPT_PACK_DIRECT_ALIGN * CKPT_PACK_DIRECT_ALIGN;
-		uint64_t start;
-		size_t len, cap;
-		ckpt_pack *p;
+	for (i = 0; i < pf->m && pf->nspans < PF_SPANS; i = j) {
+		uint64_t a = o[i]->loc.offset / blk * blk;
+		struct pf_span *sp;
+		size_t len;
 
-		for (j = i + 1; j < n; j++)
+		for (j = i + 1; j < pf->m; j++)
 			if (o[j]->loc.pack_id != o[i]->loc.pack_id || o[j]->loc.offset < pf_end(o[j - 1]) ||
 			    o[j]->loc.offset - pf_end(o[j - 1]) > SPAN_GAP || pf_end(o[j]) - a > SPAN_MAX)
 				break;
-		if (j - i < 2)
-			continue; /* a record alone: its load reads it */
-		cap = (size_t)((pf_end(o[j - 1]) - a + CKPT_PACK_DIRECT_ALIGN - 1) /
-			       CKPT_PACK_DIRECT_ALIGN * CKPT_PACK_DIRECT_ALIGN);
-		if (cap > SPAN_BUF - used || (!buf && !(buf = tls_span(t))))
+		len = (size_t)((pf_end(o[j - 1]) - a + blk - 1) / blk * blk);
+		if (len > SPAN_BUF - used)
 			break;
-		if (get_pack(s, o[i]->loc.pack_id, &p) < 0 ||
-		    ckpt_pack_read_window(p, a, pf_end(o[j - 1]) - a, buf + used, cap, &start, &len) < 0)
-			continue;
-		for (k = i; k < j; k++)
-			if (ckpt_pack_rec_at(p, o[k]->loc.offset, buf + used + (o[k]->loc.offset - start),
-					     o[k]->loc.stored_len, false, &o[k]->rec, &o[k]->src) < 0)
-				o[k]->src = NULL; /* its load reads it alone and reports */
-		used += cap;
+		if (pf->slot < 0 && (pf->slot = tls_span_take(t)) < 0)
+			break;
+		sp = &pf->sp[pf->nspans++];
+		sp->pf = pf;
+		sp->i = i;
+		sp->j = j;
+		sp->pack_id = o[i]->loc.pack_id;
+		sp->start = a;
+		sp->len = len;
+		sp->need = (size_t)(pf_end(o[j - 1]) - a);
+		sp->buf = t->span[pf->slot] + used;
+		sp->res = PF_UNREAD;
+		used += len;
 	}
-	pthread_rwlock_unlock(&s->pack_rw);
 }
 
-int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
-			       size_t *ret_loaded, size_t *ret_skipped)
+/* Submit the spans' reads to the thread's AIO context; the ones that cannot
+ * be (no AIO, no O_DIRECT, a refused submission) are read in _finish. */
+static void pf_submit(ckpt_store *s, struct tls_ctx *t, ckpt_prefetch *pf)
+{
+	struct iocb *cbs[PF_SPANS];
+	size_t k = 0, done = 0;
+
+	if (!pf->nspans || !tls_aio(s, t))
+		return;
+	/* the pack lock keeps each descriptor open until its read is submitted */
+	pthread_rwlock_rdlock(&s->pack_rw);
+	for (size_t i = 0; i < pf->nspans; i++) {
+		struct pf_span *sp = &pf->sp[i];
+		ckpt_pack *p;
+		int fd;
+
+		if (get_pack(s, sp->pack_id, &p) < 0 || (fd = ckpt_pack_direct_fd(p)) < 0)
+			continue;
+		memset(&sp->cb, 0, sizeof(sp->cb));
+		sp->cb.aio_data = (uint64_t)(uintptr_t)sp;
+		sp->cb.aio_lio_opcode = IOCB_CMD_PREAD;
+		sp->cb.aio_fildes = (uint32_t)fd;
+		sp->cb.aio_buf = (uint64_t)(uintptr_t)sp->buf;
+		sp->cb.aio_nbytes = sp->len;
+		sp->cb.aio_offset = (int64_t)sp->start;
+		cbs[k++] = &sp->cb;
+	}
+	while (done < k) {
+		long r = syscall(SYS_io_submit, t->aio, (long)(k - done), cbs + done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break; /* the rest is read in _finish */
+		done += (size_t)r;
+	}
+	pthread_rwlock_unlock(&s->pack_rw);
+	for (size_t i = 0; i < done; i++) {
+		((struct pf_span *)(uintptr_t)cbs[i]->aio_data)->submitted = true;
+		pf->inflight++;
+	}
+}
+
+/*
+ * Wait until pf's reads have completed.  Completions of the thread's other
+ * batch come in through the same context and are recorded in its spans.
+ * Should the context fail, it is destroyed (which waits for its reads) and
+ * the thread reads without AIO from then on; spans left without a result
+ * are read in _finish.
+ */
+static void pf_reap(struct tls_ctx *t, ckpt_prefetch *pf)
+{
+	struct io_event ev[PF_INFLIGHT * PF_SPANS];
+
+	while (pf->inflight > 0 && t->aio_state == 1) {
+		long r = syscall(SYS_io_getevents, t->aio, 1L, (long)(PF_INFLIGHT * PF_SPANS), ev,
+				 NULL);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			ckpt_warn("io_getevents: %s: read-ahead reads with pread", strerror(errno));
+			(void)syscall(SYS_io_destroy, t->aio);
+			t->aio_state = -1;
+			break;
+		}
+		for (long i = 0; i < r; i++) {
+			struct pf_span *sp = (struct pf_span *)(uintptr_t)ev[i].data;
+			sp->res = ev[i].res;
+			sp->pf->inflight--;
+		}
+	}
+	if (t->aio_state != 1)
+		pf->inflight = 0; /* its spans without a result are read again */
+}
+
+int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
+			      ckpt_prefetch **ret_pf)
 {
 	struct tls_ctx *t = tls_get(s);
-	struct pf_item *it = NULL, **o = NULL;
-	size_t m = 0, loaded = 0, lost = 0, i;
+	ckpt_prefetch *pf;
+	size_t i;
 
-	*ret_loaded = *ret_skipped = 0;
-	if (!t || !(it = calloc(n ? n : 1, sizeof(*it))) || !(o = calloc(n ? n : 1, sizeof(*o)))) {
-		free(it);
+	*ret_pf = NULL;
+	if (!t || !(pf = calloc(1, sizeof(*pf))))
+		return -ENOMEM;
+	pf->slot = -1;
+	pf->n = n;
+	pf->it = calloc(n ? n : 1, sizeof(*pf->it));
+	pf->o = calloc(n ? n : 1, sizeof(*pf->o));
+	if (!pf->it || !pf->o) {
+		free(pf->it);
+		free(pf->o);
+		free(pf);
 		return -ENOMEM;
 	}
 	for (i = 0; i < n; i++) {
-		struct pf_item *x = &it[m];
+		struct pf_item *x = &pf->it[pf->m];
 
 		x->d = &d[i];
 		x->e = ckpt_cache_reserve(s->cache, &d[i]);
@@ -771,18 +925,63 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 			continue; /* cached, being loaded, or no memory */
 		if (ckpt_store_chunk_loc(s, &d[i], &x->loc, NULL) < 0) {
 			ckpt_cache_abandon(s->cache, x->e);
-			lost++;
+			pf->lost++;
 			continue;
 		}
-		o[m] = x;
-		m++;
+		pf->o[pf->m] = x;
+		pf->m++;
 	}
-	*ret_skipped = n - m - lost;
-	qsort(o, m, sizeof(*o), pf_cmp);
-	pf_read_spans(s, t, o, m);
+	qsort(pf->o, pf->m, sizeof(*pf->o), pf_cmp);
+	pf_plan(t, pf);
+	pf_submit(s, t, pf);
+	*ret_pf = pf;
+	return 0;
+}
+
+int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,
+			       size_t *ret_skipped)
+{
+	struct tls_ctx *t = tls_get(s); /* the thread's own: begin made it */
+	size_t loaded = 0, i;
+	int r;
+
+	pf_reap(t, pf);
+	pthread_rwlock_rdlock(&s->pack_rw);
+	for (i = 0; i < pf->nspans; i++) {
+		struct pf_span *sp = &pf->sp[i];
+		uint64_t start;
+		size_t len;
+		ckpt_pack *p;
+
+		if (get_pack(s, sp->pack_id, &p) < 0) {
+			__atomic_fetch_add(&s->pf_stats.failed, 1, __ATOMIC_RELAXED);
+			continue; /* gone (compacted): its items load alone */
+		}
+		__atomic_fetch_add(sp->submitted && sp->res != PF_UNREAD ? &s->pf_stats.aio
+									 : &s->pf_stats.sync,
+				   1, __ATOMIC_RELAXED);
+		if (sp->res == PF_UNREAD) {
+			/* not submitted: read it here (through the page cache
+			 * where the file system has no O_DIRECT: then alone) */
+			r = ckpt_pack_read_window(p, sp->start, sp->need, sp->buf, sp->len, &start,
+						  &len);
+			sp->res = r < 0 ? r : (int64_t)len;
+		}
+		if (sp->res < (int64_t)sp->need) {
+			__atomic_fetch_add(&s->pf_stats.failed, 1, __ATOMIC_RELAXED);
+			continue; /* failed or short: its items load alone and report */
+		}
+		for (size_t k = sp->i; k < sp->j; k++) {
+			struct pf_item *x = pf->o[k];
+			if (ckpt_pack_rec_at(p, x->loc.offset, sp->buf + (x->loc.offset - sp->start),
+					     x->loc.stored_len, false, &x->rec, &x->src) < 0)
+				x->src = NULL; /* its load reads it alone and reports */
+		}
+	}
+	pthread_rwlock_unlock(&s->pack_rw);
 	/* decode in the order the reader will want them */
-	for (i = 0; i < m; i++) {
-		struct pf_item *x = &it[i];
+	for (i = 0; i < pf->m; i++) {
+		struct pf_item *x = &pf->it[i];
 		uint8_t *buf = NULL;
 		size_t len;
 
@@ -801,10 +1000,35 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 		ckpt_cache_release(s->cache, x->e);
 		loaded++;
 	}
-	free(o);
-	free(it);
+	r = (int)(pf->lost + pf->m - loaded);
 	*ret_loaded = loaded;
-	return (int)(lost + m - loaded);
+	*ret_skipped = pf->n - pf->m - pf->lost;
+	if (pf->slot >= 0)
+		t->span_busy[pf->slot] = false;
+	free(pf->o);
+	free(pf->it);
+	free(pf);
+	return r;
+}
+
+void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret)
+{
+	ret->aio = __atomic_load_n(&s->pf_stats.aio, __ATOMIC_RELAXED);
+	ret->sync = __atomic_load_n(&s->pf_stats.sync, __ATOMIC_RELAXED);
+	ret->failed = __atomic_load_n(&s->pf_stats.failed, __ATOMIC_RELAXED);
+}
+
+int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
+			       size_t *ret_loaded, size_t *ret_skipped)
+{
+	ckpt_prefetch *pf;
+	int r;
+
+	*ret_loaded = *ret_skipped = 0;
+	r = ckpt_store_prefetch_begin(s, d, n, &pf);
+	if (r < 0)
+		return r;
+	return ckpt_store_prefetch_finish(s, pf, ret_loaded, ret_skipped);
 }
 
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)

@@ -77,6 +77,8 @@ struct ckpt_store_opts {
 	bool inline_compress; /* compress on the write path instead of in the background */
 	bool background;      /* run background compression/compaction (the daemon);
 			       * off: chunks are compressed inline */
+	bool sync_readahead;  /* read-ahead reads with pread, not kernel AIO (tests,
+			       * A/B runs; AIO missing from the kernel does the same) */
 };
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
 
@@ -125,15 +127,40 @@ void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
 /*
  * Read-ahead: load those of chunks d[0..n) that are not cached or being
  * loaded into the chunk cache (as stream entries), in the order given.
- * Records that lie close together in a pack are read first, with one
- * O_DIRECT request of up to 4 MiB into huge pages per run (see
- * docs/performance.md 6d); the others are read alone.  *ret_loaded: chunks
- * loaded, *ret_skipped: cached or being loaded already.  Returns how many
- * could not be loaded (their readers will load them and report the error),
- * or -ENOMEM.
+ * Records that lie close together in a pack are read with one O_DIRECT
+ * request of up to 4 MiB into huge pages per run, a record alone with one
+ * of its own (see docs/performance.md 6d, 6h); what does not fit a batch's
+ * 8 MiB span buffer, or cannot be read so, is read alone.  *ret_loaded:
+ * chunks loaded, *ret_skipped: cached or being loaded already.  Returns how
+ * many could not be loaded (their readers will load them and report the
+ * error), or -ENOMEM.
  */
 int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 			       size_t *ret_loaded, size_t *ret_skipped);
+/*
+ * The same in two steps, so that a read-ahead worker decodes one batch
+ * while the disk reads the next.  _begin reserves the chunks (readers that
+ * want them wait from then on), submits their spans' reads to the calling
+ * thread's kernel AIO context and returns the batch in *ret_pf (or
+ * -ENOMEM).  _finish waits for those reads, decodes, fills the cache, frees
+ * pf and returns as ckpt_store_prefetch_chunks.  Both run on the same
+ * thread, which must finish every batch it begins, in any order, and
+ * before it exits.  A thread has two span buffers: a third batch begun
+ * before one is finished reads its chunks one by one in _finish.  Without
+ * kernel AIO (or with opts.sync_readahead) the spans are read in _finish.
+ */
+typedef struct ckpt_prefetch ckpt_prefetch;
+int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
+			      ckpt_prefetch **ret_pf);
+int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,
+			       size_t *ret_skipped);
+/* Read-ahead's span requests since open: read through kernel AIO, read with
+ * pread (in _finish), and of either or neither, failed (short, an error, or
+ * the pack gone: their chunks were then read alone). */
+struct ckpt_prefetch_stats {
+	uint64_t aio, sync, failed;
+};
+void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret);
 /* Counters of the chunk cache (misses: chunks loaded by readers). */
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
 /* Location of a chunk (pending or indexed). */

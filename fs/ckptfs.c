@@ -1930,6 +1930,13 @@ out:
 		ckpt_info("read-ahead: %" PRIu64 " chunks queued, %" PRIu64 " loaded, %" PRIu64
 			  " found cached, %" PRIu64 " dropped (queue full), %" PRIu64 " failed",
 			  st.submitted, st.loaded, st.skipped, st.dropped, st.failed);
+		if (fs.store) {
+			struct ckpt_prefetch_stats ps;
+			ckpt_store_prefetch_stats(fs.store, &ps);
+			ckpt_info("read-ahead requests: %" PRIu64 " by kernel AIO, %" PRIu64
+				  " by pread, %" PRIu64 " failed (read again alone)",
+				  ps.aio, ps.sync, ps.failed);
+		}
 	}
 	if (fs.store) {
 		struct ckpt_cache_stats cs;

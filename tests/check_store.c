@@ -19,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/aio_abi.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "pack.h"
@@ -937,13 +939,60 @@ START_TEST(test_chunk_roundtrip)
 }
 END_TEST
 
+/* Whether read-ahead can use kernel AIO on the test store: the kernel has
+ * it and the store's file system takes O_DIRECT (tmpfs does not). */
+static bool aio_expected(void)
+{
+	aio_context_t ctx = 0;
+	char path[PATH_MAX + 16];
+	int fd;
+
+	if (syscall(SYS_io_setup, 1, &ctx) != 0)
+		return false;
+	(void)syscall(SYS_io_destroy, ctx);
+	snprintf(path, sizeof(path), "%s/odirect", spath);
+	fd = open(path, O_RDWR | O_CREAT | O_DIRECT, 0600);
+	if (fd < 0)
+		return false;
+	close(fd);
+	unlink(path);
+	return true;
+}
+
+/* A fresh store whose read-ahead uses AIO (sync false) or pread. */
+static ckpt_store *open_prefetch(bool sync)
+{
+	struct ckpt_store_opts o;
+
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.sync_readahead = sync;
+	return open_opts(&o);
+}
+
+/* n span requests, none failed, all by AIO or all by pread as the store
+ * was opened (sync) and the machine allows (without O_DIRECT they fail,
+ * and their chunks are read alone through the page cache). */
+static void check_prefetch_stats(const struct ckpt_prefetch_stats *ps, bool sync, uint64_t n)
+{
+	if (!sync && aio_expected()) {
+		ck_assert_uint_eq(ps->aio, n);
+		ck_assert_uint_eq(ps->sync, 0);
+		ck_assert_uint_eq(ps->failed, 0);
+	} else {
+		ck_assert_uint_eq(ps->aio, 0);
+		ck_assert_uint_eq(ps->sync, n);
+	}
+}
+
 /* Read-ahead's batch load: chunks whose records lie together are read with
  * one request and cached in full; a repeat and cached chunks are skipped,
  * an unknown one is counted as failed, and a damaged record in the middle
  * of a span is not cached while its neighbours are. */
 START_TEST(test_prefetch_chunks)
 {
-	ckpt_store *s = open_rw();
+	ckpt_store *s = open_prefetch(_i == 1);
+	struct ckpt_prefetch_stats ps;
 	const size_t n = 200000;
 	ckpt_digest d[8];
 	uint8_t *data[6], *out = malloc(n);
@@ -974,6 +1023,9 @@ START_TEST(test_prefetch_chunks)
 	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 8, &loaded, &skipped), 2);
 	ck_assert_uint_eq(loaded, 5);
 	ck_assert_uint_eq(skipped, 1);
+	/* the six records lie together: one request, by AIO where there is AIO */
+	ckpt_store_prefetch_stats(s, &ps);
+	check_prefetch_stats(&ps, _i == 1, 1);
 	/* the five are cached (reads hit), the damaged one is not (a miss) */
 	ckpt_store_cache_stats(s, &before);
 	for (int i = 0; i < 6; i++) {
@@ -993,6 +1045,60 @@ START_TEST(test_prefetch_chunks)
 	ck_assert_uint_eq(loaded, 0);
 	ck_assert_uint_eq(skipped, 4);
 	for (int i = 0; i < 6; i++)
+		free(data[i]);
+	free(out);
+	ckpt_store_free(s);
+}
+END_TEST
+
+/* Batches in flight together on one thread (a read-ahead worker decodes
+ * one while the next one's reads are in flight): two get a span buffer
+ * each, a third reads its chunks alone; finished in any order, each fills
+ * its own chunks, and the completions of the one finished later are kept
+ * for it meanwhile. */
+START_TEST(test_prefetch_pipelined)
+{
+	ckpt_store *s = open_prefetch(_i == 1);
+	const size_t n = 150000;
+	ckpt_digest d[12];
+	uint8_t *data[12], *out = malloc(n);
+	ckpt_prefetch *pa, *pb, *pc;
+	struct ckpt_prefetch_stats ps;
+	struct ckpt_cache_stats before, after;
+	size_t loaded = 9, skipped = 9;
+
+	ck_assert_ptr_nonnull(out);
+	for (int i = 0; i < 12; i++) {
+		data[i] = random_buf(n, 300 + (uint64_t)i);
+		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
+	}
+	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d, 4, &pa), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d + 4, 4, &pb), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d + 8, 4, &pc), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pb, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 4);
+	ck_assert_uint_eq(skipped, 0);
+	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pc, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 4);
+	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pa, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 4);
+	/* a and b one request each; c's chunks were read alone */
+	ckpt_store_prefetch_stats(s, &ps);
+	check_prefetch_stats(&ps, _i == 1, 2);
+	ckpt_store_cache_stats(s, &before);
+	for (int i = 0; i < 12; i++) {
+		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, out, n), 0);
+		ck_assert_mem_eq(out, data[i], n);
+	}
+	ckpt_store_cache_stats(s, &after);
+	ck_assert_uint_eq(after.hits - before.hits, 12);
+	ck_assert_uint_eq(after.misses, before.misses);
+	/* the span buffers are free again: the next two batches get them */
+	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d, 12, &pa), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pa, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 0);
+	ck_assert_uint_eq(skipped, 12);
+	for (int i = 0; i < 12; i++)
 		free(data[i]);
 	free(out);
 	ckpt_store_free(s);
@@ -2085,7 +2191,8 @@ static Suite *store_suite(void)
 
 	tcase_add_test(ch, test_chunk_roundtrip);
 	tcase_add_test(ch, test_read_unknown_chunk);
-	tcase_add_test(ch, test_prefetch_chunks);
+	tcase_add_loop_test(ch, test_prefetch_chunks, 0, 2);
+	tcase_add_loop_test(ch, test_prefetch_pipelined, 0, 2);
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
