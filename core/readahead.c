@@ -52,51 +52,66 @@ static void ra_count(ckpt_readahead *ra, size_t n, int r, size_t loaded, size_t 
 }
 
 /*
- * A worker keeps one batch's reads in flight while it decodes the batch
- * before (ckpt_store_prefetch_begin / _finish): it takes the next batch
- * from the queue and submits its reads, then decodes the previous one.  So
- * the disk works while the CPUs decode, also when every worker is busy
- * decoding; the worker only waits for the disk when the queue is empty.
+ * A worker keeps batches' reads in flight while it decodes the batch before
+ * them (ckpt_store_prefetch_begin / _finish): it takes the next batch from
+ * the queue and submits its reads, then decodes the oldest one it has
+ * begun.  So the disk works while the CPUs decode, also when every worker
+ * is busy decoding; a worker waits for the disk only when the queue is
+ * empty.  It holds at most RA_DEPTH batches, one per span buffer of its
+ * thread (CKPT_PREFETCH_INFLIGHT).
  */
+#define RA_DEPTH CKPT_PREFETCH_INFLIGHT
+
 static void *ra_main(void *arg)
 {
 	ckpt_readahead *ra = arg;
-	ckpt_digest d[2][RA_BATCH];
-	ckpt_prefetch *prev = NULL; /* begun, not finished: d[cur ^ 1][0..prev_n) */
-	size_t prev_n = 0;
-	unsigned cur = 0;
+	struct {
+		ckpt_prefetch *pf;
+		size_t n;
+		ckpt_digest d[RA_BATCH]; /* pf points into these until finished */
+	} b[RA_DEPTH];
+	unsigned head = 0, npend = 0; /* begun, not finished: b[head], b[head + 1] ... */
 
 	pthread_mutex_lock(&ra->lock);
 	for (;;) {
-		ckpt_prefetch *next = NULL;
-		size_t n = 0, want, loaded, skipped;
+		size_t want, loaded = 0, skipped = 0;
 		int r;
 
-		while (!ra->stop && ra->qcount == 0 && !prev)
+		while (!ra->stop && ra->qcount == 0 && npend == 0)
 			pthread_cond_wait(&ra->work, &ra->lock);
-		if (ra->stop && !prev)
+		if (ra->stop && npend == 0)
 			break;
-		if (!ra->stop && ra->qcount > 0) {
+		if (!ra->stop && ra->qcount > 0 && npend < RA_DEPTH) {
+			unsigned k = (head + npend) % RA_DEPTH;
+			size_t n = 0;
+
 			want = CKPT_MAX((size_t)1, CKPT_MIN((size_t)RA_BATCH, ra->qcount / RA_SHARE));
 			while (n < want && ra->qcount > 0) {
-				d[cur][n++] = ra->q[ra->qhead];
+				b[k].d[n++] = ra->q[ra->qhead];
 				ra->qhead = (ra->qhead + 1) % ra->qlen;
 				ra->qcount--;
 			}
+			pthread_mutex_unlock(&ra->lock);
+			r = ckpt_store_prefetch_begin(ra->s, b[k].d, n, &b[k].pf);
+			pthread_mutex_lock(&ra->lock);
+			if (r < 0) {
+				ra_count(ra, n, r, 0, 0);
+			} else {
+				b[k].n = n;
+				npend++;
+			}
+			/* more to begin before decoding: while the queue has some */
+			if (npend < RA_DEPTH && ra->qcount > 0 && !ra->stop)
+				continue;
 		}
+		if (npend == 0)
+			continue;
 		pthread_mutex_unlock(&ra->lock);
-		if (n > 0 && ckpt_store_prefetch_begin(ra->s, d[cur], n, &next) < 0)
-			next = NULL;
-		if (prev)
-			r = ckpt_store_prefetch_finish(ra->s, prev, &loaded, &skipped);
+		r = ckpt_store_prefetch_finish(ra->s, b[head].pf, &loaded, &skipped);
 		pthread_mutex_lock(&ra->lock);
-		if (prev)
-			ra_count(ra, prev_n, r, loaded, skipped);
-		else if (n > 0 && !next)
-			ra_count(ra, n, -ENOMEM, 0, 0);
-		prev = next;
-		prev_n = next ? n : 0;
-		cur ^= 1;
+		ra_count(ra, b[head].n, r, loaded, skipped);
+		head = (head + 1) % RA_DEPTH;
+		npend--;
 	}
 	pthread_mutex_unlock(&ra->lock);
 	return NULL;

@@ -162,7 +162,7 @@ static int db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list 
 #define SPAN_BUF (8u << 20) /* the spans of one batch */
 #define SPAN_ALIGN (2u << 20)
 #define SPAN_GAP (64u << 10) /* records this far apart still share a span */
-#define PF_INFLIGHT 2       /* batches a thread has begun and not finished */
+#define PF_INFLIGHT CKPT_PREFETCH_INFLIGHT /* batches begun and not finished */
 #define PF_SPANS 16         /* requests of one batch; the rest load alone */
 
 struct tls_ctx {

@@ -145,11 +145,12 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
  * -ENOMEM).  _finish waits for those reads, decodes, fills the cache, frees
  * pf and returns as ckpt_store_prefetch_chunks.  Both run on the same
  * thread, which must finish every batch it begins, in any order, and
- * before it exits.  A thread has two span buffers: a third batch begun
- * before one is finished reads its chunks one by one in _finish.  Without
+ * before it exits.  A thread has CKPT_PREFETCH_INFLIGHT span buffers: a batch begun
+ * while all are held reads its chunks one by one in _finish.  Without
  * kernel AIO (or with opts.sync_readahead) the spans are read in _finish.
  */
 typedef struct ckpt_prefetch ckpt_prefetch;
+#define CKPT_PREFETCH_INFLIGHT 2 /* span buffers per thread */
 int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
 			      ckpt_prefetch **ret_pf);
 int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,

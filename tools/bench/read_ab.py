@@ -2,7 +2,7 @@
 """A/B of ckptfs binaries reading one store through the mount, caches dropped.
 
     tools/bench/read_ab.py STORE BIN_A BIN_B [BIN_C ...] [--reps 5] [--opts -o,x=y]
-                           [--small 4096,65536]
+                           [--small 4096,65536] [--only tp4_pp1]
 
 A binary may carry options of its own: fs/ckptfs@-o,direct_read=0.
 
@@ -92,12 +92,15 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--opts", default="", help="extra daemon options, e.g. -o,ra_workers=0")
     ap.add_argument("--small", default="", help="read sizes in bytes for the small-read cases")
+    ap.add_argument("--only", default="", help="run only the cases whose name contains this, "
+                    "e.g. tp4_pp1")
     a = ap.parse_args()
     opts = [o for o in a.opts.split(",") if o]
     mnt = tempfile.mkdtemp(prefix="read-ab-", dir="/var/tmp")
     whats = ["tp1_pp1 view, 1 reader", "tp4_pp1 view, 4 readers", "sources, 1 reader"]
     small = {f"tp1_pp1 view, {int(x)}-byte reads": int(x) for x in a.small.split(",") if x}
     whats += list(small)
+    whats = [w for w in whats if a.only in w]
     res = {}
     print(f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
     for rep in range(a.reps):
