@@ -95,7 +95,9 @@ struct ckpt_store {
 
 	/* Readers hold pack_rw (read) while they use a sealed pack's object;
 	 * compaction takes it (write) to free the object of a deleted pack, so
-	 * that its disk space is released without waiting for unmount. */
+	 * that its disk space is released without waiting for unmount.
+	 * Read-ahead holds it while it submits reads (pf_submit), not until
+	 * they complete: a submitted read holds its own reference to the file. */
 	pthread_rwlock_t pack_rw;
 	pthread_mutex_t pack_lock;
 	/* Protected by pack_lock: */
