@@ -22,6 +22,7 @@ struct ckpt_readahead {
 	/* Fields below are protected by lock. */
 	ckpt_digest *q; /* ring of queue_len digests */
 	unsigned qlen, qhead, qcount;
+	unsigned idle; /* workers waiting for work */
 	bool stop;
 	struct ckpt_ra_stats stats;
 	/* Set before the workers start. */
@@ -58,7 +59,12 @@ static void ra_count(ckpt_readahead *ra, size_t n, int r, size_t loaded, size_t 
  * begun.  So the disk works while the CPUs decode, also when every worker
  * is busy decoding; a worker waits for the disk only when the queue is
  * empty.  It holds at most RA_DEPTH batches, one per span buffer of its
- * thread (CKPT_PREFETCH_INFLIGHT).
+ * thread (CKPT_PREFETCH_INFLIGHT), and begins a batch ahead only while no
+ * other worker is idle: with one reader the queue is short (about 16
+ * chunks per 8 MiB), and a worker holding two batches made the reader wait
+ * for its decodes where an idle worker would have taken the chunk (the
+ * stored sources read by one reader took 0.459 s against 0.418 s,
+ * docs/performance.md 6h).
  */
 #define RA_DEPTH CKPT_PREFETCH_INFLIGHT
 
@@ -77,11 +83,14 @@ static void *ra_main(void *arg)
 		size_t want, loaded = 0, skipped = 0;
 		int r;
 
-		while (!ra->stop && ra->qcount == 0 && npend == 0)
+		while (!ra->stop && ra->qcount == 0 && npend == 0) {
+			ra->idle++;
 			pthread_cond_wait(&ra->work, &ra->lock);
+			ra->idle--;
+		}
 		if (ra->stop && npend == 0)
 			break;
-		if (!ra->stop && ra->qcount > 0 && npend < RA_DEPTH) {
+		if (!ra->stop && ra->qcount > 0 && npend < RA_DEPTH && (npend == 0 || ra->idle == 0)) {
 			unsigned k = (head + npend) % RA_DEPTH;
 			size_t n = 0;
 
@@ -92,7 +101,9 @@ static void *ra_main(void *arg)
 				ra->qcount--;
 			}
 			pthread_mutex_unlock(&ra->lock);
-			r = ckpt_store_prefetch_begin(ra->s, b[k].d, n, &b[k].pf);
+			/* the first batch is finished next (its reads are made
+			 * then); one begun ahead of another has its reads sent */
+			r = ckpt_store_prefetch_begin(ra->s, b[k].d, n, npend > 0, &b[k].pf);
 			pthread_mutex_lock(&ra->lock);
 			if (r < 0) {
 				ra_count(ra, n, r, 0, 0);
@@ -100,8 +111,9 @@ static void *ra_main(void *arg)
 				b[k].n = n;
 				npend++;
 			}
-			/* more to begin before decoding: while the queue has some */
-			if (npend < RA_DEPTH && ra->qcount > 0 && !ra->stop)
+			/* more to begin before decoding, while the queue has some
+			 * and no other worker is idle to take it */
+			if (npend < RA_DEPTH && ra->qcount > 0 && ra->idle == 0 && !ra->stop)
 				continue;
 		}
 		if (npend == 0)

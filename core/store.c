@@ -898,7 +898,7 @@ static void pf_reap(struct tls_ctx *t, ckpt_prefetch *pf)
 		pf->inflight = 0; /* its spans without a result are read again */
 }
 
-int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
+int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, bool submit,
 			      ckpt_prefetch **ret_pf)
 {
 	struct tls_ctx *t = tls_get(s);
@@ -935,7 +935,8 @@ int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
 	}
 	qsort(pf->o, pf->m, sizeof(*pf->o), pf_cmp);
 	pf_plan(t, pf);
-	pf_submit(s, t, pf);
+	if (submit)
+		pf_submit(s, t, pf);
 	*ret_pf = pf;
 	return 0;
 }
@@ -1027,7 +1028,7 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 	int r;
 
 	*ret_loaded = *ret_skipped = 0;
-	r = ckpt_store_prefetch_begin(s, d, n, &pf);
+	r = ckpt_store_prefetch_begin(s, d, n, false, &pf);
 	if (r < 0)
 		return r;
 	return ckpt_store_prefetch_finish(s, pf, ret_loaded, ret_skipped);

@@ -140,18 +140,21 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 /*
  * The same in two steps, so that a read-ahead worker decodes one batch
  * while the disk reads the next.  _begin reserves the chunks (readers that
- * want them wait from then on), submits their spans' reads to the calling
- * thread's kernel AIO context and returns the batch in *ret_pf (or
- * -ENOMEM).  _finish waits for those reads, decodes, fills the cache, frees
- * pf and returns as ckpt_store_prefetch_chunks.  Both run on the same
- * thread, which must finish every batch it begins, in any order, and
- * before it exits.  A thread has CKPT_PREFETCH_INFLIGHT span buffers: a batch begun
- * while all are held reads its chunks one by one in _finish.  Without
- * kernel AIO (or with opts.sync_readahead) the spans are read in _finish.
+ * want them wait from then on), plans their reads and with submit sends
+ * them to the calling thread's kernel AIO context; it returns the batch in
+ * *ret_pf (or -ENOMEM).  _finish waits for those reads (or, without
+ * submit, makes them with pread), decodes, fills the cache, frees pf and
+ * returns as ckpt_store_prefetch_chunks.  Submit only a batch that is not
+ * finished at once: waiting for an AIO read costs more than a pread here
+ * (docs/performance.md 6h).  Both run on the same thread, which must finish
+ * every batch it begins, in any order, and before it exits.  A thread has
+ * CKPT_PREFETCH_INFLIGHT span buffers: a batch begun while all are held
+ * reads its chunks one by one in _finish.  Without kernel AIO (or with
+ * opts.sync_readahead) submitted spans are read in _finish too.
  */
 typedef struct ckpt_prefetch ckpt_prefetch;
 #define CKPT_PREFETCH_INFLIGHT 2 /* span buffers per thread */
-int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n,
+int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, bool submit,
 			      ckpt_prefetch **ret_pf);
 int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,
 			       size_t *ret_skipped);
