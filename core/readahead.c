@@ -80,7 +80,7 @@ static void *ra_main(void *arg)
 
 	pthread_mutex_lock(&ra->lock);
 	for (;;) {
-		size_t want, loaded = 0, skipped = 0;
+		size_t loaded = 0, skipped = 0;
 		int r;
 
 		while (!ra->stop && ra->qcount == 0 && npend == 0) {
@@ -92,7 +92,7 @@ static void *ra_main(void *arg)
 			break;
 		if (!ra->stop && ra->qcount > 0 && npend < RA_DEPTH && (npend == 0 || ra->idle == 0)) {
 			unsigned k = (head + npend) % RA_DEPTH;
-			size_t n = 0;
+			size_t n = 0, want;
 
 			want = CKPT_MAX((size_t)1, CKPT_MIN((size_t)RA_BATCH, ra->qcount / RA_SHARE));
 			while (n < want && ra->qcount > 0) {

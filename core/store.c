@@ -751,8 +751,8 @@ struct pf_span {
 	size_t len;   /* bytes requested: a multiple of CKPT_PACK_DIRECT_ALIGN */
 	size_t need;  /* bytes that must come back: up to the last record's end */
 	uint8_t *buf; /* inside the batch's span buffer */
-	int64_t res;  /* bytes read, -errno, or PF_UNREAD */
-	bool submitted;
+	int64_t res;  /* bytes read, -errno, or PF_UNREAD; until _finish reads
+		       * the span itself only an AIO completion sets it */
 	struct iocb cb;
 };
 
@@ -860,10 +860,7 @@ static void pf_submit(ckpt_store *s, struct tls_ctx *t, ckpt_prefetch *pf)
 		done += (size_t)r;
 	}
 	pthread_rwlock_unlock(&s->pack_rw);
-	for (size_t i = 0; i < done; i++) {
-		((struct pf_span *)(uintptr_t)cbs[i]->aio_data)->submitted = true;
-		pf->inflight++;
-	}
+	pf->inflight = done;
 }
 
 /*
@@ -873,7 +870,7 @@ static void pf_submit(ckpt_store *s, struct tls_ctx *t, ckpt_prefetch *pf)
  * the thread reads without AIO from then on; spans left without a result
  * are read in _finish.
  */
-static void pf_reap(struct tls_ctx *t, ckpt_prefetch *pf)
+static void pf_reap(ckpt_store *s, struct tls_ctx *t, ckpt_prefetch *pf)
 {
 	struct io_event ev[PF_INFLIGHT * PF_SPANS];
 
@@ -883,7 +880,8 @@ static void pf_reap(struct tls_ctx *t, ckpt_prefetch *pf)
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0) {
-			ckpt_warn("io_getevents: %s: read-ahead reads with pread", strerror(errno));
+			ckpt_warn("%s: io_getevents: %s: read-ahead reads with pread", s->path,
+				  strerror(errno));
 			(void)syscall(SYS_io_destroy, t->aio);
 			t->aio_state = -1;
 			break;
@@ -948,7 +946,7 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 	size_t loaded = 0, i;
 	int r;
 
-	pf_reap(t, pf);
+	pf_reap(s, t, pf);
 	pthread_rwlock_rdlock(&s->pack_rw);
 	for (i = 0; i < pf->nspans; i++) {
 		struct pf_span *sp = &pf->sp[i];
@@ -960,9 +958,8 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 			__atomic_fetch_add(&s->pf_stats.failed, 1, __ATOMIC_RELAXED);
 			continue; /* gone (compacted): its items load alone */
 		}
-		__atomic_fetch_add(sp->submitted && sp->res != PF_UNREAD ? &s->pf_stats.aio
-									 : &s->pf_stats.sync,
-				   1, __ATOMIC_RELAXED);
+		__atomic_fetch_add(sp->res != PF_UNREAD ? &s->pf_stats.aio : &s->pf_stats.sync, 1,
+				   __ATOMIC_RELAXED);
 		if (sp->res == PF_UNREAD) {
 			/* not submitted: read it here (through the page cache
 			 * where the file system has no O_DIRECT: then alone) */
