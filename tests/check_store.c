@@ -1097,7 +1097,7 @@ START_TEST(test_prefetch_pipelined)
 	ckpt_store_cache_stats(s, &after);
 	ck_assert_uint_eq(after.hits - before.hits, 12);
 	ck_assert_uint_eq(after.misses, before.misses);
-	/* the span buffers are free again: the next two batches get them */
+	/* all twelve are cached now: a batch of them skips every one */
 	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d, 12, true, &pa), 0);
 	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pa, &loaded, &skipped), 0);
 	ck_assert_uint_eq(loaded, 0);
