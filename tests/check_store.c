@@ -1109,6 +1109,50 @@ START_TEST(test_prefetch_pipelined)
 }
 END_TEST
 
+/* A thread's two span buffers serve batch after batch: each round begins
+ * one batch sent to AIO and one left for _finish, finishes both, and the
+ * next round's batches get span buffers again (a batch that finds none
+ * reads its chunks alone, outside the request counts). */
+START_TEST(test_prefetch_span_reuse)
+{
+	ckpt_store *s = open_prefetch(_i == 1);
+	const size_t n = 120000;
+	enum { ROUNDS = 3, PER = 3, N = ROUNDS * 2 * PER };
+	ckpt_digest d[N];
+	uint8_t *data[N], *out = malloc(n);
+	struct ckpt_prefetch_stats ps;
+	size_t loaded = 9, skipped = 9;
+
+	ck_assert_ptr_nonnull(out);
+	for (int i = 0; i < N; i++) {
+		data[i] = random_buf(n, 700 + (uint64_t)i);
+		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
+	}
+	for (int r = 0; r < ROUNDS; r++) {
+		ckpt_prefetch *pa, *pb;
+		const ckpt_digest *a = d + r * 2 * PER, *b = a + PER;
+
+		ck_assert_int_eq(ckpt_store_prefetch_begin(s, a, PER, true, &pa), 0);
+		ck_assert_int_eq(ckpt_store_prefetch_begin(s, b, PER, false, &pb), 0);
+		ck_assert_int_eq(ckpt_store_prefetch_finish(s, pa, &loaded, &skipped), 0);
+		ck_assert_uint_eq(loaded, PER);
+		ck_assert_uint_eq(skipped, 0);
+		ck_assert_int_eq(ckpt_store_prefetch_finish(s, pb, &loaded, &skipped), 0);
+		ck_assert_uint_eq(loaded, PER);
+		/* one request per batch so far: both buffers were free again */
+		ckpt_store_prefetch_stats(s, &ps);
+		check_prefetch_stats(&ps, _i == 1, (uint64_t)r + 1, (uint64_t)r + 1);
+	}
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, out, n), 0);
+		ck_assert_mem_eq(out, data[i], n);
+		free(data[i]);
+	}
+	free(out);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* store.h: read_chunk returns "-ENOENT if unknown". */
 START_TEST(test_read_unknown_chunk)
 {
@@ -2197,6 +2241,7 @@ static Suite *store_suite(void)
 	tcase_add_test(ch, test_read_unknown_chunk);
 	tcase_add_loop_test(ch, test_prefetch_chunks, 0, 2);
 	tcase_add_loop_test(ch, test_prefetch_pipelined, 0, 2);
+	tcase_add_loop_test(ch, test_prefetch_span_reuse, 0, 2);
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
