@@ -26,16 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchclock.h"
+
 #define ALIGN (2u << 20)
 #define MAX_DEPTH 64
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static int submit(aio_context_t ctx, struct iocb *cb, int fd, uint8_t *buf, size_t len,
 		  uint64_t off, unsigned slot)

@@ -22,6 +22,7 @@
 #include "chunker.h"
 #include "compress.h"
 #include "hash.h"
+#include "benchclock.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -45,14 +46,6 @@ static void fill_bf16(uint8_t *p, size_t n)
 		p[i] = (uint8_t)(bits >> 16);
 		p[i + 1] = (uint8_t)(bits >> 24);
 	}
-}
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 struct dig {

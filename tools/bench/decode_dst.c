@@ -30,19 +30,12 @@
 #include <zstd.h>
 
 #include "../../core/compress.h"
+#include "benchclock.h"
 
 #define CHUNK (512u << 10)
 #define NCHUNKS 400u
 #define SPAN 32u /* distinct source slices (16 MiB) */
 #define FLUSH (64u << 20)
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {

@@ -26,6 +26,7 @@
 #include <zstd.h>
 
 #include "../../core/compress.h"
+#include "benchclock.h"
 
 #define CHUNK (512u << 10)
 #define NCHUNKS 400u
@@ -35,14 +36,6 @@ struct planes {
 	uint8_t *stored[4];   /* plane b as stored */
 	size_t len[4];        /* its stored length; == n: raw */
 };
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {

@@ -29,6 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchclock.h"
+
 #define ALIGN (2ul << 20)
 
 static const char *path;
@@ -51,14 +53,6 @@ static long read_anon_huge_kb(void)
 	if (f)
 		fclose(f);
 	return kb;
-}
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
 static void *stream(void *arg)

@@ -18,13 +18,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
+#include "benchclock.h"
 
 int main(int argc, char **argv)
 {

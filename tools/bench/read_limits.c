@@ -37,6 +37,7 @@
 #include "compress.h"
 #include "hash.h"
 #include "pack.h"
+#include "benchclock.h"
 
 struct rec {
 	uint8_t codec;
@@ -49,14 +50,6 @@ static size_t nrecs, caprecs;
 static uint64_t raw_total, stored_total;
 static double seconds = 1.0;
 static ckpt_hasher *hasher;
-
-static double now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 struct scan_ctx {
 	ckpt_pack *p;

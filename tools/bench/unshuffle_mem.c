@@ -24,18 +24,11 @@
 #include <time.h>
 
 #include "../../core/compress.h"
+#include "benchclock.h"
 
 #define N (128u << 10)   /* elements: one 512 KiB chunk of 4-byte values */
 #define NDST 256u        /* destinations for the out-of-cache case */
 #define HOT_ROUNDS 2000u
-
-static double now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
 
 static void sse2(const uint8_t *const *pl, uint8_t *dst)
 {
