@@ -959,6 +959,17 @@ static bool aio_expected(void)
 	return true;
 }
 
+/* Store count chunks of n random bytes (seeds seed, seed + 1, ...): their
+ * bytes in data[i] (the caller frees them), their digests in d[i]. */
+static void put_random_chunks(ckpt_store *s, size_t count, size_t n, uint64_t seed,
+			      uint8_t **data, ckpt_digest *d)
+{
+	for (size_t i = 0; i < count; i++) {
+		data[i] = random_buf(n, seed + i);
+		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
+	}
+}
+
 /* A fresh store whose read-ahead uses AIO (sync false) or pread. */
 static ckpt_store *open_prefetch(bool sync)
 {
@@ -1006,10 +1017,7 @@ START_TEST(test_prefetch_chunks)
 	int fd;
 
 	ck_assert_ptr_nonnull(out);
-	for (int i = 0; i < 6; i++) {
-		data[i] = random_buf(n, 100 + (uint64_t)i);
-		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
-	}
+	put_random_chunks(s, 6, n, 100, data, d);
 	d[6] = d[2];                   /* a repeat */
 	memset(&d[7], 0x3c, sizeof(d[7])); /* unknown */
 	/* damage chunk 4's stored bytes on the disk */
@@ -1071,10 +1079,7 @@ START_TEST(test_prefetch_pipelined)
 	size_t loaded = 9, skipped = 9;
 
 	ck_assert_ptr_nonnull(out);
-	for (int i = 0; i < 12; i++) {
-		data[i] = random_buf(n, 300 + (uint64_t)i);
-		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
-	}
+	put_random_chunks(s, 12, n, 300, data, d);
 	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d, 4, true, &pa), 0);
 	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d + 4, 4, false, &pb), 0);
 	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d + 8, 4, true, &pc), 0);
@@ -1124,10 +1129,7 @@ START_TEST(test_prefetch_span_reuse)
 	size_t loaded = 9, skipped = 9;
 
 	ck_assert_ptr_nonnull(out);
-	for (int i = 0; i < N; i++) {
-		data[i] = random_buf(n, 700 + (uint64_t)i);
-		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
-	}
+	put_random_chunks(s, N, n, 700, data, d);
 	for (int r = 0; r < ROUNDS; r++) {
 		ckpt_prefetch *pa, *pb;
 		const ckpt_digest *a = d + r * 2 * PER, *b = a + PER;
