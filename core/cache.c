@@ -69,7 +69,17 @@ struct ckpt_cache {
 	pthread_mutex_t pool_lock;
 	void *pool[BUF_CLASSES];
 	uint64_t pool_bytes;
-	uint64_t buf_stats[3]; /* buffers handed out: pooled, resized, fresh (atomic) */
+	/* The reserve (ckpt_cache_reserve_bufs), also under pool_lock: one
+	 * mapping of res_units * BUF_GRAIN bytes, touched when made and kept
+	 * until ckpt_cache_free(); a buffer in it is a run of units, res_used
+	 * has a bit set per unit in use, res_free counts the clear ones.
+	 * Reserve buffers never enter pool[] and are never remapped. */
+	uint8_t *res_base; /* 2 MiB aligned, in huge pages where the kernel can */
+	void *res_map;     /* the mapping (ckpt_map_huge) */
+	size_t res_units, res_free;
+	uint64_t *res_used;
+	/* buffers handed out: pooled, resized, fresh, from the reserve (atomic) */
+	uint64_t buf_stats[4];
 	struct ckpt_cache_stats stats;
 };
 
@@ -204,15 +214,100 @@ static void *pool_take(ckpt_cache *c, size_t k, int *ret_how)
 	return q;
 }
 
+static bool res_bit(const ckpt_cache *c, size_t u)
+{
+	return c->res_used[u / 64] >> (u % 64) & 1;
+}
+
+static void res_mark(ckpt_cache *c, size_t u, size_t k, bool used)
+{
+	for (size_t i = u; i < u + k; i++) {
+		if (used)
+			c->res_used[i / 64] |= 1ull << (i % 64);
+		else
+			c->res_used[i / 64] &= ~(1ull << (i % 64));
+	}
+	if (used)
+		c->res_free -= k;
+	else
+		c->res_free += k;
+}
+
+/* The first run of k free units of the reserve, marked used, or NULL. */
+static void *res_take(ckpt_cache *c, size_t k)
+{
+	size_t u, run = 0;
+	void *p = NULL;
+
+	pthread_mutex_lock(&c->pool_lock);
+	if (k > c->res_free)
+		goto out;
+	for (u = 0; u < c->res_units; u++) {
+		if (c->res_used[u / 64] == ~0ull && u % 64 == 0) {
+			run = 0;
+			u += 63;
+			continue;
+		}
+		run = res_bit(c, u) ? 0 : run + 1;
+		if (run == k) {
+			res_mark(c, u + 1 - k, k, true);
+			p = c->res_base + (u + 1 - k) * BUF_GRAIN;
+			break;
+		}
+	}
+out:
+	pthread_mutex_unlock(&c->pool_lock);
+	return p;
+}
+
+static bool in_reserve(const ckpt_cache *c, const uint8_t *p)
+{
+	return c->res_base && p >= c->res_base && p < c->res_base + c->res_units * BUF_GRAIN;
+}
+
+int ckpt_cache_reserve_bufs(ckpt_cache *c, uint64_t bytes)
+{
+	size_t n = (size_t)(bytes / BUF_GRAIN);
+	uint64_t *used;
+	uint8_t *p;
+	void *map;
+
+	if (!c || c->res_base)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	used = calloc((n + 63) / 64, sizeof(*used));
+	if (!used)
+		return -ENOMEM;
+	p = ckpt_map_huge(n * BUF_GRAIN, &map);
+	if (!p) {
+		free(used);
+		return -ENOMEM;
+	}
+	ckpt_mem_populate(p, n * BUF_GRAIN);
+	pthread_mutex_lock(&c->pool_lock);
+	c->res_base = p;
+	c->res_map = map;
+	c->res_units = c->res_free = n;
+	c->res_used = used;
+	pthread_mutex_unlock(&c->pool_lock);
+	return 0;
+}
+
 uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
 {
 	size_t k = buf_class(len);
 	void *p = NULL;
-	int how = 2;
+	int how = 3;
 
 	if (len > SIZE_MAX - BUF_HDR - BUF_GRAIN)
 		return NULL;
-	if (k < BUF_CLASSES)
+	if (c->res_base && k <= c->res_units) {
+		p = res_take(c, k);
+		if (p)
+			memcpy(p, &k, sizeof(k));
+	}
+	if (!p && k < BUF_CLASSES)
 		p = pool_take(c, k, &how);
 	if (!p) {
 		how = 2;
@@ -236,6 +331,12 @@ void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len)
 		return;
 	p = buf - BUF_HDR;
 	memcpy(&k, p, sizeof(k));
+	if (in_reserve(c, p)) {
+		pthread_mutex_lock(&c->pool_lock);
+		res_mark(c, (size_t)((uint8_t *)p - c->res_base) / BUF_GRAIN, k, false);
+		pthread_mutex_unlock(&c->pool_lock);
+		return;
+	}
 	if (k < BUF_CLASSES) {
 		pthread_mutex_lock(&c->pool_lock);
 		if (c->pool_bytes + k * BUF_GRAIN <= BUF_POOL_MAX) {
@@ -338,6 +439,9 @@ void ckpt_cache_free(ckpt_cache *c)
 		while ((p = pool_pop_locked(c, k)))
 			munmap(p, k * BUF_GRAIN);
 	}
+	if (c->res_base)
+		munmap(c->res_map, c->res_units * BUF_GRAIN + CKPT_HUGE_ALIGN);
+	free(c->res_used);
 	pthread_mutex_destroy(&c->pool_lock);
 	free(c->buckets);
 	pthread_cond_destroy(&c->loaded);
@@ -577,4 +681,5 @@ void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)
 	ret_stats->bufs_pooled = __atomic_load_n(&c->buf_stats[0], __ATOMIC_RELAXED);
 	ret_stats->bufs_resized = __atomic_load_n(&c->buf_stats[1], __ATOMIC_RELAXED);
 	ret_stats->bufs_fresh = __atomic_load_n(&c->buf_stats[2], __ATOMIC_RELAXED);
+	ret_stats->bufs_reserve = __atomic_load_n(&c->buf_stats[3], __ATOMIC_RELAXED);
 }

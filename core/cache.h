@@ -95,6 +95,23 @@ void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes);
  * buf_free or into the cache with fill_buf(pooled = true).
  */
 uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len);
+/*
+ * Give the buffers a reserve: bytes (rounded down to 128 KiB) of memory
+ * mapped and touched now (MAP_POPULATE) and kept until ckpt_cache_free().
+ * ckpt_cache_buf_alloc then takes the first free run of the reserve that
+ * fits before it tries the pool or maps anything; ckpt_cache_buf_free gives
+ * the run back.  A buffer's first touch costs a page fault and a zeroing
+ * per 4 KiB page (on this VM also the host backing the page: about a tenth
+ * of a cold 0.5 GiB view read, docs/performance.md 6f and 6k), and the
+ * pool keeps at most 32 MiB of freed buffers, so without a reserve a
+ * daemon keeps faulting memory in for every large read.  With one, reads
+ * that fit it fault nothing: the cost is paid once, when the store opens,
+ * and the memory stays resident (it counts in the daemon's RSS from then
+ * on).  Call at most once, before the cache is shared between threads.
+ * Returns 0 (also for bytes < 128 KiB: no reserve), -EINVAL (c NULL or a
+ * reserve already made), -ENOMEM or another negative errno from mmap.
+ */
+int ckpt_cache_reserve_bufs(ckpt_cache *c, uint64_t bytes);
 void ckpt_cache_buf_free(ckpt_cache *c, uint8_t *buf, size_t len);
 const uint8_t *ckpt_cache_fill_buf(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
 				   bool stream, bool pooled);
@@ -128,8 +145,9 @@ struct ckpt_cache_stats {
 	uint64_t evicted_unread; /* stream entries evicted before read to the end */
 	uint64_t stream_cap; /* the budget of stream entries (ckpt_cache_fill_as) */
 	/* chunk buffers handed out by ckpt_cache_buf_alloc: from the pool as
-	 * they were, from the pool resized (mremap), newly mapped */
-	uint64_t bufs_pooled, bufs_resized, bufs_fresh;
+	 * they were, from the pool resized (mremap), newly mapped, from the
+	 * reserve (ckpt_cache_reserve_bufs) */
+	uint64_t bufs_pooled, bufs_resized, bufs_fresh, bufs_reserve;
 };
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats);
 

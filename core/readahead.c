@@ -23,6 +23,8 @@ struct ckpt_readahead {
 	ckpt_digest *q; /* ring of queue_len digests */
 	unsigned qlen, qhead, qcount;
 	unsigned idle; /* workers waiting for work */
+	unsigned warm; /* workers set up (ckpt_store_prefetch_warm tried) */
+	pthread_cond_t ready; /* signalled as warm grows */
 	bool stop;
 	struct ckpt_ra_stats stats;
 	/* Set before the workers start. */
@@ -78,7 +80,11 @@ static void *ra_main(void *arg)
 	} b[RA_DEPTH];
 	unsigned head = 0, npend = 0; /* begun, not finished: b[head], b[head + 1] ... */
 
+	/* set up at mount, not during the first read (failure: on first use) */
+	(void)ckpt_store_prefetch_warm(ra->s);
 	pthread_mutex_lock(&ra->lock);
+	ra->warm++;
+	pthread_cond_broadcast(&ra->ready);
 	for (;;) {
 		size_t loaded = 0, skipped = 0;
 		int r;
@@ -155,12 +161,19 @@ int ckpt_readahead_new(ckpt_store *s, unsigned nthreads, unsigned queue_len,
 	ra->qlen = queue_len;
 	pthread_mutex_init(&ra->lock, NULL);
 	pthread_cond_init(&ra->work, NULL);
+	pthread_cond_init(&ra->ready, NULL);
 	r = ckpt_threads_start(ra->threads, nthreads, ra_main, ra);
 	if (r < 0) {
 		ckpt_readahead_free(ra);
 		return r;
 	}
 	ra->nthreads = (unsigned)r;
+	/* return once every worker holds its buffers: the mount waits for them,
+	 * the first read does not */
+	pthread_mutex_lock(&ra->lock);
+	while (ra->warm < ra->nthreads)
+		pthread_cond_wait(&ra->ready, &ra->lock);
+	pthread_mutex_unlock(&ra->lock);
 	*ret = ra;
 	return 0;
 }
@@ -171,6 +184,7 @@ void ckpt_readahead_free(ckpt_readahead *ra)
 		return;
 	ckpt_threads_stop(&ra->lock, &ra->work, &ra->stop, ra->threads, ra->nthreads);
 	pthread_cond_destroy(&ra->work);
+	pthread_cond_destroy(&ra->ready);
 	pthread_mutex_destroy(&ra->lock);
 	free(ra->q);
 	free(ra);

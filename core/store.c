@@ -162,7 +162,7 @@ static int db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list 
  */
 #define SPAN_MAX (4u << 20) /* one request */
 #define SPAN_BUF (8u << 20) /* the spans of one batch */
-#define SPAN_ALIGN (2u << 20)
+#define SPAN_ALIGN CKPT_HUGE_ALIGN
 #define SPAN_GAP (64u << 10) /* records this far apart still share a span */
 #define PF_INFLIGHT CKPT_PREFETCH_INFLIGHT /* batches begun and not finished */
 #define PF_SPANS 16         /* requests of one batch; the rest load alone */
@@ -199,23 +199,6 @@ static void tls_free(void *p)
 	free(t);
 }
 
-/* A 2 MiB aligned mapping of len bytes (a multiple of SPAN_ALIGN) advised
- * MADV_HUGEPAGE: *ret_map (len + SPAN_ALIGN bytes, for munmap) and the
- * aligned start, or NULL without memory. */
-static uint8_t *map_aligned(size_t len, void **ret_map)
-{
-	void *m = mmap(NULL, len + SPAN_ALIGN, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	uint8_t *a;
-
-	if (m == MAP_FAILED)
-		return NULL;
-	a = (uint8_t *)(((uintptr_t)m + SPAN_ALIGN - 1) & ~(uintptr_t)(SPAN_ALIGN - 1));
-	(void)madvise(a, len, MADV_HUGEPAGE); /* a hint: 4 KiB pages work too */
-	*ret_map = m;
-	return a;
-}
-
 /*
  * The thread's buffer for one record's O_DIRECT read, at least need bytes
  * (need <= SPAN_BUF), kept for the thread's next records.  The buffer per
@@ -233,7 +216,7 @@ static uint8_t *tls_rec(struct tls_ctx *t, size_t need)
 
 	if (t->rec && t->rec_cap >= need)
 		return t->rec;
-	a = map_aligned(cap, &m);
+	a = ckpt_map_huge(cap, &m);
 	if (!a)
 		return NULL;
 	if (t->rec_map)
@@ -251,7 +234,7 @@ static int tls_span_take(struct tls_ctx *t)
 	for (int i = 0; i < PF_INFLIGHT; i++) {
 		if (t->span_busy[i])
 			continue;
-		if (!t->span[i] && !(t->span[i] = map_aligned(SPAN_BUF, &t->span_map[i])))
+		if (!t->span[i] && !(t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i])))
 			return -1;
 		t->span_busy[i] = true;
 		return i;
@@ -299,6 +282,21 @@ static struct tls_ctx *tls_get(ckpt_store *s)
 	ckpt_decompressor_skip_checksum(t->dc);
 	pthread_setspecific(s->tls_key, t);
 	return t;
+}
+
+int ckpt_store_prefetch_warm(ckpt_store *s)
+{
+	struct tls_ctx *t = tls_get(s);
+
+	if (!t)
+		return -ENOMEM;
+	(void)tls_aio(s, t);
+	for (int i = 0; i < PF_INFLIGHT; i++) {
+		if (!t->span[i] && !(t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i])))
+			return -ENOMEM;
+		ckpt_mem_populate(t->span[i], SPAN_BUF);
+	}
+	return 0;
 }
 
 static int64_t now_ns(void)
@@ -1034,6 +1032,16 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)
 {
 	ckpt_cache_get_stats(s->cache, ret);
+}
+
+uint8_t *ckpt_store_buf_alloc(ckpt_store *s, size_t len)
+{
+	return ckpt_cache_buf_alloc(s->cache, len ? len : 1);
+}
+
+void ckpt_store_buf_free(ckpt_store *s, uint8_t *buf, size_t len)
+{
+	ckpt_cache_buf_free(s->cache, buf, len ? len : 1);
 }
 
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
@@ -3471,6 +3479,23 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	r = ckpt_cache_new(o->cache_size, &s->cache);
 	if (r < 0)
 		goto fail;
+	if (o->buf_reserve && o->cache_size) {
+		struct ckpt_cache_stats cs;
+		uint64_t want = o->buf_reserve;
+
+		/* the stream entries, the reply buffers and the chunks pinned or
+		 * read in part beside them (docs/performance.md 6k) */
+		ckpt_cache_get_stats(s->cache, &cs);
+		if (want == CKPT_BUF_RESERVE_AUTO)
+			want = cs.stream_cap + (32u << 20);
+		want = CKPT_MIN(want, o->cache_size);
+
+		/* a knob for speed: without it every buffer is mapped on demand */
+		r = ckpt_cache_reserve_bufs(s->cache, want);
+		if (r < 0)
+			ckpt_warn("%s: cannot reserve %" PRIu64 " MiB of chunk buffers (%s); "
+				  "mapping them on demand", path, want >> 20, strerror(-r));
+	}
 	if (o->mode == CKPT_STORE_RW) {
 		clean_staging(s, dfd);
 		r = reap_orphans(s);

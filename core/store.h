@@ -79,7 +79,12 @@ struct ckpt_store_opts {
 			       * off: chunks are compressed inline */
 	bool sync_readahead;  /* read-ahead reads with pread, not kernel AIO (tests,
 			       * A/B runs; AIO missing from the kernel does the same) */
+	uint64_t buf_reserve; /* chunk buffers mapped and touched at open and kept
+			       * (ckpt_cache_reserve_bufs), at most cache_size;
+			       * CKPT_BUF_RESERVE_AUTO: the cache's stream budget
+			       * plus 32 MiB; default 0: none */
 };
+#define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
 
 /* Open (and with o->create, create) the store at path.  Errors: -ENOENT
@@ -158,6 +163,16 @@ int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, boo
 			      ckpt_prefetch **ret_pf);
 int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,
 			       size_t *ret_skipped);
+/*
+ * Set up the calling thread for read-ahead now rather than at its first
+ * batch: its decompressor, its AIO context and its span buffers, mapped and
+ * touched.  A span buffer is 8 MiB in huge pages; touched first by the
+ * disk's read into it, the kernel zeroed those pages during the reader's
+ * read (a tenth of the daemon's CPU in a cold 4-reader view read,
+ * docs/performance.md 6k).  A read-ahead worker calls it when it starts.
+ * Returns 0 or -ENOMEM (the thread then maps what it lacks on first use).
+ */
+int ckpt_store_prefetch_warm(ckpt_store *s);
 /* Read-ahead's span requests since open: read through kernel AIO, read with
  * pread (in _finish), and of either or neither, failed (short, an error, or
  * the pack gone: their chunks were then read alone). */
@@ -167,6 +182,12 @@ struct ckpt_prefetch_stats {
 void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret);
 /* Counters of the chunk cache (misses: chunks loaded by readers). */
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
+/* A buffer of len bytes from the chunk cache's buffers (its reserve first,
+ * see ckpt_store_opts.buf_reserve), for a reply the caller assembles;
+ * NULL when out of memory.  Give it back with ckpt_store_buf_free(s, buf,
+ * len) (accepts NULL). */
+uint8_t *ckpt_store_buf_alloc(ckpt_store *s, size_t len);
+void ckpt_store_buf_free(ckpt_store *s, uint8_t *buf, size_t len);
 /* Location of a chunk (pending or indexed). */
 int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
 			 uint64_t *ret_refcount);

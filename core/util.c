@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
@@ -162,4 +163,32 @@ size_t ckpt_u64_dec(uint64_t v, char buf[CKPT_U64_DEC_MAX])
 		v /= 10;
 	} while (v);
 	return CKPT_U64_DEC_MAX - i;
+}
+
+uint8_t *ckpt_map_huge(size_t len, void **ret_map)
+{
+	void *m = mmap(NULL, len + CKPT_HUGE_ALIGN, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *a;
+
+	if (m == MAP_FAILED)
+		return NULL;
+	a = (uint8_t *)(((uintptr_t)m + CKPT_HUGE_ALIGN - 1) & ~(uintptr_t)(CKPT_HUGE_ALIGN - 1));
+	(void)madvise(a, len, MADV_HUGEPAGE);
+	*ret_map = m;
+	return a;
+}
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+void ckpt_mem_populate(void *p, size_t len)
+{
+	volatile uint8_t *b = p;
+
+	if (madvise(p, len, MADV_POPULATE_WRITE) == 0)
+		return;
+	for (size_t i = 0; i < len; i += 4096)
+		b[i] = 0; /* fresh anonymous memory reads as zeros: nothing changes */
 }

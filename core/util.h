@@ -131,4 +131,18 @@ int ckpt_threads_start(pthread_t *t, unsigned n, void *(*fn)(void *), void *arg)
 void ckpt_threads_stop(pthread_mutex_t *lock, pthread_cond_t *cond, bool *stop, pthread_t *t,
 		       unsigned n);
 
+/*
+ * Memory for large buffers.  ckpt_map_huge(): a private anonymous mapping
+ * with len bytes at a 2 MiB aligned start,
+ * advised MADV_HUGEPAGE (a hint: 4 KiB pages work too); returns the aligned
+ * start and in *ret_map what to pass to munmap() with len +
+ * CKPT_HUGE_ALIGN bytes; NULL without memory.  ckpt_mem_populate(): fault
+ * p[0..len) in for writing now (MADV_POPULATE_WRITE, or a write per 4 KiB
+ * page where the kernel lacks it), so that later use takes no page fault
+ * and no zeroing; p and len page aligned.
+ */
+#define CKPT_HUGE_ALIGN (2u << 20)
+uint8_t *ckpt_map_huge(size_t len, void **ret_map);
+void ckpt_mem_populate(void *p, size_t len);
+
 #endif

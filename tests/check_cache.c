@@ -7,6 +7,7 @@
  * inserts of the same digest, releases, evictions and forgets race.
  */
 #include <check.h>
+#include <sys/mman.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -808,6 +809,85 @@ START_TEST(test_buf_reuse_other_class)
 }
 END_TEST
 
+/* The reserve: runs of it first (first fit), touched memory, never pooled
+ * or remapped, the pool and new mappings once it is full. */
+START_TEST(test_buf_reserve)
+{
+	const size_t G = 128u << 10;
+	struct ckpt_cache_stats st;
+	ckpt_cache *c, *c2;
+	ckpt_digest d = dig(13);
+	ckpt_cache_entry *e;
+	unsigned char vec[(8 * (128u << 10)) / 4096];
+	uint8_t *a, *b, *f, *x;
+	size_t i;
+
+	ck_assert_int_eq(ckpt_cache_new(64u << 20, &c), 0);
+	ck_assert_int_eq(ckpt_cache_reserve_bufs(NULL, 1u << 20), -EINVAL);
+	ck_assert_int_eq(ckpt_cache_reserve_bufs(c, 1u << 20), 0); /* 8 units of 128 KiB */
+	ck_assert_int_eq(ckpt_cache_reserve_bufs(c, 1u << 20), -EINVAL); /* only once */
+	a = ckpt_cache_buf_alloc(c, 600u << 10); /* 5 units */
+	b = ckpt_cache_buf_alloc(c, 300u << 10); /* 3 units: the rest */
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_eq(b, a + 5 * G);
+	/* the whole reserve is resident before anything writes to it */
+	ck_assert_int_eq(mincore(a - 64, 8 * G, vec), 0);
+	for (i = 0; i < sizeof(vec); i++)
+		ck_assert_uint_eq(vec[i] & 1, 1);
+	f = ckpt_cache_buf_alloc(c, 1000); /* full: a new mapping */
+	ck_assert_ptr_nonnull(f);
+	ck_assert(f < a - 64 || f >= a - 64 + 8 * G);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bufs_reserve, 2);
+	ck_assert_uint_eq(st.bufs_fresh, 1);
+	for (i = 0; i < (300u << 10); i++)
+		b[i] = (uint8_t)(i * 3);
+	ckpt_cache_buf_free(c, b, 300u << 10);
+	ckpt_cache_buf_free(c, f, 1000); /* to the pool */
+	x = ckpt_cache_buf_alloc(c, 200u << 10); /* 2 units: first fit is b's run */
+	ck_assert_ptr_eq(x, b);
+	for (i = 0; i < (200u << 10); i++) /* the same memory, not remapped */
+		if (x[i] != (uint8_t)(i * 3))
+			ck_abort_msg("byte %zu of the reserve changed", i);
+	ckpt_cache_buf_free(c, a, 600u << 10);
+	a = ckpt_cache_buf_alloc(c, 1000); /* 1 unit: the reserve's start, not the pool */
+	ck_assert_ptr_eq(a, x - 5 * G);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bufs_reserve, 4);
+	ck_assert_uint_eq(st.bufs_pooled, 0);
+	/* 5 units free, but not 5 in one run (4 + 1): the pool's buffer grown */
+	b = ckpt_cache_buf_alloc(c, 600u << 10);
+	ck_assert_ptr_nonnull(b);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bufs_resized, 1);
+	ckpt_cache_buf_free(c, b, 600u << 10);
+	/* a reserve buffer in the cache counts its run, and goes back to the
+	 * reserve when the entry goes */
+	e = ckpt_cache_reserve(c, &d);
+	ck_assert_ptr_nonnull(e);
+	ckpt_cache_fill_buf(c, e, x, 200u << 10, true, true);
+	ckpt_cache_get_stats(c, &st);
+	ck_assert_uint_eq(st.bytes, 2 * G);
+	ckpt_cache_release(c, e);
+	ckpt_cache_forget(c, &d);
+	x = ckpt_cache_buf_alloc(c, 850u << 10); /* 7 units: the freed run and around it */
+	ck_assert_ptr_eq(x, a + G);
+	ckpt_cache_buf_free(c, x, 850u << 10);
+	ckpt_cache_buf_free(c, a, 1000);
+	ckpt_cache_free(c);
+
+	/* less than one unit: no reserve */
+	ck_assert_int_eq(ckpt_cache_new(64u << 20, &c2), 0);
+	ck_assert_int_eq(ckpt_cache_reserve_bufs(c2, 1000), 0);
+	a = ckpt_cache_buf_alloc(c2, 1000);
+	ckpt_cache_get_stats(c2, &st);
+	ck_assert_uint_eq(st.bufs_reserve, 0);
+	ck_assert_uint_eq(st.bufs_fresh, 1);
+	ckpt_cache_buf_free(c2, a, 1000);
+	ckpt_cache_free(c2);
+}
+END_TEST
+
 /* Stream a chunk into the cache as read-ahead does: reserve, fill as a
  * stream entry, release. */
 static void put_stream(ckpt_cache *c, uint32_t k, size_t len)
@@ -890,6 +970,7 @@ static Suite *cache_suite(void)
 	tcase_add_test(tc, test_ra_window_size);
 	tcase_add_test(tc, test_buf_pool);
 	tcase_add_test(tc, test_buf_reuse_other_class);
+	tcase_add_test(tc, test_buf_reserve);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1114,6 +1114,51 @@ START_TEST(test_prefetch_pipelined)
 }
 END_TEST
 
+/* A store opened with a buffer reserve loads read-ahead's chunks into it,
+ * and a thread warmed up first (as a read-ahead worker is at mount) sends
+ * its batch through its span buffers as before. */
+START_TEST(test_prefetch_warm_reserve)
+{
+	struct ckpt_store_opts o;
+	ckpt_store *s;
+	const size_t n = 200000; /* two 128 KiB units a chunk */
+	ckpt_digest d[6];
+	uint8_t *data[6], *out = malloc(n);
+	ckpt_prefetch *pf;
+	struct ckpt_prefetch_stats ps;
+	struct ckpt_cache_stats st;
+	size_t loaded = 9, skipped = 9;
+
+	ck_assert_ptr_nonnull(out);
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.sync_readahead = _i == 1;
+	o.buf_reserve = 16u << 20;
+	s = open_opts(&o);
+	ck_assert_int_eq(ckpt_store_prefetch_warm(s), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_warm(s), 0); /* again: nothing to do */
+	put_random_chunks(s, 6, n, 900, data, d);
+	ck_assert_int_eq(ckpt_store_prefetch_begin(s, d, 6, true, &pf), 0);
+	ck_assert_int_eq(ckpt_store_prefetch_finish(s, pf, &loaded, &skipped), 0);
+	ck_assert_uint_eq(loaded, 6);
+	ck_assert_uint_eq(skipped, 0);
+	ckpt_store_prefetch_stats(s, &ps);
+	check_prefetch_stats(&ps, _i == 1, 1, 0);
+	ckpt_store_cache_stats(s, &st);
+	ck_assert_uint_eq(st.bufs_reserve, 6);
+	ck_assert_uint_eq(st.bufs_fresh, 0);
+	for (int i = 0; i < 6; i++) {
+		ck_assert_int_eq(ckpt_store_read_chunk(s, &d[i], 0, out, n), 0);
+		ck_assert_mem_eq(out, data[i], n);
+		free(data[i]);
+	}
+	ckpt_store_cache_stats(s, &st);
+	ck_assert_uint_eq(st.hits, 6);
+	free(out);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* A thread's two span buffers serve batch after batch: each round begins
  * one batch sent to AIO and one left for _finish, finishes both, and the
  * next round's batches get span buffers again (a batch that finds none
@@ -2244,6 +2289,7 @@ static Suite *store_suite(void)
 	tcase_add_loop_test(ch, test_prefetch_chunks, 0, 2);
 	tcase_add_loop_test(ch, test_prefetch_pipelined, 0, 2);
 	tcase_add_loop_test(ch, test_prefetch_span_reuse, 0, 2);
+	tcase_add_loop_test(ch, test_prefetch_warm_reserve, 0, 2);
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
