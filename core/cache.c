@@ -69,11 +69,13 @@ struct ckpt_cache {
 	pthread_mutex_t pool_lock;
 	void *pool[BUF_CLASSES];
 	uint64_t pool_bytes;
-	/* The reserve (ckpt_cache_reserve_bufs), also under pool_lock: one
-	 * mapping of res_units * BUF_GRAIN bytes, touched when made and kept
-	 * until ckpt_cache_free(); a buffer in it is a run of units, res_used
-	 * has a bit set per unit in use, res_free counts the clear ones.
-	 * Reserve buffers never enter pool[] and are never remapped. */
+	/* The reserve (ckpt_cache_reserve_bufs): one mapping of res_units *
+	 * BUF_GRAIN bytes, touched when made and kept until
+	 * ckpt_cache_free().  res_base, res_map and res_units are set once,
+	 * before the cache is shared, and read without a lock; res_used (a
+	 * bit set per unit handed out: a buffer is a run of units) and
+	 * res_free (the clear bits) are under pool_lock.  Reserve buffers
+	 * never enter pool[] and are never remapped. */
 	uint8_t *res_base; /* 2 MiB aligned, in huge pages where the kernel can */
 	void *res_map;     /* the mapping (ckpt_map_huge) */
 	size_t res_units, res_free;

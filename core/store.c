@@ -286,8 +286,11 @@ static struct tls_ctx *tls_get(ckpt_store *s)
 
 int ckpt_store_prefetch_warm(ckpt_store *s)
 {
-	struct tls_ctx *t = tls_get(s);
+	struct tls_ctx *t;
 
+	if (!s->opts.buf_reserve || !s->opts.cache_size)
+		return 0; /* nothing touched ahead of use (buf_reserve=0) */
+	t = tls_get(s);
 	if (!t)
 		return -ENOMEM;
 	(void)tls_aio(s, t);

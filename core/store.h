@@ -170,7 +170,9 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
  * disk's read into it, the kernel zeroed those pages during the reader's
  * read (a tenth of the daemon's CPU in a cold 4-reader view read,
  * docs/performance.md 6k).  A read-ahead worker calls it when it starts.
- * Returns 0 or -ENOMEM (the thread then maps what it lacks on first use).
+ * Does nothing in a store opened without a buffer reserve (opts.buf_reserve
+ * or cache_size 0).  Returns 0 or -ENOMEM (the thread then maps what it
+ * lacks on first use).
  */
 int ckpt_store_prefetch_warm(ckpt_store *s);
 /* Read-ahead's span requests since open: read through kernel AIO, read with
