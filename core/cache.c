@@ -36,6 +36,15 @@
 #define BUF_HDR 64
 #define BUF_SLACK 4 /* reuse a free buffer up to 4 classes (512 KiB) larger */
 
+/* Where ckpt_cache_buf_alloc got a buffer (index of buf_stats). */
+enum buf_origin {
+	BUF_POOLED,   /* a free buffer of the pool, as it was */
+	BUF_RESIZED,  /* a free buffer of the pool, remapped to the size */
+	BUF_FRESH,    /* a new mapping */
+	BUF_RESERVED, /* a run of the reserve */
+	BUF_ORIGINS
+};
+
 struct ckpt_cache_entry {
 	ckpt_digest digest;
 	uint8_t *data;
@@ -80,8 +89,7 @@ struct ckpt_cache {
 	void *res_map;     /* the mapping (ckpt_map_huge) */
 	size_t res_units, res_free;
 	uint64_t *res_used;
-	/* buffers handed out: pooled, resized, fresh, from the reserve (atomic) */
-	uint64_t buf_stats[4];
+	uint64_t buf_stats[BUF_ORIGINS]; /* buffers handed out, by origin (atomic) */
 	struct ckpt_cache_stats stats;
 };
 
@@ -174,8 +182,8 @@ static size_t buf_class_of(const uint8_t *buf)
 }
 
 /*
- * A free buffer for class k from the pool, or NULL (*ret_how: 0 taken as
- * it is, 1 resized).  Chunk sizes vary (content-defined: 128 KiB to 2 MiB
+ * A free buffer for class k from the pool, or NULL (*ret_how: BUF_POOLED
+ * or BUF_RESIZED).  Chunk sizes vary (content-defined: 128 KiB to 2 MiB
  * by default), so the pool often has no buffer of k's class; a buffer of
  * another class still beats a new mapping, whose every page is a fault and
  * a zeroing (and on this VM memory the host must first back; see
@@ -187,12 +195,12 @@ static size_t buf_class_of(const uint8_t *buf)
  *  - the smallest of a larger class, shrunk to k with mremap (its tail is
  *    unmapped).
  */
-static void *pool_take(ckpt_cache *c, size_t k, int *ret_how)
+static void *pool_take(ckpt_cache *c, size_t k, enum buf_origin *ret_how)
 {
 	size_t j = 0, i, top = k + CKPT_MAX((size_t)BUF_SLACK, k);
 	void *p = NULL, *q;
 
-	*ret_how = 0;
+	*ret_how = BUF_POOLED;
 	pthread_mutex_lock(&c->pool_lock);
 	for (i = k; i < BUF_CLASSES && i <= top && !p; i++)
 		if ((p = pool_pop_locked(c, i)))
@@ -206,7 +214,7 @@ static void *pool_take(ckpt_cache *c, size_t k, int *ret_how)
 	pthread_mutex_unlock(&c->pool_lock);
 	if (!p || (j >= k && j <= top))
 		return p; /* its header still holds its class j */
-	*ret_how = 1;
+	*ret_how = BUF_RESIZED;
 	q = mremap(p, j * BUF_GRAIN, k * BUF_GRAIN, MREMAP_MAYMOVE);
 	if (q == MAP_FAILED) {
 		munmap(p, j * BUF_GRAIN);
@@ -300,7 +308,7 @@ uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
 {
 	size_t k = buf_class(len);
 	void *p = NULL;
-	int how = 3;
+	enum buf_origin how = BUF_RESERVED;
 
 	if (len > SIZE_MAX - BUF_HDR - BUF_GRAIN)
 		return NULL;
@@ -312,7 +320,7 @@ uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len)
 	if (!p && k < BUF_CLASSES)
 		p = pool_take(c, k, &how);
 	if (!p) {
-		how = 2;
+		how = BUF_FRESH;
 		p = mmap(NULL, k * BUF_GRAIN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			 -1, 0);
 		if (p == MAP_FAILED)
@@ -680,8 +688,8 @@ void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)
 	ret_stats->stream_bytes = c->stream_bytes;
 	ret_stats->stream_cap = c->stream_cap;
 	pthread_mutex_unlock(&c->lock);
-	ret_stats->bufs_pooled = __atomic_load_n(&c->buf_stats[0], __ATOMIC_RELAXED);
-	ret_stats->bufs_resized = __atomic_load_n(&c->buf_stats[1], __ATOMIC_RELAXED);
-	ret_stats->bufs_fresh = __atomic_load_n(&c->buf_stats[2], __ATOMIC_RELAXED);
-	ret_stats->bufs_reserve = __atomic_load_n(&c->buf_stats[3], __ATOMIC_RELAXED);
+	ret_stats->bufs_pooled = __atomic_load_n(&c->buf_stats[BUF_POOLED], __ATOMIC_RELAXED);
+	ret_stats->bufs_resized = __atomic_load_n(&c->buf_stats[BUF_RESIZED], __ATOMIC_RELAXED);
+	ret_stats->bufs_fresh = __atomic_load_n(&c->buf_stats[BUF_FRESH], __ATOMIC_RELAXED);
+	ret_stats->bufs_reserve = __atomic_load_n(&c->buf_stats[BUF_RESERVED], __ATOMIC_RELAXED);
 }

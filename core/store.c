@@ -227,14 +227,22 @@ static uint8_t *tls_rec(struct tls_ctx *t, size_t need)
 	return a;
 }
 
-/* A free span buffer of the thread (mapped on first use), marked busy:
- * its index, or -1 when both are held or there is no memory. */
+/* The thread's span buffer i, mapped on first use; NULL without memory. */
+static uint8_t *tls_span(struct tls_ctx *t, int i)
+{
+	if (!t->span[i])
+		t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i]);
+	return t->span[i];
+}
+
+/* A free span buffer of the thread, marked busy: its index, or -1 when
+ * both are held or there is no memory. */
 static int tls_span_take(struct tls_ctx *t)
 {
 	for (int i = 0; i < PF_INFLIGHT; i++) {
 		if (t->span_busy[i])
 			continue;
-		if (!t->span[i] && !(t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i])))
+		if (!tls_span(t, i))
 			return -1;
 		t->span_busy[i] = true;
 		return i;
@@ -284,18 +292,25 @@ static struct tls_ctx *tls_get(ckpt_store *s)
 	return t;
 }
 
+/* Whether read memory is touched when the store opens (a buffer reserve
+ * for the cache, read-ahead's span buffers): -o buf_reserve, not 0. */
+static bool touch_at_open(const struct ckpt_store_opts *o)
+{
+	return o->buf_reserve && o->cache_size;
+}
+
 int ckpt_store_prefetch_warm(ckpt_store *s)
 {
 	struct tls_ctx *t;
 
-	if (!s->opts.buf_reserve || !s->opts.cache_size)
+	if (!touch_at_open(&s->opts))
 		return 0; /* nothing touched ahead of use (buf_reserve=0) */
 	t = tls_get(s);
 	if (!t)
 		return -ENOMEM;
 	(void)tls_aio(s, t);
 	for (int i = 0; i < PF_INFLIGHT; i++) {
-		if (!t->span[i] && !(t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i])))
+		if (!tls_span(t, i))
 			return -ENOMEM;
 		ckpt_mem_populate(t->span[i], SPAN_BUF);
 	}
@@ -3482,7 +3497,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	r = ckpt_cache_new(o->cache_size, &s->cache);
 	if (r < 0)
 		goto fail;
-	if (o->buf_reserve && o->cache_size) {
+	if (touch_at_open(o)) {
 		struct ckpt_cache_stats cs;
 		uint64_t want = o->buf_reserve;
 
