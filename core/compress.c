@@ -501,6 +501,21 @@ void ckpt_decompressor_skip_checksum(ckpt_decompressor *d)
 				       ZSTD_d_ignoreChecksum);
 }
 
+int ckpt_decompressor_reserve(ckpt_decompressor *d, size_t raw_len)
+{
+	int err;
+
+	if (!d)
+		return -EINVAL;
+	if (raw_len <= d->scratch_cap)
+		return 0;
+	err = ensure_buf(&d->scratch, &d->scratch_cap, raw_len);
+	if (err)
+		return err;
+	memset(d->scratch, 0, d->scratch_cap);
+	return 0;
+}
+
 void ckpt_decompressor_free(ckpt_decompressor *d)
 {
 	if (!d)

@@ -106,6 +106,15 @@ int ckpt_decompressor_new(ckpt_decompressor **ret);
  */
 void ckpt_decompressor_skip_checksum(ckpt_decompressor *d);
 
+/*
+ * Size the decompressor's working buffer (the byte planes of a shuffled
+ * chunk before they are interleaved) for chunks of up to raw_len bytes now,
+ * and touch it, so that decodes of such chunks fault no memory in.  Without
+ * it the buffer grows on demand, each growth a new allocation whose pages
+ * are faulted and zeroed on first use.  Returns 0 or -ENOMEM (d unchanged).
+ */
+int ckpt_decompressor_reserve(ckpt_decompressor *d, size_t raw_len);
+
 /* Free a decompressor.  Accepts NULL. */
 void ckpt_decompressor_free(ckpt_decompressor *d);
 

@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "chunker.h"
 #include "compress.h"
 #include "pack.h"
 #include "util.h"
@@ -87,6 +88,10 @@ struct ckpt_store {
 	ckpt_cache *cache;
 	uint8_t uuid[16];
 	pthread_key_t tls_key; /* per-thread compressor/decompressor */
+	pthread_mutex_t rctx_lock;
+	struct rctx *rctx_free; /* read contexts not in use (rctx_get), rctx_lock */
+	unsigned rctx_nfree;    /* their number, rctx_lock */
+	uint64_t rctx_made, rctx_warm; /* made in all, made at open (rctx_lock) */
 	struct ckpt_prefetch_stats pf_stats; /* read-ahead's requests (atomic adds) */
 
 	pthread_mutex_t ns_lock;
@@ -173,9 +178,6 @@ struct tls_ctx {
 	void *span_map[PF_INFLIGHT]; /* SPAN_BUF + SPAN_ALIGN bytes each, or NULL */
 	uint8_t *span[PF_INFLIGHT];  /* SPAN_BUF bytes inside, 2 MiB aligned */
 	bool span_busy[PF_INFLIGHT]; /* held by a batch begun and not finished */
-	void *rec_map;    /* rec_cap + SPAN_ALIGN bytes, or NULL */
-	uint8_t *rec;     /* single-record reads (verify_chunk): rec_cap bytes, 2 MiB aligned */
-	size_t rec_cap;   /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
 	aio_context_t aio; /* the thread's kernel AIO context (aio_state 1) */
 	int aio_state;     /* 0 not set up yet, 1 set up, -1 unavailable */
 };
@@ -194,37 +196,142 @@ static void tls_free(void *p)
 	for (int i = 0; i < PF_INFLIGHT; i++)
 		if (t->span_map[i])
 			munmap(t->span_map[i], SPAN_BUF + SPAN_ALIGN);
-	if (t->rec_map)
-		munmap(t->rec_map, t->rec_cap + SPAN_ALIGN);
 	free(t);
 }
 
 /*
- * The thread's buffer for one record's O_DIRECT read, at least need bytes
- * (need <= SPAN_BUF), kept for the thread's next records.  The buffer per
- * record it replaced cost a page fault per 4 KiB (a third of a cold view
- * read's faults), and being in 4 KiB pages it got half the disk's speed:
- * this virtio disk serves O_DIRECT reads into huge pages at 2.2-2.6 GB/s
- * and into 4 KiB pages at 1.05-1.08, whatever the request size
- * (docs/performance.md 6e).  NULL without memory.
+ * Read contexts: what one chunk load by verify_chunk() works in (a record
+ * buffer for its O_DIRECT read and a decompressor), borrowed from the
+ * store's free list for that one load by whatever thread loads it.  They
+ * used to be per thread; but libfuse starts and ends worker threads as the
+ * load changes (eight started during one cold four-reader view read), and
+ * a new thread's first load faulted in and zeroed a new record buffer and
+ * decompressor: 7.5% of the daemon's CPU time in that read
+ * (docs/performance.md 6l).  The free list outlives the threads, and when
+ * the store opens with touch_at_open() RCTX_WARM of them are made and
+ * touched for chunks of the default chunker's maximum size.  At most
+ * RCTX_KEEP are kept free; a load finding none makes one.
+ *
+ * The record buffer: huge pages, since this virtio disk serves O_DIRECT
+ * reads into huge pages at 2.2-2.6 GB/s and into 4 KiB pages at 1.05-1.08
+ * whatever the request size (docs/performance.md 6e).
  */
-static uint8_t *tls_rec(struct tls_ctx *t, size_t need)
+#define RCTX_WARM 4
+#define RCTX_KEEP 16
+
+struct rctx {
+	ckpt_decompressor *dc;
+	void *rec_map;  /* rec_cap + SPAN_ALIGN bytes, or NULL */
+	uint8_t *rec;   /* rec_cap bytes, 2 MiB aligned */
+	size_t rec_cap; /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
+	struct rctx *next; /* on the free list */
+};
+
+static void rctx_free(struct rctx *x)
+{
+	if (!x)
+		return;
+	ckpt_decompressor_free(x->dc);
+	if (x->rec_map)
+		munmap(x->rec_map, x->rec_cap + SPAN_ALIGN);
+	free(x);
+}
+
+static struct rctx *rctx_new(void)
+{
+	struct rctx *x = calloc(1, sizeof(*x));
+
+	if (!x)
+		return NULL;
+	if (ckpt_decompressor_new(&x->dc) < 0) {
+		free(x);
+		return NULL;
+	}
+	/* every decoded chunk is checked against its keyed digest */
+	ckpt_decompressor_skip_checksum(x->dc);
+	return x;
+}
+
+/* x's record buffer, at least need bytes (need <= SPAN_BUF); NULL without
+ * memory (x keeps its old buffer). */
+static uint8_t *rctx_rec(struct rctx *x, size_t need)
 {
 	size_t cap = (need + SPAN_ALIGN - 1) / SPAN_ALIGN * SPAN_ALIGN;
 	void *m;
 	uint8_t *a;
 
-	if (t->rec && t->rec_cap >= need)
-		return t->rec;
+	if (x->rec && x->rec_cap >= need)
+		return x->rec;
 	a = ckpt_map_huge(cap, &m);
 	if (!a)
 		return NULL;
-	if (t->rec_map)
-		munmap(t->rec_map, t->rec_cap + SPAN_ALIGN);
-	t->rec_map = m;
-	t->rec = a;
-	t->rec_cap = cap;
+	if (x->rec_map)
+		munmap(x->rec_map, x->rec_cap + SPAN_ALIGN);
+	x->rec_map = m;
+	x->rec = a;
+	x->rec_cap = cap;
 	return a;
+}
+
+/* A read context off the free list, or a new one; NULL without memory. */
+static struct rctx *rctx_get(ckpt_store *s)
+{
+	struct rctx *x;
+
+	pthread_mutex_lock(&s->rctx_lock);
+	x = s->rctx_free;
+	if (x) {
+		s->rctx_free = x->next;
+		s->rctx_nfree--;
+	}
+	pthread_mutex_unlock(&s->rctx_lock);
+	if (x)
+		return x;
+	x = rctx_new();
+	if (x) {
+		pthread_mutex_lock(&s->rctx_lock);
+		s->rctx_made++;
+		pthread_mutex_unlock(&s->rctx_lock);
+	}
+	return x;
+}
+
+static void rctx_put(ckpt_store *s, struct rctx *x)
+{
+	pthread_mutex_lock(&s->rctx_lock);
+	if (s->rctx_nfree < RCTX_KEEP) {
+		x->next = s->rctx_free;
+		s->rctx_free = x;
+		s->rctx_nfree++;
+		x = NULL;
+	}
+	pthread_mutex_unlock(&s->rctx_lock);
+	rctx_free(x);
+}
+
+/* Make RCTX_WARM read contexts, sized for the default chunker's largest
+ * chunk and touched (touch_at_open()).  Failing is not an error: loads
+ * then make their own. */
+static void rctx_warm(ckpt_store *s)
+{
+	size_t need = ckpt_pack_direct_len(CKPT_PACK_DIRECT_ALIGN - 1, CKPT_CDC_DEFAULT_MAX);
+
+	for (int i = 0; i < RCTX_WARM; i++) {
+		struct rctx *x = rctx_new();
+
+		if (!x)
+			return;
+		if (!rctx_rec(x, need) || ckpt_decompressor_reserve(x->dc, CKPT_CDC_DEFAULT_MAX) < 0) {
+			rctx_free(x);
+			return;
+		}
+		ckpt_mem_populate(x->rec, x->rec_cap);
+		pthread_mutex_lock(&s->rctx_lock);
+		s->rctx_made++;
+		s->rctx_warm++;
+		pthread_mutex_unlock(&s->rctx_lock);
+		rctx_put(s, x);
+	}
 }
 
 /* The thread's span buffer i, mapped on first use; NULL without memory. */
@@ -314,7 +421,8 @@ int ckpt_store_prefetch_warm(ckpt_store *s)
 			return -ENOMEM;
 		ckpt_mem_populate(t->span[i], SPAN_BUF);
 	}
-	return 0;
+	/* the planes of a shuffled chunk, before they are interleaved */
+	return ckpt_decompressor_reserve(t->dc, CKPT_CDC_DEFAULT_MAX);
 }
 
 static int64_t now_ns(void)
@@ -586,7 +694,7 @@ int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
 /* Decode the record rec (stored bytes at src) of chunk d into dst (loc->raw_len
  * bytes) and check it against the index entry and the keyed digest.  NULL,
  * or what is wrong. */
-static const char *decode_chunk(ckpt_store *s, struct tls_ctx *t, const ckpt_digest *d,
+static const char *decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
 				const struct ckpt_chunk_loc *loc, const struct ckpt_pack_rec *rec,
 				const uint8_t *src, void *dst)
 {
@@ -595,7 +703,7 @@ static const char *decode_chunk(ckpt_store *s, struct tls_ctx *t, const ckpt_dig
 	if (memcmp(rec->digest, d->bytes, CKPT_DIGEST_LEN) != 0 || rec->raw_len != loc->raw_len ||
 	    rec->codec != loc->codec)
 		return "record does not match its index entry";
-	if (ckpt_decompress(t->dc, rec->codec, src, rec->stored_len, dst, rec->raw_len) < 0)
+	if (ckpt_decompress(dc, rec->codec, src, rec->stored_len, dst, rec->raw_len) < 0)
 		return "decompression failed";
 	ckpt_hash_chunk(s->hasher, dst, rec->raw_len, &check);
 	if (memcmp(check.bytes, d->bytes, CKPT_DIGEST_LEN) != 0)
@@ -613,7 +721,7 @@ static const char *decode_chunk(ckpt_store *s, struct tls_ctx *t, const ckpt_dig
 static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 			void *dst, bool rec_csum)
 {
-	struct tls_ctx *t = tls_get(s);
+	struct rctx *x = rctx_get(s);
 	struct ckpt_pack_rec rec;
 	ckpt_pack *p;
 	uint8_t *buf;
@@ -624,16 +732,18 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 	size_t need;
 	int r;
 
-	if (!t)
+	if (!x)
 		return -ENOMEM;
 	need = ckpt_pack_direct_len(loc->offset, loc->stored_len);
-	/* the thread's buffer; a record larger than any chunker makes by
+	/* the context's buffer; a record larger than any chunker makes by
 	 * default gets its own */
-	buf = need <= SPAN_BUF ? tls_rec(t, need) : NULL;
+	buf = need <= SPAN_BUF ? rctx_rec(x, need) : NULL;
 	if (!buf && need > SPAN_BUF && posix_memalign(&mem, CKPT_PACK_DIRECT_ALIGN, need) == 0)
 		buf = mem;
-	if (!buf)
-		return -ENOMEM;
+	if (!buf) {
+		r = -ENOMEM;
+		goto out;
+	}
 	pthread_rwlock_rdlock(&s->pack_rw);
 	r = get_pack(s, loc->pack_id, &p);
 	/* O_DIRECT: no copy out of the page cache, and packs do not fill it */
@@ -661,7 +771,7 @@ static int verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_c
 		why = "record header or stored-bytes checksum mismatch";
 		goto out;
 	}
-	why = decode_chunk(s, t, d, loc, &rec, src, dst);
+	why = decode_chunk(s, x->dc, d, loc, &rec, src, dst);
 	if (why)
 		r = -EIO;
 out:
@@ -671,6 +781,7 @@ out:
 			 s->path, hex, loc->pack_id, loc->offset, why);
 	}
 	free(mem);
+	rctx_put(s, x);
 	return r;
 }
 
@@ -1002,7 +1113,7 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 		size_t len;
 
 		if (x->src && (buf = ckpt_cache_buf_alloc(s->cache, x->loc.raw_len)) &&
-		    !decode_chunk(s, t, x->d, &x->loc, &x->rec, x->src, buf)) {
+		    !decode_chunk(s, t->dc, x->d, &x->loc, &x->rec, x->src, buf)) {
 			len = x->loc.raw_len;
 		} else {
 			if (buf)
@@ -1025,6 +1136,15 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 	free(pf->it);
 	free(pf);
 	return r;
+}
+
+void ckpt_store_load_ctx_stats(ckpt_store *s, struct ckpt_load_ctx_stats *ret)
+{
+	pthread_mutex_lock(&s->rctx_lock);
+	ret->made = s->rctx_made;
+	ret->warm = s->rctx_warm;
+	ret->free = s->rctx_nfree;
+	pthread_mutex_unlock(&s->rctx_lock);
 }
 
 void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret)
@@ -3424,6 +3544,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, tls_free);
+	pthread_mutex_init(&s->rctx_lock, NULL);
 
 	r = read_marker(dfd, path, err, errlen);
 	if (r == -ENOENT) {
@@ -3513,6 +3634,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		if (r < 0)
 			ckpt_warn("%s: cannot reserve %" PRIu64 " MiB of chunk buffers (%s); "
 				  "mapping them on demand", path, want >> 20, strerror(-r));
+		rctx_warm(s);
 	}
 	if (o->mode == CKPT_STORE_RW) {
 		clean_staging(s, dfd);
@@ -3593,6 +3715,13 @@ void ckpt_store_free(ckpt_store *s)
 	tls_free(t);
 	pthread_setspecific(s->tls_key, NULL);
 	pthread_key_delete(s->tls_key);
+	while (s->rctx_free) {
+		struct rctx *x = s->rctx_free;
+
+		s->rctx_free = x->next;
+		rctx_free(x);
+	}
+	pthread_mutex_destroy(&s->rctx_lock);
 	ckpt_index_free(s->ix);
 	ckpt_cache_free(s->cache);
 	ckpt_hasher_free(s->hasher);

@@ -82,7 +82,9 @@ struct ckpt_store_opts {
 	uint64_t buf_reserve; /* chunk buffers mapped and touched at open and kept
 			       * (ckpt_cache_reserve_bufs), at most cache_size;
 			       * CKPT_BUF_RESERVE_AUTO: the cache's stream budget
-			       * plus 32 MiB; default 0: none */
+			       * plus 32 MiB; default 0: none.  Not 0: also
+			       * four chunk loads' buffers made and touched
+			       * (24 MiB: verify_chunk's read contexts) */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
@@ -165,8 +167,9 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 			       size_t *ret_skipped);
 /*
  * Set up the calling thread for read-ahead now rather than at its first
- * batch: its decompressor, its AIO context and its span buffers, mapped and
- * touched.  A span buffer is 8 MiB in huge pages; touched first by the
+ * batch: its decompressor (with its working buffer sized for the default
+ * chunker's largest chunk and touched), its AIO context and its span
+ * buffers, mapped and touched.  A span buffer is 8 MiB in huge pages; touched first by the
  * disk's read into it, the kernel zeroed those pages during the reader's
  * read (a tenth of the daemon's CPU in a cold 4-reader view read,
  * docs/performance.md 6k).  A read-ahead worker calls it when it starts.
@@ -182,6 +185,18 @@ struct ckpt_prefetch_stats {
 	uint64_t aio, sync, failed;
 };
 void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret);
+/*
+ * What a chunk load outside read-ahead (a cache miss, fsck, background
+ * work) works in: a record buffer and a decompressor, borrowed for the one
+ * load from a list the store keeps, so a thread's first load costs no new
+ * memory.  made: contexts made since open; warm: of those, made and touched
+ * at open (four when the store has a buffer reserve, else none); free: on
+ * the list now (at most 16 are kept).
+ */
+struct ckpt_load_ctx_stats {
+	uint64_t made, warm, free;
+};
+void ckpt_store_load_ctx_stats(ckpt_store *s, struct ckpt_load_ctx_stats *ret);
 /* Counters of the chunk cache (misses: chunks loaded by readers). */
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
 /* A buffer of len bytes from the chunk cache's buffers (its reserve first,

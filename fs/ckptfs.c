@@ -1965,6 +1965,12 @@ out:
 			  " reused resized, %" PRIu64 " newly mapped", cs.bufs_reserve,
 			  cs.bufs_pooled, cs.bufs_resized, cs.bufs_fresh);
 		{
+			struct ckpt_load_ctx_stats ls;
+			ckpt_store_load_ctx_stats(fs.store, &ls);
+			ckpt_info("chunk loads' contexts: %" PRIu64 " made (%" PRIu64
+				  " at mount), %" PRIu64 " kept", ls.made, ls.warm, ls.free);
+		}
+		{
 			struct vtree_stats vs;
 			vtree_get_stats(&vs);
 			ckpt_info("view cache: %" PRIu64 " views built, %" PRIu64

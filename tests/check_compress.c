@@ -572,6 +572,42 @@ START_TEST(test_compressor_reuse)
 }
 END_TEST
 
+/* A decompressor sized ahead (ckpt_decompressor_reserve) decodes chunks
+ * below, at and above the reserved size; reserving less than it has is a
+ * no-op, and NULL is refused. */
+START_TEST(test_decompressor_reserve)
+{
+	static const size_t sizes[] = { 100, MIB, 2 * MIB, 2 * MIB + 7, 64 };
+	size_t max = 2 * MIB + 7;
+	uint8_t *raw = malloc(max), *back = malloc(max);
+	ckpt_decompressor *d;
+
+	ck_assert(raw && back);
+	fill_bf16(raw, max, 0.05, 21);
+	ck_assert_int_eq(ckpt_decompressor_reserve(NULL, MIB), -EINVAL);
+	ck_assert_int_eq(ckpt_decompressor_new(&d), 0);
+	ck_assert_int_eq(ckpt_decompressor_reserve(d, 2 * MIB), 0);
+	ck_assert_int_eq(ckpt_decompressor_reserve(d, MIB), 0);
+	ck_assert_int_eq(ckpt_decompressor_reserve(d, 0), 0);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		for (uint8_t codec = CKPT_CODEC_ZSTD_SHUF2; codec <= CKPT_CODEC_ZSTD_SHUF4;
+		     codec++) {
+			size_t slen;
+			uint8_t *st = make_stored(codec, raw, sizes[i], &slen);
+
+			memset(back, 0, max);
+			ck_assert_int_eq(ckpt_decompress(d, codec, st, slen, back, sizes[i]), 0);
+			ck_assert_msg(memcmp(back, raw, sizes[i]) == 0, "codec %u len %zu", codec,
+				      sizes[i]);
+			free(st);
+		}
+	}
+	ckpt_decompressor_free(d);
+	free(raw);
+	free(back);
+}
+END_TEST
+
 /* ---- decode errors ---- */
 
 START_TEST(test_decompress_errors)
@@ -673,6 +709,7 @@ static Suite *compress_suite(void)
 	tcase_add_test(tc, test_text_prefers_plain);
 	tcase_add_test(tc, test_compressor_reuse);
 	tcase_add_test(tc, test_decompress_errors);
+	tcase_add_test(tc, test_decompressor_reserve);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -14,6 +14,7 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1159,6 +1160,69 @@ START_TEST(test_prefetch_warm_reserve)
 }
 END_TEST
 
+struct load_arg {
+	ckpt_store *s;
+	const ckpt_digest *d;
+	const uint8_t *want;
+	size_t n;
+	int r;
+};
+
+static void *load_thread(void *p)
+{
+	struct load_arg *a = p;
+	uint8_t *out = malloc(a->n);
+
+	a->r = out ? ckpt_store_read_chunk(a->s, a->d, 0, out, a->n) : -ENOMEM;
+	if (a->r == 0 && memcmp(out, a->want, a->n) != 0)
+		a->r = -EIO;
+	free(out);
+	return NULL;
+}
+
+/* Chunk loads by threads that come and go (as libfuse's workers do) borrow
+ * the store's load contexts instead of making one per thread: with a
+ * buffer reserve the four made at open serve them all, without one a
+ * single context is made and reused. */
+START_TEST(test_load_ctx_reuse)
+{
+	struct ckpt_store_opts o;
+	struct ckpt_load_ctx_stats ls;
+	struct ckpt_cache_stats st;
+	const size_t n = 300000;
+	ckpt_digest d[6];
+	uint8_t *data[6];
+	ckpt_store *s;
+	const uint64_t warm = _i == 0 ? 4 : 0;
+
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.buf_reserve = _i == 0 ? 16u << 20 : 0;
+	s = open_opts(&o);
+	ckpt_store_load_ctx_stats(s, &ls);
+	ck_assert_uint_eq(ls.warm, warm);
+	ck_assert_uint_eq(ls.made, warm);
+	ck_assert_uint_eq(ls.free, warm);
+	put_random_chunks(s, 6, n, 1300, data, d);
+	for (int i = 0; i < 6; i++) {
+		struct load_arg a = { s, &d[i], data[i], n, 1 };
+		pthread_t th;
+
+		ck_assert_int_eq(pthread_create(&th, NULL, load_thread, &a), 0);
+		ck_assert_int_eq(pthread_join(th, NULL), 0);
+		ck_assert_int_eq(a.r, 0);
+		free(data[i]);
+	}
+	ckpt_store_cache_stats(s, &st);
+	ck_assert_uint_eq(st.misses, 6); /* each thread loaded its chunk */
+	ckpt_store_load_ctx_stats(s, &ls);
+	ck_assert_uint_eq(ls.warm, warm);
+	ck_assert_uint_eq(ls.made, _i == 0 ? 4 : 1);
+	ck_assert_uint_eq(ls.free, ls.made);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* A thread's two span buffers serve batch after batch: each round begins
  * one batch sent to AIO and one left for _finish, finishes both, and the
  * next round's batches get span buffers again (a batch that finds none
@@ -2290,6 +2354,7 @@ static Suite *store_suite(void)
 	tcase_add_loop_test(ch, test_prefetch_pipelined, 0, 2);
 	tcase_add_loop_test(ch, test_prefetch_span_reuse, 0, 2);
 	tcase_add_loop_test(ch, test_prefetch_warm_reserve, 0, 2);
+	tcase_add_loop_test(ch, test_load_ctx_reuse, 0, 2);
 	tcase_add_test(ch, test_chunk_max_size);
 	tcase_add_test(ch, test_dedup);
 	tcase_add_test(ch, test_commit_load_read);
