@@ -63,7 +63,12 @@ struct ckpt_cache_entry {
 
 struct ckpt_cache {
 	pthread_mutex_t lock;
-	pthread_cond_t loaded; /* broadcast when a placeholder is filled or abandoned */
+	/* loaded[load_cond_of(d)] is broadcast when a placeholder of digest d
+	 * is filled or abandoned; those waiting for d wait on it.  Several,
+	 * so that a fill wakes only the readers waiting for chunks of its
+	 * slot, not every reader waiting for any chunk (four readers each
+	 * waiting for read-ahead's loads woke each other at every fill). */
+	pthread_cond_t loaded[16];
 	/* Fields below are protected by lock. */
 	uint64_t capacity;
 	uint64_t bytes;
@@ -93,6 +98,14 @@ struct ckpt_cache {
 	struct ckpt_cache_stats stats;
 };
 
+static pthread_cond_t *load_cond_of(ckpt_cache *c, const ckpt_digest *d)
+{
+	uint64_t h;
+
+	memcpy(&h, d->bytes + 8, sizeof(h));
+	return &c->loaded[h % CKPT_ARRAY_SIZE(c->loaded)];
+}
+
 static size_t bucket_of(const ckpt_cache *c, const ckpt_digest *d)
 {
 	uint64_t h;
@@ -115,7 +128,8 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache)
 	}
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->pool_lock, NULL);
-	pthread_cond_init(&c->loaded, NULL);
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(c->loaded); i++)
+		pthread_cond_init(&c->loaded[i], NULL);
 	c->capacity = capacity;
 	c->lru.lru_next = c->lru.lru_prev = &c->lru;
 	c->slru.lru_next = c->slru.lru_prev = &c->slru;
@@ -454,7 +468,8 @@ void ckpt_cache_free(ckpt_cache *c)
 	free(c->res_used);
 	pthread_mutex_destroy(&c->pool_lock);
 	free(c->buckets);
-	pthread_cond_destroy(&c->loaded);
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(c->loaded); i++)
+		pthread_cond_destroy(&c->loaded[i]);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
 }
@@ -502,7 +517,7 @@ ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t
 
 	pthread_mutex_lock(&c->lock);
 	while ((e = find_locked(c, d)) && e->loading)
-		pthread_cond_wait(&c->loaded, &c->lock);
+		pthread_cond_wait(load_cond_of(c, d), &c->lock);
 	if (e) {
 		free(data);
 		pin_locked(e);
@@ -605,7 +620,7 @@ ckpt_cache_entry *ckpt_cache_acquire(ckpt_cache *c, const ckpt_digest *d,
 	*ret_fill = false;
 	pthread_mutex_lock(&c->lock);
 	while ((e = find_locked(c, d)) && e->loading)
-		pthread_cond_wait(&c->loaded, &c->lock);
+		pthread_cond_wait(load_cond_of(c, d), &c->lock);
 	if (e) {
 		pin_locked(e);
 		c->stats.hits++;
@@ -656,7 +671,7 @@ const uint8_t *ckpt_cache_fill_buf(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *
 	if (stream)
 		c->stream_bytes += e->charge;
 	evict_locked(c);
-	pthread_cond_broadcast(&c->loaded);
+	pthread_cond_broadcast(load_cond_of(c, &e->digest));
 	pthread_mutex_unlock(&c->lock);
 	return data;
 }
@@ -666,7 +681,7 @@ void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e)
 	pthread_mutex_lock(&c->lock);
 	hash_unlink(c, e);
 	c->nentries--;
-	pthread_cond_broadcast(&c->loaded);
+	pthread_cond_broadcast(load_cond_of(c, &e->digest));
 	pthread_mutex_unlock(&c->lock);
 	free(e);
 }
