@@ -237,7 +237,8 @@ static void rctx_free(struct rctx *x)
 	free(x);
 }
 
-static struct rctx *rctx_new(void)
+/* A new read context, counted in s->rctx_made; NULL without memory. */
+static struct rctx *rctx_new(ckpt_store *s)
 {
 	struct rctx *x = calloc(1, sizeof(*x));
 
@@ -249,6 +250,9 @@ static struct rctx *rctx_new(void)
 	}
 	/* every decoded chunk is checked against its keyed digest */
 	ckpt_decompressor_skip_checksum(x->dc);
+	pthread_mutex_lock(&s->rctx_lock);
+	s->rctx_made++;
+	pthread_mutex_unlock(&s->rctx_lock);
 	return x;
 }
 
@@ -285,15 +289,7 @@ static struct rctx *rctx_get(ckpt_store *s)
 		s->rctx_nfree--;
 	}
 	pthread_mutex_unlock(&s->rctx_lock);
-	if (x)
-		return x;
-	x = rctx_new();
-	if (x) {
-		pthread_mutex_lock(&s->rctx_lock);
-		s->rctx_made++;
-		pthread_mutex_unlock(&s->rctx_lock);
-	}
-	return x;
+	return x ? x : rctx_new(s);
 }
 
 static void rctx_put(ckpt_store *s, struct rctx *x)
@@ -317,7 +313,7 @@ static void rctx_warm(ckpt_store *s)
 	size_t need = ckpt_pack_direct_len(CKPT_PACK_DIRECT_ALIGN - 1, CKPT_CDC_DEFAULT_MAX);
 
 	for (int i = 0; i < RCTX_WARM; i++) {
-		struct rctx *x = rctx_new();
+		struct rctx *x = rctx_new(s);
 
 		if (!x)
 			return;
@@ -327,7 +323,6 @@ static void rctx_warm(ckpt_store *s)
 		}
 		ckpt_mem_populate(x->rec, x->rec_cap);
 		pthread_mutex_lock(&s->rctx_lock);
-		s->rctx_made++;
 		s->rctx_warm++;
 		pthread_mutex_unlock(&s->rctx_lock);
 		rctx_put(s, x);
