@@ -21,7 +21,8 @@
 
 struct ckpt_compressor {
 	int level;
-	ZSTD_CCtx *cctx;
+	ZSTD_CCtx *cctx;  /* plain chunks */
+	ZSTD_CCtx *pctx;  /* byte planes of shuffled chunks (zstd_planes_into) */
 	uint8_t *out;   /* compressed output of the chosen codec */
 	size_t out_cap;
 	uint8_t *alt;   /* second output (sample or small-chunk alternative) */
@@ -261,13 +262,13 @@ static int zstd_errno(size_t r)
 }
 
 /*
- * Compress src[0..len) into dst[0..cap).  Returns the compressed size, 0 if
- * it does not fit in cap (i.e. not worth storing compressed), or -errno.
+ * Compress src[0..len) with cctx into dst[0..cap).  Returns the compressed
+ * size, 0 if it does not fit in cap (i.e. not worth storing compressed), or
+ * -errno.
  */
-static ssize_t zstd_into(ckpt_compressor *c, uint8_t *dst, size_t cap,
-			 const void *src, size_t len)
+static ssize_t zstd_into(ZSTD_CCtx *cctx, uint8_t *dst, size_t cap, const void *src, size_t len)
 {
-	size_t r = ZSTD_compress2(c->cctx, dst, cap, src, len);
+	size_t r = ZSTD_compress2(cctx, dst, cap, src, len);
 
 	if (ZSTD_isError(r)) {
 		if (ZSTD_getErrorCode(r) == ZSTD_error_dstSize_tooSmall)
@@ -275,6 +276,59 @@ static ssize_t zstd_into(ckpt_compressor *c, uint8_t *dst, size_t cap,
 		return zstd_errno(r);
 	}
 	return (ssize_t)r;
+}
+
+/*
+ * Compress a shuffled chunk (len bytes, element size e >= 2, len >= 2 * e:
+ * e planes of len / e bytes, then the len % e trailing bytes) into one zstd
+ * frame in dst[0..cap), ending a zstd block at every plane boundary.  The
+ * frame is an ordinary one (CKPT_CODEC_ZSTD_SHUF2/4 decode it as before);
+ * only where its blocks end differs.
+ *
+ * Why: zstd cuts a frame into blocks of up to 128 KiB, and each block has
+ * one literals (Huffman) table.  Unless a plane is a multiple of 128 KiB
+ * (a 512 KiB fp32 or 256 KiB bf16 chunk), some block holds the end of one
+ * plane and the start of the next, e.g. the random low mantissa bytes of
+ * fp32 values together with their exponent bytes, and codes both with one
+ * table: the exponent plane then compresses worse and the block decodes
+ * at Huffman speed instead of being copied.  The chunker cuts chunks of
+ * any size (the optimizer states of the benchmark's checkpoint come in
+ * chunks of 128-640 KiB), so most chunks had such blocks.
+ *
+ * pctx also sets ZSTD_c_minMatch 7: on byte planes of tensors (i.i.d.
+ * values) shorter matches cost more to decode than they save.  Measured
+ * with tools/bench/decode_planes (docs/performance.md 6m): fp32 optimizer
+ * states in 256 KiB chunks 1.12x -> 1.19x and 1.4 -> 3.2-4.1 GB/s decoded
+ * at level 1, better ratios and decode speeds at levels 3 and 9 too.
+ *
+ * Returns the compressed size, 0 if it does not fit in cap, or -errno.
+ */
+static ssize_t zstd_planes_into(ckpt_compressor *c, uint8_t *dst, size_t cap,
+				const uint8_t *shuf, size_t len, unsigned e)
+{
+	const size_t n = len / e;
+	ZSTD_outBuffer out = { dst, cap, 0 };
+	size_t r;
+
+	r = ZSTD_CCtx_reset(c->pctx, ZSTD_reset_session_only);
+	if (!ZSTD_isError(r))
+		r = ZSTD_CCtx_setPledgedSrcSize(c->pctx, len);
+	if (ZSTD_isError(r))
+		return zstd_errno(r);
+	for (unsigned b = 0; b < e; b++) {
+		/* the last plane takes the trailing bytes along */
+		ZSTD_inBuffer in = { shuf + b * n, b + 1 < e ? n : len - b * n, 0 };
+		ZSTD_EndDirective end = b + 1 < e ? ZSTD_e_flush : ZSTD_e_end;
+
+		do {
+			r = ZSTD_compressStream2(c->pctx, &out, &in, end);
+			if (ZSTD_isError(r))
+				return zstd_errno(r);
+			if (r && out.pos == out.size)
+				return 0; /* does not fit; the next call resets pctx */
+		} while (r);
+	}
+	return (ssize_t)out.pos;
 }
 
 static uint8_t shuf_codec(unsigned elem_size)
@@ -286,11 +340,11 @@ static uint8_t shuf_codec(unsigned elem_size)
  * Decide whether shuffling pays for a chunk larger than the sample.
  * The sample is SAMPLE_PARTS slices gathered from evenly spaced places (a
  * single window is fooled by chunks whose middle is e.g. all zeros).  It
- * is compressed once plain and, shuffled, once per byte plane: in a whole
- * 1 MiB chunk each plane fills its own 128 KiB zstd blocks and gets its own
- * entropy tables, which compressing the small shuffled sample in one piece
- * does not reproduce (it underestimates the gain; see the report in the
- * header).  Returns 1 for shuffle, 0 for plain, or -errno.
+ * is compressed once plain and, shuffled, once per byte plane with the
+ * planes' parameters: the chunk's planes get zstd blocks of their own
+ * (zstd_planes_into), which compressing the small shuffled sample in one
+ * piece does not reproduce (it underestimates the gain; see the report in
+ * the header).  Returns 1 for shuffle, 0 for plain, or -errno.
  */
 #define SAMPLE_PARTS 4
 
@@ -318,12 +372,12 @@ static int choose_shuffle(ckpt_compressor *c, const uint8_t *in, size_t len, uns
 		off -= off % e;
 		memcpy(gath + q * part, in + off, part);
 	}
-	plain_sz = zstd_into(c, c->alt, scap, gath, CKPT_COMPRESS_SAMPLE);
+	plain_sz = zstd_into(c->cctx, c->alt, scap, gath, CKPT_COMPRESS_SAMPLE);
 	if (plain_sz <= 0)
 		return plain_sz < 0 ? (int)plain_sz : -EIO;
 	ckpt_shuffle(gath, shuf, CKPT_COMPRESS_SAMPLE, e);
 	for (unsigned b = 0; b < e; b++) {
-		r = zstd_into(c, c->alt, scap, shuf + b * plane, plane);
+		r = zstd_into(c->pctx, c->alt, scap, shuf + b * plane, plane);
 		if (r <= 0)
 			return r < 0 ? (int)r : -EIO;
 		shuf_sz += r;
@@ -360,6 +414,20 @@ int ckpt_compressor_new(int level, ckpt_compressor **ret)
 		r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1);
 		if (ZSTD_isError(r))
 			goto fail;
+		err = -ENOMEM;
+		c->pctx = ZSTD_createCCtx();
+		if (!c->pctx)
+			goto fail;
+		err = -EINVAL;
+		r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_compressionLevel, level);
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_checksumFlag, 1);
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_contentSizeFlag, 1);
+		if (!ZSTD_isError(r))
+			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_minMatch, 7);
+		if (ZSTD_isError(r))
+			goto fail;
 	}
 	*ret = c;
 	return 0;
@@ -373,6 +441,7 @@ void ckpt_compressor_free(ckpt_compressor *c)
 	if (!c)
 		return;
 	ZSTD_freeCCtx(c->cctx);
+	ZSTD_freeCCtx(c->pctx);
 	free(c->out);
 	free(c->alt);
 	free(c->shuf);
@@ -409,7 +478,7 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 		return err;
 
 	if (elem_size == 0 || len < 2 * elem_size) {
-		n = zstd_into(c, c->out, limit, in, len);
+		n = zstd_into(c->cctx, c->out, limit, in, len);
 		if (n < 0)
 			return (int)n;
 		if (n > 0) {
@@ -431,11 +500,11 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 		err = ensure_buf(&c->alt, &c->alt_cap, limit);
 		if (err)
 			return err;
-		n = zstd_into(c, c->out, limit, in, len);
+		n = zstd_into(c->cctx, c->out, limit, in, len);
 		if (n < 0)
 			return (int)n;
 		ckpt_shuffle(in, c->shuf, len, elem_size);
-		ns = zstd_into(c, c->alt, limit, c->shuf, len);
+		ns = zstd_planes_into(c, c->alt, limit, c->shuf, len, elem_size);
 		if (ns < 0)
 			return (int)ns;
 		if (ns > 0 && (n == 0 || ns < n)) {
@@ -456,9 +525,9 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 		return use_shuf;
 	if (use_shuf) {
 		ckpt_shuffle(in, c->shuf, len, elem_size);
-		n = zstd_into(c, c->out, limit, c->shuf, len);
+		n = zstd_planes_into(c, c->out, limit, c->shuf, len, elem_size);
 	} else {
-		n = zstd_into(c, c->out, limit, in, len);
+		n = zstd_into(c->cctx, c->out, limit, in, len);
 	}
 	if (n < 0)
 		return (int)n;

@@ -73,6 +73,10 @@ void ckpt_compressor_free(ckpt_compressor *c);
  *    codec as compressing the whole chunk both ways in 448/448 cases, for
  *    about 12% extra CPU instead of 100%.  A single middle window compressed
  *    in one piece agreed in only 319/448 (up to 16% larger output).
+ *  - a shuffled chunk is one zstd frame whose blocks end at every byte
+ *    plane's end (and with ZSTD_c_minMatch 7), so that no zstd block mixes
+ *    two planes under one Huffman table; the frame decodes like any other
+ *    (docs/format.md, codec ids 2 and 3; docs/performance.md 6m);
  *  - if the chosen result is not smaller than len - len / 64, the chunk
  *    does not shrink meaningfully and is stored as CKPT_CODEC_RAW.
  *

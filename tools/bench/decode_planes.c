@@ -4,19 +4,22 @@
  * separately (incompressible planes raw, the others as zstd frames) decode
  * faster than one zstd frame of the whole shuffled chunk?
  *
- * usage: decode_planes FILE ELEM LEVEL
+ * usage: decode_planes FILE ELEM LEVEL [CHUNK_KIB]
  *
- * Takes 400 chunks of 512 KiB from FILE (from offset 1 MiB on, wrapping),
- * byte-shuffles each with element size ELEM (2 or 4, ckpt_shuffle) and
- * stores it two ways: (a) as the store does, one zstd frame (LEVEL) of the
- * shuffled chunk; (b) plane by plane, a plane that zstd does not shrink by
- * at least 1/64 stored raw.  Then decodes all 400 chunks each way, four
- * times, with the chunks' stored bytes not in the CPU cache (204 MiB of
- * stored data, and 64 MiB written between passes): (a) ckpt_decompress, as
- * the store reads such chunks; (b) zstd for the compressed planes into a
- * scratch buffer, then the unshuffle from the raw planes where they lie
- * (ckpt_unshuffle_planes, the same SSE2 steps as ckpt_unshuffle).
- * Prints GB/s of decoded bytes per pass.  docs/performance.md 6e.
+ * Takes 400 chunks of CHUNK_KIB (default 512) KiB from FILE (from offset
+ * 1 MiB on, wrapping), byte-shuffles each with element size ELEM (2 or 4,
+ * ckpt_shuffle) and stores it three ways: (a) as the store did before
+ * 2026-11-30, one zstd frame (LEVEL, default parameters) of the shuffled
+ * chunk; (b) plane by plane, a plane that zstd does not shrink by at least
+ * 1/64 stored raw; (c) as the store does now, ckpt_compress() with the
+ * element size as hint (one frame whose zstd blocks end at the planes'
+ * ends).  Prints each way's ratio, then decodes all 400 chunks each way,
+ * four times, with the chunks' stored bytes not in the CPU cache (64 MiB
+ * written between passes): (a) and (c) with ckpt_decompress, as the store
+ * reads such chunks; (b) zstd for the compressed planes into a scratch
+ * buffer, then the unshuffle from the raw planes where they lie
+ * (ckpt_unshuffle_planes).  Prints GB/s of decoded bytes per pass.
+ * docs/performance.md 6e and 6m.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -28,7 +31,6 @@
 #include "../../core/compress.h"
 #include "benchclock.h"
 
-#define CHUNK (512u << 10)
 #define NCHUNKS 400u
 
 struct planes {
@@ -39,9 +41,12 @@ struct planes {
 
 int main(int argc, char **argv)
 {
-	unsigned e = argc == 4 ? (unsigned)atoi(argv[2]) : 0;
-	int level = argc == 4 ? atoi(argv[3]) : 0;
+	unsigned e = argc >= 4 ? (unsigned)atoi(argv[2]) : 0;
+	int level = argc >= 4 ? atoi(argv[3]) : 0;
+	const size_t CHUNK = (argc >= 5 ? (size_t)atoi(argv[4]) : 512) << 10;
 	size_t n = CHUNK / (e ? e : 1), cap = ZSTD_compressBound(CHUNK), zlen[NCHUNKS];
+	size_t clen[NCHUNKS], tot_a = 0, tot_b = 0, tot_c = 0;
+	uint8_t ccodec[NCHUNKS], *cstored;
 	uint8_t *raw, *shuf, *frames, *scratch, *dst, *flush;
 	struct planes *pl;
 	ckpt_compressor *cc = NULL;
@@ -49,20 +54,22 @@ int main(int argc, char **argv)
 	ZSTD_DCtx *dctx;
 	FILE *f;
 
-	if (argc != 4 || (e != 2 && e != 4) || level < 1 || level > 19) {
-		fprintf(stderr, "usage: decode_planes FILE ELEM(2|4) LEVEL(1-19)\n");
+	if (argc < 4 || argc > 5 || (e != 2 && e != 4) || level < 1 || level > 19 ||
+	    CHUNK < 4096 || CHUNK > (64u << 20)) {
+		fprintf(stderr, "usage: decode_planes FILE ELEM(2|4) LEVEL(1-19) [CHUNK_KIB]\n");
 		return 2;
 	}
 	f = fopen(argv[1], "rb");
 	raw = malloc(CHUNK);
 	shuf = malloc(CHUNK);
 	frames = malloc(cap * NCHUNKS);
+	cstored = malloc(cap * NCHUNKS);
 	pl = calloc(NCHUNKS, sizeof(*pl));
 	scratch = malloc(CHUNK);
 	dst = malloc(CHUNK);
 	flush = malloc(64u << 20);
 	dctx = ZSTD_createDCtx();
-	if (!f || !raw || !shuf || !frames || !pl || !scratch || !dst || !flush || !dctx ||
+	if (!f || !raw || !shuf || !frames || !cstored || !pl || !scratch || !dst || !flush || !dctx ||
 	    ckpt_compressor_new(level, &cc) < 0 || ckpt_decompressor_new(&dc) < 0) {
 		perror(argv[1]);
 		return 1;
@@ -72,9 +79,19 @@ int main(int argc, char **argv)
 		if (fseek(f, (long)(1u << 20) + (long)c * CHUNK, SEEK_SET) != 0 ||
 		    fread(raw, 1, CHUNK, f) != CHUNK) {
 			if (fseek(f, 1L << 20, SEEK_SET) != 0 || fread(raw, 1, CHUNK, f) != CHUNK) {
-				fprintf(stderr, "%s: shorter than %u bytes\n", argv[1], 2 * CHUNK);
+				fprintf(stderr, "%s: shorter than %zu bytes\n", argv[1], 2 * CHUNK);
 				return 1;
 			}
+		}
+		{
+			const void *out;
+
+			if (ckpt_compress(cc, raw, CHUNK, e, &ccodec[c], &out, &clen[c]) < 0) {
+				fprintf(stderr, "ckpt_compress failed\n");
+				return 1;
+			}
+			memcpy(cstored + c * cap, out, clen[c]);
+			tot_c += clen[c];
 		}
 		ckpt_shuffle(raw, shuf, CHUNK, e);
 		zlen[c] = ZSTD_compress(frames + c * cap, cap, shuf, CHUNK, level);
@@ -88,14 +105,19 @@ int main(int argc, char **argv)
 				z = n;
 			}
 			pl[c].len[b] = z;
+			tot_b += z;
 		}
 		if (ZSTD_isError(zlen[c])) {
 			fprintf(stderr, "zstd failed\n");
 			return 1;
 		}
+		tot_a += zlen[c];
 	}
+	printf("%zu KiB chunks, ratio: (a) one frame %.4f, (b) planes apart %.4f, "
+	       "(c) ckpt_compress %.4f\n", CHUNK >> 10, (double)NCHUNKS * CHUNK / tot_a,
+	       (double)NCHUNKS * CHUNK / tot_b, (double)NCHUNKS * CHUNK / tot_c);
 	for (int pass = 0; pass < 4; pass++) {
-		double t0, t1, t2;
+		double t0, t1, t2, t3, t4;
 		uint8_t *z = scratch;
 
 		memset(flush, pass, 64u << 20);
@@ -121,9 +143,17 @@ int main(int argc, char **argv)
 			}
 			ckpt_unshuffle_planes(pl[c].at, e, n, dst);
 		}
-		printf("pass %d: one frame + unshuffle %.2f GB/s, planes %.2f GB/s\n", pass,
+		t3 = now();
+		memset(flush, pass + 2, 64u << 20); /* (not timed) */
+		t4 = now();
+		for (unsigned c = 0; c < NCHUNKS; c++)
+			if (ckpt_decompress(dc, ccodec[c], cstored + c * cap, clen[c], dst, CHUNK) < 0)
+				return 1;
+		printf("pass %d: (a) one frame %.2f GB/s, (b) planes apart %.2f GB/s, "
+		       "(c) ckpt_compress's frames %.2f GB/s\n", pass,
 		       (double)NCHUNKS * CHUNK / (t1 - t0) / 1e9,
-		       (double)NCHUNKS * CHUNK / (now() - t2) / 1e9);
+		       (double)NCHUNKS * CHUNK / (t3 - t2) / 1e9,
+		       (double)NCHUNKS * CHUNK / (now() - t4) / 1e9);
 	}
 	return 0;
 }

@@ -4,7 +4,9 @@
     tools/bench/read_ab.py STORE BIN_A BIN_B [BIN_C ...] [--reps 5] [--opts -o,x=y]
                            [--small 4096,65536] [--only tp4_pp1]
 
-A binary may carry options of its own: fs/ckptfs@-o,direct_read=0.
+A binary may carry options of its own: fs/ckptfs@-o,direct_read=0, and a
+store of its own: fs/ckptfs#/var/tmp/other-store (read instead of STORE; the
+same checkpoint stored differently, e.g. by another build).
 
 STORE must hold the case 4 checkpoint under /ckpt (any safetensors saved
 tp2 x pp2 works).  Per repetition every binary (in rotating order) gets a
@@ -31,6 +33,8 @@ import bench  # noqa: E402
 
 
 def mount(binary, store, mnt, opts):
+    binary, _, other = binary.partition("#")
+    store = other or store
     binary, _, own = binary.partition("@")
     opts = opts + [o for o in own.split(",") if o]
     p = subprocess.Popen([binary, store, mnt, "-f"] + opts, stdout=subprocess.DEVNULL,
