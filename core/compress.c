@@ -387,10 +387,35 @@ static int choose_shuffle(ckpt_compressor *c, const uint8_t *in, size_t len, uns
 
 /* ---- compressor ---- */
 
+/*
+ * A compression context for level with frame checksums and content sizes;
+ * min_match 0 keeps the level's own.  Returns 0, -ENOMEM or -EINVAL.
+ */
+static int cctx_new(int level, int min_match, ZSTD_CCtx **ret)
+{
+	ZSTD_CCtx *cc = ZSTD_createCCtx();
+	size_t r;
+
+	if (!cc)
+		return -ENOMEM;
+	r = ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, level);
+	if (!ZSTD_isError(r))
+		r = ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 1);
+	if (!ZSTD_isError(r))
+		r = ZSTD_CCtx_setParameter(cc, ZSTD_c_contentSizeFlag, 1);
+	if (!ZSTD_isError(r) && min_match)
+		r = ZSTD_CCtx_setParameter(cc, ZSTD_c_minMatch, min_match);
+	if (ZSTD_isError(r)) {
+		ZSTD_freeCCtx(cc);
+		return -EINVAL;
+	}
+	*ret = cc;
+	return 0;
+}
+
 int ckpt_compressor_new(int level, ckpt_compressor **ret)
 {
 	ckpt_compressor *c;
-	size_t r;
 	int err;
 
 	if (!ret || level < 0 || level > CKPT_COMPRESS_LEVEL_MAX)
@@ -400,33 +425,10 @@ int ckpt_compressor_new(int level, ckpt_compressor **ret)
 		return -ENOMEM;
 	c->level = level;
 	if (level > 0) {
-		err = -ENOMEM;
-		c->cctx = ZSTD_createCCtx();
-		if (!c->cctx)
-			goto fail;
-		err = -EINVAL;
-		r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel, level);
-		if (ZSTD_isError(r))
-			goto fail;
-		r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_checksumFlag, 1);
-		if (ZSTD_isError(r))
-			goto fail;
-		r = ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1);
-		if (ZSTD_isError(r))
-			goto fail;
-		err = -ENOMEM;
-		c->pctx = ZSTD_createCCtx();
-		if (!c->pctx)
-			goto fail;
-		err = -EINVAL;
-		r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_compressionLevel, level);
-		if (!ZSTD_isError(r))
-			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_checksumFlag, 1);
-		if (!ZSTD_isError(r))
-			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_contentSizeFlag, 1);
-		if (!ZSTD_isError(r))
-			r = ZSTD_CCtx_setParameter(c->pctx, ZSTD_c_minMatch, 7);
-		if (ZSTD_isError(r))
+		err = cctx_new(level, 0, &c->cctx);
+		if (!err)
+			err = cctx_new(level, 7, &c->pctx);
+		if (err)
 			goto fail;
 	}
 	*ret = c;
