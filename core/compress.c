@@ -298,8 +298,9 @@ static ssize_t zstd_into(ZSTD_CCtx *cctx, uint8_t *dst, size_t cap, const void *
  * pctx also sets ZSTD_c_minMatch 7: on byte planes of tensors (i.i.d.
  * values) shorter matches cost more to decode than they save.  Measured
  * with tools/bench/decode_planes (docs/performance.md 6m): fp32 optimizer
- * states in 256 KiB chunks 1.12x -> 1.19x and 1.4 -> 3.2-4.1 GB/s decoded
- * at level 1, better ratios and decode speeds at levels 3 and 9 too.
+ * states in 256 KiB chunks 1.13x -> 1.19x and 1.5-1.7 -> 4.1 GB/s decoded
+ * at level 1; minMatch 7 also gave better ratios and decode speeds at
+ * levels 3 and 9.
  *
  * Returns the compressed size, 0 if it does not fit in cap, or -errno.
  */

@@ -513,10 +513,11 @@ static void fill_moments(uint8_t *buf, size_t len, uint64_t seed)
  * The planes of a shuffled chunk must not share zstd blocks (zstd_planes_into
  * in compress.c).  At lengths whose planes are not multiples of 128 KiB, one
  * frame of the whole shuffled chunk puts the end of a random plane and the
- * start of the exponent plane into one block with one Huffman table; such
- * chunks compressed to about 1.12x (300,000 bytes) and 1.16x (640 KiB) here.
- * With a block per plane they reach about 1.2x.  1 MiB (planes of 256 KiB)
- * is the case where whole-frame blocks already fell on plane boundaries.
+ * start of the exponent plane into one block with one Huffman table: on this
+ * data such frames came to 1.128x (60,000 bytes), 1.185x (200,000), 1.182x
+ * (300,000) and 1.194x (640 KiB + 3).  With a block per plane every length
+ * reaches 1.206-1.209x.  1 MiB (planes of 256 KiB) is the case where
+ * whole-frame blocks already fell on plane boundaries (1.206x either way).
  */
 START_TEST(test_planes_own_blocks)
 {
@@ -534,8 +535,8 @@ START_TEST(test_planes_own_blocks)
 		fill_moments(raw, len, 21 + k);
 		round_trip(c, d, raw, len, 4, &codec, &out_len);
 		ck_assert_uint_eq(codec, CKPT_CODEC_ZSTD_SHUF4);
-		ck_assert_msg((double)len / (double)out_len >= 1.18,
-			      "len %zu: ratio %.4f below 1.18", len, (double)len / (double)out_len);
+		ck_assert_msg((double)len / (double)out_len >= 1.20,
+			      "len %zu: ratio %.4f below 1.20", len, (double)len / (double)out_len);
 		free(raw);
 	}
 	ckpt_compressor_free(c);
