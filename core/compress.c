@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
-#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_d_forceIgnoreChecksum */
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_d_forceIgnoreChecksum, ZSTD_compressSequences */
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -23,10 +23,17 @@ struct ckpt_compressor {
 	int level;
 	ZSTD_CCtx *cctx;  /* plain chunks */
 	ZSTD_CCtx *pctx;  /* byte planes of shuffled chunks (zstd_planes_into) */
+#ifdef CKPT_ZSTD_SEQUENCES
+	ZSTD_CCtx *lctx;  /* literals-only frames of byte planes (zstd_literals_into) */
+	ZSTD_Sequence *seqs; /* their block list */
+	size_t seqs_cap;
+#endif
 	uint8_t *out;   /* compressed output of the chosen codec */
 	size_t out_cap;
 	uint8_t *alt;   /* second output (sample or small-chunk alternative) */
 	size_t alt_cap;
+	uint8_t *lit;   /* third output (small chunks' literals-only planes) */
+	size_t lit_cap;
 	uint8_t *shuf;  /* shuffled copy of the input */
 	size_t shuf_cap;
 	uint8_t *sample; /* gathered sample + its shuffled copy */
@@ -332,35 +339,167 @@ static ssize_t zstd_planes_into(ckpt_compressor *c, uint8_t *dst, size_t cap,
 	return (ssize_t)out.pos;
 }
 
+/*
+ * How a shuffled chunk's planes are coded (not an on-disk value: both
+ * write ordinary frames of codec 2 or 3).
+ */
+enum planes_mode {
+	PLANES_NONE,     /* not shuffled: plain zstd */
+	PLANES_MATCHES,  /* zstd_planes_into: LZ matches and literals */
+	PLANES_LITERALS, /* zstd_literals_into: literals only */
+};
+
+#ifdef CKPT_ZSTD_SEQUENCES
+/*
+ * Compress a shuffled chunk (as zstd_planes_into) into one zstd frame
+ * without a single LZ match: every block is a piece of one plane of at
+ * most ZSTD_BLOCKSIZE_MAX bytes, all literals, coded with a Huffman table
+ * of its own (or the previous one, or raw or RLE, where zstd finds that
+ * smaller).  zstd has no parameter that turns matches off; the frame is
+ * made by handing ZSTD_compressSequences one literals-only sequence per
+ * block, which also skips the match search.  Decoders see an ordinary
+ * frame.
+ *
+ * Why: on byte planes of floating-point tensors the matches zstd finds
+ * (7 bytes and longer, by chance, in the low-entropy sign/exponent plane)
+ * save fewer bits than they cost, and each one costs the decoder a
+ * sequence to execute.  Measured with tools/bench/decode_planes on the
+ * benchmark's c4-0.5g files, 1 MiB chunks, level 1 (docs/performance.md
+ * 6n): fp32 optimizer states 1.188x -> 1.198x and 3.2-4.6 -> 4.7-5.0 GB/s
+ * decoded, bf16 weights 1.462x -> 1.494x and 1.9-2.5 -> 3.1-3.8 GB/s.
+ * Data with real repeats (zero runs, repeated rows) still needs matches;
+ * choose_planes() picks per chunk.
+ *
+ * dst must have room for literals_bound(len, e) bytes whatever limit is:
+ * zstd 1.5.4's ZSTD_compressSequences writes past a dstCapacity that is
+ * too small for its blocks (seen with valgrind on a 6-byte dst; zstd
+ * PR #3040 fixed one such place in 1.5.2), so it is always given room for
+ * the worst case and the result is held against limit here.
+ *
+ * Returns the compressed size, 0 if that is over limit (or zstd could not
+ * code it that way), or -errno (-ENOMEM).
+ */
+static size_t literals_blocks(size_t len, unsigned e)
+{
+	return len / ZSTD_BLOCKSIZE_MAX + e + 1; /* at most; pieces split at planes */
+}
+
+static size_t literals_bound(size_t len, unsigned e)
+{
+	/* every block raw at worst (3-byte header), frame header, checksum */
+	return len + 3 * literals_blocks(len, e) + ZSTD_FRAMEHEADERSIZE_MAX + 4;
+}
+
+static ssize_t zstd_literals_into(ckpt_compressor *c, uint8_t *dst, size_t limit,
+				  const uint8_t *shuf, size_t len, unsigned e)
+{
+	const size_t n = len / e;
+	const size_t need = literals_blocks(len, e);
+	size_t ns = 0, r;
+
+	if (c->seqs_cap < need) {
+		ZSTD_Sequence *p = realloc(c->seqs, need * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		c->seqs = p;
+		c->seqs_cap = need;
+	}
+	for (unsigned b = 0; b < e; b++) {
+		/* the last plane takes the trailing bytes along */
+		size_t plen = b + 1 < e ? n : len - b * n;
+
+		for (size_t off = 0; off < plen; off += ZSTD_BLOCKSIZE_MAX) {
+			/* offset 0, matchLength 0: a block delimiter holding only literals */
+			memset(&c->seqs[ns], 0, sizeof(c->seqs[ns]));
+			c->seqs[ns++].litLength = (unsigned)CKPT_MIN(plen - off,
+								    (size_t)ZSTD_BLOCKSIZE_MAX);
+		}
+	}
+	r = ZSTD_CCtx_reset(c->lctx, ZSTD_reset_session_only);
+	if (!ZSTD_isError(r))
+		r = ZSTD_compressSequences(c->lctx, dst, literals_bound(len, e), c->seqs, ns,
+					   shuf, len);
+	if (ZSTD_isError(r)) {
+		/*
+		 * Only allocation failures are errors.  With a dst shorter than
+		 * its frame header, zstd 1.5.4 reports "Unspecified error"
+		 * rather than dstSize_tooSmall; any failure of this optional
+		 * coding leaves the chunk to the others, which is always safe.
+		 */
+		if (ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+			return -ENOMEM;
+		return 0;
+	}
+	return r <= limit ? (ssize_t)r : 0;
+}
+#endif
+
+/*
+ * The shuffled chunk coded as mode says (PLANES_MATCHES or
+ * PLANES_LITERALS) into c->out, grown as the coding needs; 0 if the
+ * result is over limit.
+ */
+static ssize_t planes_into(ckpt_compressor *c, enum planes_mode mode, size_t limit,
+			   const uint8_t *shuf, size_t len, unsigned e)
+{
+#ifdef CKPT_ZSTD_SEQUENCES
+	if (mode == PLANES_LITERALS) {
+		int err = ensure_buf(&c->out, &c->out_cap, literals_bound(len, e));
+
+		if (err)
+			return err;
+		return zstd_literals_into(c, c->out, limit, shuf, len, e);
+	}
+#else
+	(void)mode;
+#endif
+	return zstd_planes_into(c, c->out, limit, shuf, len, e);
+}
+
+/*
+ * Literals-only planes are kept unless they come out more than 1/64
+ * larger than the planes with matches: they decode 1.5x as fast or more.
+ */
+static bool literals_win(ssize_t lit, ssize_t match)
+{
+	return lit > 0 && (match == 0 || lit <= match + match / 64);
+}
+
 static uint8_t shuf_codec(unsigned elem_size)
 {
 	return elem_size == 2 ? CKPT_CODEC_ZSTD_SHUF2 : CKPT_CODEC_ZSTD_SHUF4;
 }
 
 /*
- * Decide whether shuffling pays for a chunk larger than the sample.
- * The sample is SAMPLE_PARTS slices gathered from evenly spaced places (a
- * single window is fooled by chunks whose middle is e.g. all zeros).  It
- * is compressed once plain and, shuffled, once per byte plane with the
- * planes' parameters: the chunk's planes get zstd blocks of their own
- * (zstd_planes_into), which compressing the small shuffled sample in one
- * piece does not reproduce (it underestimates the gain; see the report in
- * the header).  Returns 1 for shuffle, 0 for plain, or -errno.
+ * Decide whether and how shuffling pays for a chunk larger than the
+ * sample.  The sample is SAMPLE_PARTS slices gathered from evenly spaced
+ * places (a single window is fooled by chunks whose middle is e.g. all
+ * zeros).  It is compressed once plain and, shuffled, once per byte plane
+ * with the planes' parameters, with matches and (where built) literals
+ * only: the chunk's planes get zstd blocks of their own, which
+ * compressing the small shuffled sample in one piece does not reproduce
+ * (it underestimates the gain; see the report in the header).  Returns a
+ * planes_mode (PLANES_NONE: plain) or -errno.
  */
 #define SAMPLE_PARTS 4
 
-static int choose_shuffle(ckpt_compressor *c, const uint8_t *in, size_t len, unsigned e)
+static int choose_planes(ckpt_compressor *c, const uint8_t *in, size_t len, unsigned e)
 {
 	const size_t part = CKPT_COMPRESS_SAMPLE / SAMPLE_PARTS;
 	const size_t plane = CKPT_COMPRESS_SAMPLE / e;
 	size_t scap = ZSTD_compressBound(CKPT_COMPRESS_SAMPLE);
 	uint8_t *gath, *shuf;
-	ssize_t r, plain_sz, shuf_sz = 0;
+	ssize_t r, plain_sz, shuf_sz = 0, best;
+	enum planes_mode mode = PLANES_MATCHES;
 	int err;
 
 	err = ensure_buf(&c->sample, &c->sample_cap, 2 * CKPT_COMPRESS_SAMPLE);
 	if (err)
 		return err;
+#ifdef CKPT_ZSTD_SEQUENCES
+	scap = CKPT_MAX(scap, literals_bound(plane, 1));
+#endif
 	err = ensure_buf(&c->alt, &c->alt_cap, scap);
 	if (err)
 		return err;
@@ -383,7 +522,28 @@ static int choose_shuffle(ckpt_compressor *c, const uint8_t *in, size_t len, uns
 			return r < 0 ? (int)r : -EIO;
 		shuf_sz += r;
 	}
-	return shuf_sz < plain_sz;
+	best = shuf_sz;
+#ifdef CKPT_ZSTD_SEQUENCES
+	{
+		ssize_t lit_sz = 0;
+
+		for (unsigned b = 0; b < e; b++) {
+			r = zstd_literals_into(c, c->alt, scap, shuf + b * plane, plane, 1);
+			if (r < 0)
+				return (int)r;
+			if (r == 0) {
+				lit_sz = 0; /* not an option */
+				break;
+			}
+			lit_sz += r;
+		}
+		if (literals_win(lit_sz, shuf_sz)) {
+			mode = PLANES_LITERALS;
+			best = lit_sz;
+		}
+	}
+#endif
+	return best < plain_sz ? (int)mode : PLANES_NONE;
 }
 
 /* ---- compressor ---- */
@@ -429,6 +589,16 @@ int ckpt_compressor_new(int level, ckpt_compressor **ret)
 		err = cctx_new(level, 0, &c->cctx);
 		if (!err)
 			err = cctx_new(level, 7, &c->pctx);
+#ifdef CKPT_ZSTD_SEQUENCES
+		if (!err)
+			err = cctx_new(level, 0, &c->lctx);
+		if (!err && (ZSTD_isError(ZSTD_CCtx_setParameter(c->lctx, ZSTD_c_blockDelimiters,
+								 ZSTD_sf_explicitBlockDelimiters)) ||
+			     ZSTD_isError(ZSTD_CCtx_setParameter(c->lctx,
+								 ZSTD_c_literalCompressionMode,
+								 ZSTD_ps_enable))))
+			err = -EINVAL;
+#endif
 		if (err)
 			goto fail;
 	}
@@ -445,8 +615,13 @@ void ckpt_compressor_free(ckpt_compressor *c)
 		return;
 	ZSTD_freeCCtx(c->cctx);
 	ZSTD_freeCCtx(c->pctx);
+#ifdef CKPT_ZSTD_SEQUENCES
+	ZSTD_freeCCtx(c->lctx);
+	free(c->seqs);
+#endif
 	free(c->out);
 	free(c->alt);
+	free(c->lit);
 	free(c->shuf);
 	free(c->sample);
 	free(c);
@@ -497,7 +672,7 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 		return err;
 
 	if (len <= CKPT_COMPRESS_SAMPLE) {
-		/* Small chunk: compress it both ways and keep the smaller. */
+		/* Small chunk: compress it every way and keep the smallest. */
 		ssize_t ns;
 
 		err = ensure_buf(&c->alt, &c->alt_cap, limit);
@@ -510,6 +685,30 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 		ns = zstd_planes_into(c, c->alt, limit, c->shuf, len, elem_size);
 		if (ns < 0)
 			return (int)ns;
+#ifdef CKPT_ZSTD_SEQUENCES
+		{
+			/* out holds plain, alt the planes with matches: the
+			 * literals go to lit, swapped into alt if they win */
+			ssize_t nl;
+
+			err = ensure_buf(&c->lit, &c->lit_cap, literals_bound(len, elem_size));
+			if (err)
+				return err;
+			nl = zstd_literals_into(c, c->lit, limit, c->shuf, len, elem_size);
+			if (nl < 0)
+				return (int)nl;
+			if (literals_win(nl, ns)) {
+				uint8_t *t = c->alt;
+				size_t tc = c->alt_cap;
+
+				c->alt = c->lit;
+				c->alt_cap = c->lit_cap;
+				c->lit = t;
+				c->lit_cap = tc;
+				ns = nl;
+			}
+		}
+#endif
 		if (ns > 0 && (n == 0 || ns < n)) {
 			codec = shuf_codec(elem_size);
 			out = c->alt;
@@ -523,12 +722,12 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 	}
 
 	/* Large chunk: decide on a sample, then compress the chunk once. */
-	use_shuf = choose_shuffle(c, in, len, elem_size);
+	use_shuf = choose_planes(c, in, len, elem_size);
 	if (use_shuf < 0)
 		return use_shuf;
-	if (use_shuf) {
+	if (use_shuf != PLANES_NONE) {
 		ckpt_shuffle(in, c->shuf, len, elem_size);
-		n = zstd_planes_into(c, c->out, limit, c->shuf, len, elem_size);
+		n = planes_into(c, (enum planes_mode)use_shuf, limit, c->shuf, len, elem_size);
 	} else {
 		n = zstd_into(c->cctx, c->out, limit, in, len);
 	}

@@ -74,9 +74,17 @@ void ckpt_compressor_free(ckpt_compressor *c);
  *    about 12% extra CPU instead of 100%.  A single middle window compressed
  *    in one piece agreed in only 319/448 (up to 16% larger output).
  *  - a shuffled chunk is one zstd frame whose blocks end at every byte
- *    plane's end (and with ZSTD_c_minMatch 7), so that no zstd block mixes
- *    two planes under one Huffman table; the frame decodes like any other
- *    (docs/format.md, codec ids 2 and 3; docs/performance.md 6m);
+ *    plane's end, so that no zstd block mixes two planes under one Huffman
+ *    table (docs/performance.md 6m).  Its planes are coded either as
+ *    literals only, without a single LZ match (Huffman, raw or RLE blocks
+ *    of at most 128 KiB), or with matches (ZSTD_c_minMatch 7).  The sample
+ *    (or, for small chunks, the chunk) is coded both ways and literals
+ *    only is kept unless it comes out more than 1/64 larger: on float
+ *    tensors it is smaller and decodes 1.3-1.6x as fast (6n); data with
+ *    real repeats keeps its matches.  Literals only needs zstd's
+ *    ZSTD_compressSequences (zstd >= 1.5, found by configure); without
+ *    it planes always keep their matches.  Either way the frame decodes
+ *    like any other (docs/format.md, codec ids 2 and 3);
  *  - if the chosen result is not smaller than len - len / 64, the chunk
  *    does not shrink meaningfully and is stored as CKPT_CODEC_RAW.
  *
