@@ -364,9 +364,11 @@ enum planes_mode {
  * (7 bytes and longer, by chance, in the low-entropy sign/exponent plane)
  * save fewer bits than they cost, and each one costs the decoder a
  * sequence to execute.  Measured with tools/bench/decode_planes on the
- * benchmark's c4-0.5g files, 1 MiB chunks, level 1 (docs/performance.md
- * 6n): fp32 optimizer states 1.188x -> 1.198x and 3.2-4.6 -> 4.7-5.0 GB/s
- * decoded, bf16 weights 1.462x -> 1.494x and 1.9-2.5 -> 3.1-3.8 GB/s.
+ * benchmark's c4-0.5g files, level 1, (d) planes with matches against (c)
+ * literals only (docs/performance.md 6n): fp32 optimizer states in 1 MiB
+ * chunks 1.188x -> 1.199x and 4.0-4.2 -> 5.2-5.9 GB/s decoded, in 256 KiB
+ * chunks 1.189x -> 1.197x and 2.9-3.2 -> 4.4-4.6 GB/s; bf16 weights in
+ * 1 MiB chunks 1.462x -> 1.494x and 1.8-1.9 -> 3.1-3.3 GB/s.
  * Data with real repeats (zero runs, repeated rows) still needs matches;
  * choose_planes() picks per chunk.
  *

@@ -80,7 +80,7 @@ void ckpt_compressor_free(ckpt_compressor *c);
  *    of at most 128 KiB), or with matches (ZSTD_c_minMatch 7).  The sample
  *    (or, for small chunks, the chunk) is coded both ways and literals
  *    only is kept unless it comes out more than 1/64 larger: on float
- *    tensors it is smaller and decodes 1.3-1.6x as fast (6n); data with
+ *    tensors it is smaller and decodes 1.3-1.8x as fast (6n); data with
  *    real repeats keeps its matches.  Literals only needs zstd's
  *    ZSTD_compressSequences (zstd >= 1.5, found by configure); without
  *    it planes always keep their matches.  Either way the frame decodes
