@@ -461,7 +461,8 @@ static ssize_t planes_into(ckpt_compressor *c, enum planes_mode mode, size_t lim
 
 /*
  * Literals-only planes are kept unless they come out more than 1/64
- * larger than the planes with matches: they decode 1.5x as fast or more.
+ * larger than the planes with matches: they decode 1.3-1.8x as fast
+ * (docs/performance.md 6n).
  */
 static bool literals_win(ssize_t lit, ssize_t match)
 {
@@ -675,11 +676,13 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 
 	if (len <= CKPT_COMPRESS_SAMPLE) {
 		/* Small chunk: compress it every way and keep the smallest. */
+		const uint8_t *shuf_out;
 		ssize_t ns;
 
 		err = ensure_buf(&c->alt, &c->alt_cap, limit);
 		if (err)
 			return err;
+		shuf_out = c->alt; /* (after ensure_buf, which may move it) */
 		n = zstd_into(c->cctx, c->out, limit, in, len);
 		if (n < 0)
 			return (int)n;
@@ -689,8 +692,8 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 			return (int)ns;
 #ifdef CKPT_ZSTD_SEQUENCES
 		{
-			/* out holds plain, alt the planes with matches: the
-			 * literals go to lit, swapped into alt if they win */
+			/* out holds plain, alt the planes with matches, lit the
+			 * literals only */
 			ssize_t nl;
 
 			err = ensure_buf(&c->lit, &c->lit_cap, literals_bound(len, elem_size));
@@ -700,20 +703,14 @@ int ckpt_compress(ckpt_compressor *c, const void *src, size_t len, unsigned elem
 			if (nl < 0)
 				return (int)nl;
 			if (literals_win(nl, ns)) {
-				uint8_t *t = c->alt;
-				size_t tc = c->alt_cap;
-
-				c->alt = c->lit;
-				c->alt_cap = c->lit_cap;
-				c->lit = t;
-				c->lit_cap = tc;
+				shuf_out = c->lit;
 				ns = nl;
 			}
 		}
 #endif
 		if (ns > 0 && (n == 0 || ns < n)) {
 			codec = shuf_codec(elem_size);
-			out = c->alt;
+			out = shuf_out;
 			out_len = (size_t)ns;
 		} else if (n > 0) {
 			codec = CKPT_CODEC_ZSTD;
