@@ -43,12 +43,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "file.h"
-#include "readahead.h"
-#include "shardmeta.h"
-#include "store.h"
-#include "util.h"
-#include "view.h"
+#include "store/file.h"
+#include "chunk/readahead.h"
+#include "views/shardmeta.h"
+#include "store/store.h"
+#include "base/util.h"
+#include "views/view.h"
 #include "vtree.h"
 
 #define ATTR_TIMEOUT 1.0

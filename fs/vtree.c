@@ -30,9 +30,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "layout.h"
-#include "util.h"
-#include "view.h"
+#include "views/layout.h"
+#include "base/util.h"
+#include "views/view.h"
 
 enum vkind {
 	V_DIR = 1,  /* mirror of store directory ino */

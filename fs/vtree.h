@@ -24,8 +24,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "shardmeta.h"
-#include "store.h"
+#include "views/shardmeta.h"
+#include "store/store.h"
 
 #define VTREE_INO_BASE (1ull << 60)
 

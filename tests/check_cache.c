@@ -17,9 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "readahead.h"
-#include "util.h"
+#include "chunk/cache.h"
+#include "chunk/readahead.h"
+#include "base/util.h"
 
 /* A digest whose bytes are all derived from k (distinct for distinct k). */
 static ckpt_digest dig(uint32_t k)

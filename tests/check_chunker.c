@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "chunker.h"
+#include "chunk/chunker.h"
 
 #define KIB 1024u
 #define MIB (1024u * 1024)

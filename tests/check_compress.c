@@ -12,7 +12,7 @@
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_getFrameHeader */
 #include <zstd.h>
 
-#include "compress.h"
+#include "chunk/compress.h"
 
 #define MIB (1024u * 1024)
 

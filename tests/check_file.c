@@ -20,11 +20,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "chunker.h"
-#include "file.h"
-#include "store.h"
+#include "chunk/chunker.h"
+#include "store/file.h"
+#include "store/store.h"
 #include "testdir.h"
-#include "util.h"
+#include "base/util.h"
 
 #define MiB (1u << 20)
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "hash.h"
+#include "base/hash.h"
 
 static const char kat_str[] = "ckptfs checkpoint filesystem"; /* 28 bytes */
 

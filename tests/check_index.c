@@ -19,9 +19,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "index.h"
+#include "meta/index.h"
 #include "testdir.h"
-#include "util.h"
+#include "base/util.h"
 
 static char basedir[64]; /* per test case, owned by the parent process */
 static char tdir[96];     /* per test, inside basedir */

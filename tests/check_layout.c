@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "layout.h"
+#include "views/layout.h"
 
 /* ---- helpers ---- */
 

@@ -32,8 +32,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "pack.h"
-#include "util.h"
+#include "chunk/pack.h"
+#include "base/util.h"
 
 /* ---- interposed libc functions ---------------------------------------- */
 

@@ -9,8 +9,8 @@
  * CKPT_ST_PARSE_BUDGET_MS=50 to check the design target on a quiet machine,
  * or 0 to disable (e.g. under valgrind).
  */
-#include "safetensors.h"
-#include "util.h"
+#include "views/safetensors.h"
+#include "base/util.h"
 
 #include <check.h>
 #include <errno.h>

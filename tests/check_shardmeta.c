@@ -6,8 +6,8 @@
  * ckpt_st_parse(), so the metadata travels exactly as in a real file.  JSON
  * in the tables is written with ' for " (converted by js()).
  */
-#include "shardmeta.h"
-#include "util.h"
+#include "views/shardmeta.h"
+#include "base/util.h"
 
 #include <check.h>
 #include <errno.h>

@@ -25,10 +25,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "pack.h"
-#include "store.h"
+#include "chunk/pack.h"
+#include "store/store.h"
 #include "testdir.h"
-#include "util.h"
+#include "base/util.h"
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)

@@ -25,14 +25,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "file.h"
-#include "layout.h"
-#include "safetensors.h"
-#include "shardmeta.h"
-#include "store.h"
+#include "store/file.h"
+#include "views/layout.h"
+#include "views/safetensors.h"
+#include "views/shardmeta.h"
+#include "store/store.h"
 #include "testdir.h"
-#include "util.h"
-#include "view.h"
+#include "base/util.h"
+#include "views/view.h"
 
 static char basedir[64]; /* per test case, owned by the parent process */
 static char tdir[96];     /* per test, inside basedir */

@@ -22,11 +22,11 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
-#include "layout.h"
-#include "shardmeta.h"
-#include "store.h"
-#include "util.h"
-#include "view.h"
+#include "views/layout.h"
+#include "views/shardmeta.h"
+#include "store/store.h"
+#include "base/util.h"
+#include "views/view.h"
 
 static void usage(FILE *f)
 {

@@ -206,7 +206,7 @@ def main(argv):
             f.write(bytes([b[0] ^ 0xFF]))
         return 0
     if cmd == "records":
-        # records of a pack file: offset codec stored_len raw_len (format of core/pack.h)
+        # records of a pack file: offset codec stored_len raw_len (format of core/chunk/pack.h)
         with open(argv[2], "rb") as f:
             data = f.read()
         off = 64

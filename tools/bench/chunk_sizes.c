@@ -19,9 +19,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "chunker.h"
-#include "compress.h"
-#include "hash.h"
+#include "chunk/chunker.h"
+#include "chunk/compress.h"
+#include "base/hash.h"
 #include "benchclock.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -29,7 +29,7 @@
 #include <time.h>
 #include <zstd.h>
 
-#include "../../core/compress.h"
+#include "chunk/compress.h"
 #include "benchclock.h"
 
 #define CHUNK (512u << 10)

@@ -30,7 +30,7 @@
 #include <time.h>
 #include <zstd.h>
 
-#include "../../core/compress.h"
+#include "chunk/compress.h"
 #include "benchclock.h"
 
 #define NCHUNKS 400u

@@ -30,7 +30,7 @@ writes the fp32 moments of its 1/D flat slice of that TP part to
 optim_tp{t}_pp{p}_dp{d}.safetensors (group "optim").  No byte is written by
 two ranks.  Every file carries ckptfs sharding metadata (global_shape,
 offsets, tp_dim, pp, num_layers; box_shape and flat_range for the optimizer
-slices), see core/shardmeta.h.
+slices), see core/views/shardmeta.h.
 """
 import json
 import multiprocessing

@@ -7,7 +7,7 @@ tools/bench/run (case 4).
 Loads every safetensors shard of SRC_DIR (memory-mapped), reassembles each
 global tensor from its pieces using the shards' ckptfs sharding metadata
 (global_shape, offsets, box_shape/flat_range, tp_dim, pp, num_layers; see
-core/shardmeta.h), cuts it for the target layout (torch.chunk along tp_dim,
+core/views/shardmeta.h), cuts it for the target layout (torch.chunk along tp_dim,
 pipeline stages by layer as in ckptfs views) and writes new safetensors
 files OUT_DIR/{group}_tp{t}_pp{p}.safetensors ({group}.safetensors for
 tp1_pp1).  With --read, every target rank then reads its files with 1 MiB

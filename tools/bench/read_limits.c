@@ -34,9 +34,9 @@
 #include <xxhash.h>
 #include <zstd.h>
 
-#include "compress.h"
-#include "hash.h"
-#include "pack.h"
+#include "chunk/compress.h"
+#include "base/hash.h"
+#include "chunk/pack.h"
 #include "benchclock.h"
 
 struct rec {

@@ -23,7 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../core/compress.h"
+#include "chunk/compress.h"
 #include "benchclock.h"
 
 #define N (128u << 10)   /* elements: one 512 KiB chunk of 4-byte values */

@@ -2,15 +2,15 @@
 /*
  * hash.c - keyed XXH3-128 chunk digests and XXH3-64 checksums.
  */
-#include "hash.h"
+#include "base/hash.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include "xxh.h"
+#include "base/xxh.h"
 
-#include "util.h"
+#include "base/util.h"
 
 _Static_assert(CKPT_SECRET_LEN_MIN == XXH3_SECRET_SIZE_MIN, "secret minimum mismatch");
 _Static_assert(CKPT_SECRET_LEN >= XXH3_SECRET_SIZE_MIN, "default secret too short");

@@ -2,12 +2,12 @@
 /*
  * layout.c - layout arithmetic of resharded views (see layout.h).
  */
-#include "layout.h"
+#include "views/layout.h"
 
 #include <errno.h>
 #include <stdio.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* ---- view names ---- */
 

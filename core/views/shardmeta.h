@@ -49,8 +49,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "layout.h"
-#include "safetensors.h"
+#include "views/layout.h"
+#include "views/safetensors.h"
 
 /* __metadata__ key holding the JSON object. */
 #define CKPT_SHARDMETA_KEY "ckptfs"

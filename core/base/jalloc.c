@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "jalloc.h"
+#include "base/jalloc.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "util.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -2,11 +2,11 @@
 /*
  * chunker.c - FastCDC cut-point finder (see chunker.h for the exact rules).
  */
-#include "chunker.h"
+#include "chunk/chunker.h"
 
 #include <errno.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /*
  * gear[i] = i-th output of splitmix64 seeded with 0x636b707466732131.

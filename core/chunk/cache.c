@@ -17,7 +17,7 @@
  *    slru; then unpinned entries (lru, dlru, slru, oldest first) until
  *    c->bytes <= c->capacity or no unpinned entry is left.
  */
-#include "cache.h"
+#include "chunk/cache.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -27,7 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "util.h"
+#include "base/util.h"
 
 /* Chunk buffers: anonymous mappings of a multiple of BUF_GRAIN bytes. */
 #define BUF_GRAIN (128u << 10)

@@ -52,9 +52,9 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
-#include "cache.h"
-#include "hash.h"
-#include "index.h"
+#include "chunk/cache.h"
+#include "base/hash.h"
+#include "meta/index.h"
 
 #define CKPT_STORE_FORMAT 1
 #define CKPT_ROOT_INO 1

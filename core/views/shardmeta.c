@@ -8,11 +8,11 @@
  * entry, sorted by name for binary search; tensors without an entry are
  * synthesized on lookup from the stored tensor itself.
  */
-#include "shardmeta.h"
+#include "views/shardmeta.h"
 
 #include <inttypes.h>
-#include "jalloc.h"
-#include "util.h"
+#include "base/jalloc.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -18,7 +18,7 @@
  *      persisted in the batch that first uses a new value; next_pack is
  *      persisted (synced) before the pack file is created.
  */
-#include "store.h"
+#include "store/store.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -40,11 +40,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cache.h"
-#include "chunker.h"
-#include "compress.h"
-#include "pack.h"
-#include "util.h"
+#include "chunk/cache.h"
+#include "chunk/chunker.h"
+#include "chunk/compress.h"
+#include "chunk/pack.h"
+#include "base/util.h"
 
 #ifndef RENAME_NOREPLACE
 #define RENAME_NOREPLACE (1 << 0)

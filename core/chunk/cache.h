@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hash.h"
+#include "base/hash.h"
 
 typedef struct ckpt_cache ckpt_cache;
 typedef struct ckpt_cache_entry ckpt_cache_entry;

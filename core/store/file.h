@@ -38,7 +38,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "store.h"
+#include "store/store.h"
 
 #define CKPT_TENSOR_PIECE (1u << 20)
 #define CKPT_HEADER_PIECE (4u << 20)

@@ -11,7 +11,7 @@
  *  W2. STAGED: the content is the scratch file w->fd, size w->size.
  *  W3. w->err != 0 => every write and commit fails with it.
  */
-#include "file.h"
+#include "store/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -22,9 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chunker.h"
-#include "safetensors.h"
-#include "util.h"
+#include "chunk/chunker.h"
+#include "views/safetensors.h"
+#include "base/util.h"
 
 /* ------------------------------------------------------------------ pool */
 

@@ -2,7 +2,7 @@
 /*
  * readahead.c - worker threads that load chunks ahead of sequential readers.
  */
-#include "readahead.h"
+#include "chunk/readahead.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "base/util.h"
 
 #define RA_MAX_THREADS 16
 #define RA_SLACK (4ull << 20) /* reads this far from the last one still count as sequential */

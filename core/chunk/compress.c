@@ -2,7 +2,7 @@
 /*
  * compress.c - per-chunk zstd with an optional byte shuffle.
  */
-#include "compress.h"
+#include "chunk/compress.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -17,7 +17,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "util.h"
+#include "base/util.h"
 
 struct ckpt_compressor {
 	int level;

@@ -27,8 +27,8 @@
  * Chunk reads use O_DIRECT (ckpt_pack_read_direct), so the dropped pages
  * are not missed.
  */
-#include "pack.h"
-#include "util.h"
+#include "chunk/pack.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,7 +43,7 @@
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
-#include "xxh.h"
+#include "base/xxh.h"
 
 /* File header field offsets (format version 1). */
 #define HDR_OFF_MAGIC		0

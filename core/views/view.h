@@ -44,9 +44,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "layout.h"
-#include "shardmeta.h"
-#include "store.h"
+#include "views/layout.h"
+#include "views/shardmeta.h"
+#include "store/store.h"
 
 typedef struct ckpt_view ckpt_view;
 typedef struct ckpt_vfile ckpt_vfile;

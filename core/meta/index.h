@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hash.h"
+#include "base/hash.h"
 
 #define CKPT_REC_VERSION 1
 

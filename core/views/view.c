@@ -27,7 +27,7 @@
  *      the tensor's bytes [hdr_len + data_off, + nbytes) exactly (no gap,
  *      no overlap); the tensors tile [hdr_len, size) in order.
  */
-#include "view.h"
+#include "views/view.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -40,8 +40,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "safetensors.h"
-#include "util.h"
+#include "views/safetensors.h"
+#include "base/util.h"
 
 /*
  * A small process-wide cache of reference-counted entries (parsed sources,

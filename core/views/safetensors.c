@@ -7,9 +7,9 @@
  * order, an index of tensor pointers in name order, the metadata pairs in key
  * order, all shape arrays, then all strings.  Freeing is a single free().
  */
-#include "safetensors.h"
-#include "jalloc.h"
-#include "util.h"
+#include "views/safetensors.h"
+#include "base/jalloc.h"
+#include "base/util.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "index.h"
+#include "meta/index.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "util.h"
+#include "base/util.h"
 
 struct ckpt_index {
 	rocksdb_t *db;

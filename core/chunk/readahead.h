@@ -30,8 +30,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "hash.h"
-#include "store.h"
+#include "base/hash.h"
+#include "store/store.h"
 
 typedef struct ckpt_readahead ckpt_readahead;
 
