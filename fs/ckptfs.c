@@ -671,14 +671,6 @@ static int64_t ts_ns(const struct timespec *ts)
 	return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
 }
 
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return ts_ns(&ts);
-}
-
 /* Change the size of ino: through its open writer if any, else by a
  * short-lived writer committed at once. */
 static int set_size(fuse_ino_t ino, uint64_t size)
@@ -743,11 +735,11 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	if (to_set & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW)) {
 		what |= CKPT_SET_ATIME;
-		in.atime_ns = (to_set & FUSE_SET_ATTR_ATIME_NOW) ? now_ns() : ts_ns(&attr->st_atim);
+		in.atime_ns = (to_set & FUSE_SET_ATTR_ATIME_NOW) ? ckpt_now_ns() : ts_ns(&attr->st_atim);
 	}
 	if (to_set & (FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_MTIME_NOW)) {
 		what |= CKPT_SET_MTIME;
-		in.mtime_ns = (to_set & FUSE_SET_ATTR_MTIME_NOW) ? now_ns() : ts_ns(&attr->st_mtim);
+		in.mtime_ns = (to_set & FUSE_SET_ATTR_MTIME_NOW) ? ckpt_now_ns() : ts_ns(&attr->st_mtim);
 	}
 	if (to_set & FUSE_SET_ATTR_CTIME) {
 		what |= CKPT_SET_CTIME;

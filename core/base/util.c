@@ -192,3 +192,19 @@ void ckpt_mem_populate(void *p, size_t len)
 	for (size_t i = 0; i < len; i += 4096)
 		b[i] = 0; /* fresh anonymous memory reads as zeros: nothing changes */
 }
+
+int64_t ckpt_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t ckpt_mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}

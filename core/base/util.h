@@ -73,6 +73,11 @@ static inline uint64_t ckpt_get_be64(const uint8_t *p)
 	return v;
 }
 
+/* Clocks, in nanoseconds: CLOCK_REALTIME (file times) and CLOCK_MONOTONIC
+ * (intervals). */
+int64_t ckpt_now_ns(void);
+int64_t ckpt_mono_ns(void);
+
 /* Log levels, in order of severity. */
 enum ckpt_log_level {
 	CKPT_LOG_ERR = 0,

@@ -169,14 +169,6 @@ static const struct ckpt_cdc_params cdc_params = {
 	CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX
 };
 
-static int64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void job_run(struct job *j)
 {
 	struct ckpt_writer *w = j->w;
@@ -513,7 +505,7 @@ int ckpt_writer_new(ckpt_store *s, ckpt_pool *pool, uint64_t ino, bool truncate,
 	if (truncate) {
 		w->dirty = in.size != 0;
 		if (w->dirty)
-			w->mtime_ns = now_ns();
+			w->mtime_ns = ckpt_now_ns();
 		w->flags = 0;
 	} else if (in.size > 0) {
 		/* Keep the committed extents: appends stream after them, other
@@ -655,7 +647,7 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 	if (r == 0) {
 		w->dirty = true;
 		w->gen++;
-		w->mtime_ns = now_ns();
+		w->mtime_ns = ckpt_now_ns();
 	} else if (!w->err && r != -EFBIG) {
 		w->err = r;
 	}
@@ -738,7 +730,7 @@ int ckpt_writer_truncate(ckpt_writer *w, uint64_t size)
 	if (r == 0) {
 		w->dirty = true;
 		w->gen++;
-		w->mtime_ns = now_ns();
+		w->mtime_ns = ckpt_now_ns();
 	}
 out:
 	pthread_mutex_unlock(&w->lock);

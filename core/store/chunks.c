@@ -1,0 +1,237 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * chunks.c - chunk location, load, verification and cached reads.
+ */
+#include "store/store_int.h"
+
+int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
+			 uint64_t *ret_refcount)
+{
+	uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+	int r;
+
+	if (st_pending_find(s, d, ret_loc)) {
+		if (ret_refcount)
+			*ret_refcount = 0;
+		return 0;
+	}
+	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_chunk(key, d), val, sizeof(val));
+	if (r < 0)
+		return r;
+	return ckpt_chunk_rec_decode(val, sizeof(val), ret_loc, ret_refcount);
+}
+
+int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+			void *dst, bool rec_csum);
+
+int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
+			    const struct ckpt_chunk_loc *loc, void *dst)
+{
+	return st_verify_chunk(s, d, loc, dst, true);
+}
+
+/* Decode the record rec (stored bytes at src) of chunk d into dst (loc->raw_len
+ * bytes) and check it against the index entry and the keyed digest.  NULL,
+ * or what is wrong. */
+const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
+				const struct ckpt_chunk_loc *loc, const struct ckpt_pack_rec *rec,
+				const uint8_t *src, void *dst)
+{
+	ckpt_digest check;
+
+	if (memcmp(rec->digest, d->bytes, CKPT_DIGEST_LEN) != 0 || rec->raw_len != loc->raw_len ||
+	    rec->codec != loc->codec)
+		return "record does not match its index entry";
+	if (ckpt_decompress(dc, rec->codec, src, rec->stored_len, dst, rec->raw_len) < 0)
+		return "decompression failed";
+	ckpt_hash_chunk(s->hasher, dst, rec->raw_len, &check);
+	if (memcmp(check.bytes, d->bytes, CKPT_DIGEST_LEN) != 0)
+		return "content does not match its digest";
+	return NULL;
+}
+
+/*
+ * rec_csum false (reads through the mount): skip the pack record's checksum
+ * of the stored bytes.  The decoded bytes are still checked against the
+ * keyed digest, which detects any damage the checksum would; only the
+ * message differs ("decompression failed" or "content does not match").
+ * fsck and background work keep the full check for precise diagnostics.
+ */
+int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+			void *dst, bool rec_csum)
+{
+	struct rctx *x = st_rctx_get(s);
+	struct ckpt_pack_rec rec;
+	ckpt_pack *p;
+	uint8_t *buf;
+	const uint8_t *src = NULL;
+	void *mem = NULL;
+	char hex[2 * CKPT_DIGEST_LEN + 1];
+	const char *why = NULL;
+	size_t need;
+	int r;
+
+	if (!x)
+		return -ENOMEM;
+	need = ckpt_pack_direct_len(loc->offset, loc->stored_len);
+	/* the context's buffer; a record larger than any chunker makes by
+	 * default gets its own */
+	buf = need <= SPAN_BUF ? st_rctx_rec(x, need) : NULL;
+	if (!buf && need > SPAN_BUF && posix_memalign(&mem, CKPT_PACK_DIRECT_ALIGN, need) == 0)
+		buf = mem;
+	if (!buf) {
+		r = -ENOMEM;
+		goto out;
+	}
+	pthread_rwlock_rdlock(&s->pack_rw);
+	r = st_get_pack(s, loc->pack_id, &p);
+	/* O_DIRECT: no copy out of the page cache, and packs do not fill it */
+	if (r == 0) {
+		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, rec_csum, buf, need,
+					  &rec, &src);
+		if (r == -EOPNOTSUPP)
+			r = 1; /* no O_DIRECT here (tmpfs): through the page cache */
+	}
+	if (r == 1) {
+		/* the same buffer: it holds at least the stored bytes */
+		if (rec_csum)
+			r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, buf);
+		else
+			r = ckpt_pack_read_trusting(p, loc->offset, loc->stored_len, &rec, buf);
+		src = buf;
+	}
+	pthread_rwlock_unlock(&s->pack_rw);
+	if (r == -ENOENT) {
+		r = -EIO;
+		why = "pack file missing";
+		goto out;
+	}
+	if (r < 0) {
+		why = "record header or stored-bytes checksum mismatch";
+		goto out;
+	}
+	why = st_decode_chunk(s, x->dc, d, loc, &rec, src, dst);
+	if (why)
+		r = -EIO;
+out:
+	if (why) {
+		ckpt_digest_to_hex(d, hex);
+		ckpt_err("%s: chunk %s in pack %" PRIu64 " at offset %" PRIu64 " is damaged: %s",
+			 s->path, hex, loc->pack_id, loc->offset, why);
+	}
+	free(mem);
+	st_rctx_put(s, x);
+	return r;
+}
+
+/* Read and verify chunk d (uncached) into a new pooled buffer.  known: its
+ * location if the caller has just looked it up, else NULL. */
+int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *known,
+		      uint8_t **ret_buf, size_t *ret_len)
+{
+	struct ckpt_chunk_loc loc;
+	uint8_t *buf;
+	int r;
+
+	if (known) {
+		loc = *known;
+	} else {
+		r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+		if (r < 0)
+			return r == -ENOENT ? -EIO : r;
+	}
+	buf = ckpt_cache_buf_alloc(s->cache, loc.raw_len);
+	if (!buf)
+		return -ENOMEM;
+	r = st_verify_chunk(s, d, &loc, buf, false);
+	if (r == -EIO) {
+		/* background work may have moved the chunk (and deleted
+		 * its old pack) between the lookup and the read */
+		struct ckpt_chunk_loc now;
+		if (ckpt_store_chunk_loc(s, d, &now, NULL) == 0 &&
+		    (now.pack_id != loc.pack_id || now.offset != loc.offset) &&
+		    now.raw_len == loc.raw_len) {
+			loc = now;
+			r = st_verify_chunk(s, d, &loc, buf, false);
+		}
+	}
+	if (r < 0) {
+		ckpt_cache_buf_free(s->cache, buf, loc.raw_len);
+		return r;
+	}
+	*ret_buf = buf;
+	*ret_len = loc.raw_len;
+	return 0;
+}
+
+int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
+			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len)
+{
+	ckpt_cache_entry *e;
+	const uint8_t *data = NULL;
+	size_t dlen = 0;
+	uint8_t *buf;
+	bool fill;
+	int r;
+
+	/* Single flight: a chunk being loaded (by another reader or by
+	 * read-ahead) is waited for, not loaded twice. */
+	e = ckpt_cache_acquire(s->cache, d, &data, &dlen, &fill);
+	if (!e)
+		return -ENOMEM;
+	if (fill) {
+		r = st_load_chunk(s, d, NULL, &buf, &dlen);
+		if (r < 0) {
+			ckpt_cache_abandon(s->cache, e);
+			return r;
+		}
+		data = ckpt_cache_fill_buf(s->cache, e, buf, dlen, stream, true);
+	}
+	*ret_entry = e;
+	*ret_data = data;
+	*ret_len = dlen;
+	return 0;
+}
+
+void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e)
+{
+	ckpt_cache_release(s->cache, e);
+}
+
+
+void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)
+{
+	ckpt_cache_get_stats(s->cache, ret);
+}
+
+uint8_t *ckpt_store_buf_alloc(ckpt_store *s, size_t len)
+{
+	return ckpt_cache_buf_alloc(s->cache, len ? len : 1);
+}
+
+void ckpt_store_buf_free(ckpt_store *s, uint8_t *buf, size_t len)
+{
+	ckpt_cache_buf_free(s->cache, buf, len ? len : 1);
+}
+
+int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
+			  size_t len)
+{
+	ckpt_cache_entry *e;
+	const uint8_t *data;
+	size_t dlen;
+	int r;
+
+	r = ckpt_store_chunk_get(s, d, false, &e, &data, &dlen);
+	if (r < 0)
+		return r;
+	if (off > dlen || len > dlen - off) {
+		r = -EIO;
+	} else {
+		memcpy(dst, data + off, len);
+		r = 0;
+	}
+	ckpt_cache_release(s->cache, e);
+	return r;
+}
+

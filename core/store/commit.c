@@ -1,0 +1,496 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * commit.c - refcount deltas, commits of file content, the overlay and its flusher.
+ */
+#include "store/store_int.h"
+
+
+static int delta_cmp(const void *a, const void *b)
+{
+	return memcmp(((const struct delta *)a)->d.bytes, ((const struct delta *)b)->d.bytes,
+		      CKPT_DIGEST_LEN);
+}
+
+static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
+		     int sign);
+static size_t delta_merge(struct delta *v, size_t n);
+
+/* +1 for every chunk extent of add, -1 for every one of sub, merged per
+ * digest; *ret_n entries with a nonzero sum. */
+int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
+		       struct delta **ret, size_t *ret_n)
+{
+	struct delta *v = NULL;
+	size_t n = 0, cap = 0;
+	int r = delta_add(&v, &n, &cap, add, 1);
+
+	if (r == 0)
+		r = delta_add(&v, &n, &cap, sub, -1);
+	if (r < 0) {
+		free(v);
+		return r;
+	}
+	*ret_n = delta_merge(v, n);
+	*ret = v;
+	return 0;
+}
+
+/* Add refcount changes to b.  Caller holds ns_lock.  New entries come from
+ * the pending table (their packs were synced by the caller).  On success
+ * *ret_new lists digests that left the pending table's responsibility. */
+int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
+		struct ckpt_chunk_loc loc;
+		uint64_t refs = 0;
+		size_t klen = ckpt_key_chunk(key, &v[i].d);
+		int r = ckpt_index_get_fixed(s->ix, key, klen, val, sizeof(val));
+
+		if (r == 0) {
+			r = ckpt_chunk_rec_decode(val, sizeof(val), &loc, &refs);
+			if (r < 0)
+				return r;
+		} else if (r == -ENOENT) {
+			if (v[i].n < 0 || !st_pending_find(s, &v[i].d, &loc)) {
+				char hex[33];
+				ckpt_digest_to_hex(&v[i].d, hex);
+				ckpt_err("%s: chunk %s referenced but unknown", s->path, hex);
+				return -EIO;
+			}
+		} else {
+			return r;
+		}
+		if (v[i].n < 0 && refs < (uint64_t)-v[i].n) {
+			char hex[33];
+			ckpt_digest_to_hex(&v[i].d, hex);
+			ckpt_warn("%s: refcount underflow on chunk %s (fsck will report)", s->path,
+				  hex);
+			refs = 0;
+		} else {
+			refs = (uint64_t)((int64_t)refs + v[i].n);
+		}
+		ckpt_chunk_rec_encode(&loc, refs, val);
+		ckpt_batch_put(b, key, klen, val, sizeof(val));
+	}
+	return 0;
+}
+
+/* Sync the packs holding pending chunks that l references (I1). */
+static int sync_pending_of(ckpt_store *s, const struct ckpt_extent_list *l)
+{
+	struct {
+		uint64_t id, end;
+	} need[8];
+	size_t nneed = 0;
+	int r;
+
+	for (size_t i = 0; i < l->n; i++) {
+		struct ckpt_chunk_loc loc;
+		uint64_t end;
+		size_t j;
+
+		if (l->v[i].kind != CKPT_EXT_CHUNK || !st_pending_find(s, &l->v[i].digest, &loc))
+			continue;
+		end = loc.offset + ckpt_pack_rec_span(loc.stored_len);
+		for (j = 0; j < nneed; j++)
+			if (need[j].id == loc.pack_id)
+				break;
+		if (j == nneed) {
+			if (nneed == CKPT_ARRAY_SIZE(need)) {
+				/* Unusual: many packs; flush what we have. */
+				for (size_t k = 0; k < nneed; k++) {
+					ckpt_pack *p;
+					r = st_get_pack(s, need[k].id, &p);
+					if (r == 0)
+						r = ckpt_pack_sync(p, need[k].end);
+					if (r < 0)
+						return r;
+				}
+				nneed = 0;
+				j = 0;
+			}
+			need[j].id = loc.pack_id;
+			need[j].end = 0;
+			nneed++;
+		}
+		if (end > need[j].end)
+			need[j].end = end;
+	}
+	for (size_t k = 0; k < nneed; k++) {
+		ckpt_pack *p;
+		r = st_get_pack(s, need[k].id, &p);
+		if (r == 0)
+			r = ckpt_pack_sync(p, need[k].end);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+
+/* Add +sign for every chunk extent of l to the delta vector. */
+static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
+		     int sign)
+{
+	for (size_t i = 0; l && i < l->n; i++) {
+		if (l->v[i].kind != CKPT_EXT_CHUNK)
+			continue;
+		if (*n == *cap) {
+			size_t nc = *cap ? *cap * 2 : 256;
+			struct delta *nv = realloc(*v, nc * sizeof(*nv));
+			if (!nv)
+				return -ENOMEM;
+			*v = nv;
+			*cap = nc;
+		}
+		(*v)[(*n)++] = (struct delta){ l->v[i].digest, sign };
+	}
+	return 0;
+}
+
+/* Sort and merge per digest, dropping zero sums. */
+static size_t delta_merge(struct delta *v, size_t n)
+{
+	size_t out = 0, k = 0;
+
+	qsort(v, n, sizeof(*v), delta_cmp);
+	for (size_t i = 0; i < n; i++) {
+		if (out > 0 && memcmp(v[out - 1].d.bytes, v[i].d.bytes, CKPT_DIGEST_LEN) == 0)
+			v[out - 1].n += v[i].n;
+		else
+			v[out++] = v[i];
+	}
+	for (size_t i = 0; i < out; i++)
+		if (v[i].n != 0)
+			v[k++] = v[i];
+	return k;
+}
+
+int st_db_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+{
+	uint8_t key[16], val[CKPT_INODE_REC_LEN];
+	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val,
+				     sizeof(val));
+
+	if (r < 0)
+		return r;
+	return ckpt_inode_decode(ino, val, sizeof(val), ret);
+}
+
+int st_db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)
+{
+	uint8_t key[16];
+	uint8_t *val;
+	size_t vlen;
+	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+
+	if (r == -ENOENT) {
+		*ret_list = ckpt_extent_list_new();
+		return *ret_list ? 0 : -ENOMEM;
+	}
+	if (r < 0)
+		return r;
+	r = ckpt_extent_list_decode(val, vlen, ret_list);
+	free(val);
+	if (r < 0)
+		ckpt_err("%s: extent list of inode %" PRIu64 " is damaged", s->path, ino);
+	return r;
+}
+
+/* Write the content of n files into the index in one batch.  Caller holds
+ * commit_lock.  Files that no longer exist are skipped. */
+static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
+{
+	struct delta *dv = NULL;
+	size_t ndv = 0, cap = 0;
+	ckpt_batch *b = NULL;
+	int r = 0;
+
+	for (size_t i = 0; i < n && r == 0; i++)
+		r = sync_pending_of(s, v[i]->list);
+	if (r < 0)
+		return r;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	pthread_mutex_lock(&s->ns_lock);
+	for (size_t i = 0; i < n; i++) {
+		struct ckpt_extent_list *old = NULL;
+		struct ckpt_inode in;
+		uint8_t key[16], *enc = NULL;
+		size_t enclen;
+
+		r = st_db_getattr(s, v[i]->ino, &in);
+		if (r == -ENOENT || (r == 0 && !S_ISREG(in.mode))) {
+			r = 0; /* deleted meanwhile */
+			continue;
+		}
+		if (r == 0)
+			r = st_db_load_extents(s, v[i]->ino, &old);
+		if (r == 0)
+			r = delta_add(&dv, &ndv, &cap, v[i]->list, 1);
+		if (r == 0)
+			r = delta_add(&dv, &ndv, &cap, old, -1);
+		ckpt_extent_list_free(old);
+		if (r < 0)
+			goto out;
+		ckpt_key_ino(key, CKPT_KEY_FILE, v[i]->ino);
+		if (v[i]->list->n > 0) {
+			r = ckpt_extent_list_encode(v[i]->list, &enc, &enclen);
+			if (r < 0)
+				goto out;
+			ckpt_batch_put(b, key, 9, enc, enclen);
+			free(enc);
+		} else {
+			ckpt_batch_delete(b, key, 9);
+		}
+		in.size = v[i]->list->size;
+		in.flags = v[i]->flags;
+		in.mtime_ns = v[i]->mtime_ns;
+		in.ctime_ns = v[i]->mtime_ns;
+		st_batch_inode(b, &in);
+	}
+	ndv = delta_merge(dv, ndv);
+	r = st_apply_delta(s, b, dv, ndv);
+	if (r < 0)
+		goto out;
+	r = ckpt_index_write(s->ix, b, durable);
+	if (r < 0)
+		goto out;
+	for (size_t i = 0; i < ndv; i++)
+		if (dv[i].n > 0)
+			st_pending_remove(s, &dv[i].d);
+out:
+	pthread_mutex_unlock(&s->ns_lock);
+	free(dv);
+	ckpt_batch_free(b);
+	return r;
+}
+
+void st_commit_free(struct commit *c)
+{
+	if (!c)
+		return;
+	ckpt_extent_list_free(c->list);
+	free(c);
+}
+
+/* Remove and return the overlay entry of ino.  Caller holds overlay_lock. */
+static struct commit *overlay_take_locked(ckpt_store *s, uint64_t ino)
+{
+	struct commit **pp = &s->overlay[ino % COMMIT_BUCKETS], *c;
+
+	for (; (c = *pp); pp = &c->next) {
+		if (c->ino == ino) {
+			*pp = c->next;
+			s->overlay_n--;
+			s->overlay_bytes -= c->list->size;
+			return c;
+		}
+	}
+	return NULL;
+}
+
+struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c = s->overlay[ino % COMMIT_BUCKETS];
+
+	while (c && c->ino != ino)
+		c = c->next;
+	return c;
+}
+
+/* Reinsert an entry taken out for a commit that failed, unless a newer
+ * one arrived meanwhile (then c is dropped).  Takes ownership of c. */
+static void overlay_put_back(ckpt_store *s, struct commit *c)
+{
+	pthread_mutex_lock(&s->overlay_lock);
+	if (!st_overlay_find_locked(s, c->ino)) {
+		c->next = s->overlay[c->ino % COMMIT_BUCKETS];
+		s->overlay[c->ino % COMMIT_BUCKETS] = c;
+		s->overlay_n++;
+		s->overlay_bytes += c->list->size;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
+	st_commit_free(c);
+}
+
+struct commit *st_overlay_take(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	c = overlay_take_locked(s, ino);
+	pthread_mutex_unlock(&s->overlay_lock);
+	return c;
+}
+
+int st_overlay_flush_if_any(ckpt_store *s)
+{
+	bool any;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	any = s->overlay_n > 0;
+	pthread_mutex_unlock(&s->overlay_lock);
+	return any ? ckpt_store_flush(s) : 0;
+}
+
+int ckpt_store_flush(ckpt_store *s)
+{
+	struct commit **v = NULL;
+	size_t n = 0;
+	int r = 0;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	pthread_mutex_lock(&s->commit_lock);
+	/* Copy the entries: they stay visible in the overlay until the batch
+	 * that makes them visible in the index is written. */
+	pthread_mutex_lock(&s->overlay_lock);
+	if (s->overlay_n > 0)
+		v = calloc(s->overlay_n, sizeof(*v));
+	for (size_t b = 0; v && b < COMMIT_BUCKETS; b++) {
+		for (struct commit *c = s->overlay[b]; c; c = c->next) {
+			struct commit *copy = calloc(1, sizeof(*copy));
+			if (copy)
+				copy->list = ckpt_extent_list_dup(c->list);
+			if (!copy || !copy->list) {
+				st_commit_free(copy);
+				r = -ENOMEM;
+				break;
+			}
+			copy->ino = c->ino;
+			copy->flags = c->flags;
+			copy->mtime_ns = c->mtime_ns;
+			copy->seq = c->seq;
+			v[n++] = copy;
+		}
+	}
+	if (s->overlay_n > 0 && !v)
+		r = -ENOMEM;
+	pthread_mutex_unlock(&s->overlay_lock);
+	if (r == 0 && n > 0) {
+		r = commit_many(s, v, n, false);
+		if (r < 0 && n > 1) {
+			/* isolate the entry that fails: index the others one by one */
+			int first = r;
+			r = 0;
+			for (size_t i = 0; i < n; i++) {
+				int ri = commit_many(s, &v[i], 1, false);
+				if (ri < 0) {
+					ckpt_err("%s: cannot index closed file (inode %" PRIu64
+						 "): %s (will retry)", s->path, v[i]->ino, strerror(-ri));
+					v[i]->seq = UINT64_MAX; /* keep its overlay entry */
+					r = first;
+				}
+			}
+		}
+		pthread_mutex_lock(&s->overlay_lock);
+		for (size_t i = 0; i < n; i++) {
+			struct commit *c = st_overlay_find_locked(s, v[i]->ino);
+			if (c && c->seq == v[i]->seq && (r == 0 || v[i]->seq != UINT64_MAX))
+				st_commit_free(overlay_take_locked(s, v[i]->ino));
+		}
+		pthread_mutex_unlock(&s->overlay_lock);
+		if (r < 0 && n == 1)
+			ckpt_err("%s: cannot index closed file (inode %" PRIu64 "): %s (will retry)",
+				 s->path, v[0]->ino, strerror(-r));
+	}
+	pthread_mutex_unlock(&s->commit_lock);
+	for (size_t i = 0; i < n; i++)
+		st_commit_free(v[i]);
+	free(v);
+	return r;
+}
+
+void *st_flusher_main(void *arg)
+{
+	ckpt_store *s = arg;
+
+	pthread_mutex_lock(&s->overlay_lock);
+	while (!s->flusher_stop) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&s->flusher_cond, &s->overlay_lock, &ts);
+		if (s->overlay_n > 0) {
+			pthread_mutex_unlock(&s->overlay_lock);
+			ckpt_store_flush(s);
+			pthread_mutex_lock(&s->overlay_lock);
+		}
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
+	return NULL;
+}
+
+int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent_list *l,
+			   uint32_t flags, int64_t mtime_ns, bool durable)
+{
+	struct commit *c, *old;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	c = calloc(1, sizeof(*c));
+	if (c)
+		c->list = ckpt_extent_list_dup(l);
+	if (!c || !c->list) {
+		st_commit_free(c);
+		return -ENOMEM;
+	}
+	c->ino = ino;
+	c->flags = flags;
+	c->mtime_ns = mtime_ns;
+	if (durable) {
+		struct commit *prev;
+
+		pthread_mutex_lock(&s->commit_lock);
+		prev = st_overlay_take(s, ino); /* superseded if this succeeds */
+		r = commit_many(s, &c, 1, true);
+		if (r < 0 && prev)
+			overlay_put_back(s, prev); /* the last close stays visible */
+		else
+			st_commit_free(prev);
+		pthread_mutex_unlock(&s->commit_lock);
+		st_commit_free(c);
+		return r;
+	}
+	pthread_mutex_lock(&s->overlay_lock);
+	old = overlay_take_locked(s, ino);
+	c->seq = ++s->overlay_seq;
+	c->next = s->overlay[ino % COMMIT_BUCKETS];
+	s->overlay[ino % COMMIT_BUCKETS] = c;
+	s->overlay_n++;
+	s->overlay_bytes += l->size;
+	if (s->overlay_bytes > CKPT_OVERLAY_FLUSH_BYTES)
+		pthread_cond_signal(&s->flusher_cond);
+	pthread_mutex_unlock(&s->overlay_lock);
+	st_commit_free(old);
+	return 0;
+}
+
+int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
+{
+	struct commit *c;
+	int r;
+
+	if (s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	pthread_mutex_lock(&s->commit_lock);
+	c = st_overlay_take(s, ino);
+	if (c)
+		r = commit_many(s, &c, 1, true);
+	else
+		r = ckpt_index_sync_wal(s->ix);
+	if (r < 0 && c) {
+		overlay_put_back(s, c); /* keep it for the background flush */
+		c = NULL;
+	}
+	pthread_mutex_unlock(&s->commit_lock);
+	st_commit_free(c);
+	return r;
+}
+

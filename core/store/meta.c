@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * meta.c - helpers that read and write the store's meta records.
+ */
+#include "store/store_int.h"
+
+int st_meta_get_u64(ckpt_store *s, const char *name, uint64_t *ret)
+{
+	uint8_t key[64], buf[8];
+	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, name), buf, 8);
+
+	if (r < 0)
+		return r;
+	*ret = ckpt_get_le64(buf);
+	return 0;
+}
+
+void st_batch_meta_u64(ckpt_batch *b, const char *name, uint64_t v)
+{
+	uint8_t key[64], buf[8];
+
+	ckpt_put_le64(buf, v);
+	ckpt_batch_put(b, key, ckpt_key_meta(key, name), buf, 8);
+}
+
+void st_batch_meta_bytes(ckpt_batch *b, const char *name, const void *v, size_t len)
+{
+	uint8_t key[64];
+
+	ckpt_batch_put(b, key, ckpt_key_meta(key, name), v, len);
+}
+
+void st_batch_inode(ckpt_batch *b, const struct ckpt_inode *in)
+{
+	uint8_t key[16], val[CKPT_INODE_REC_LEN];
+
+	ckpt_inode_encode(in, val);
+	ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, in->ino), val, sizeof(val));
+}
+

@@ -1,0 +1,452 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * open.c - opening, creating and recovering a store, and closing it.
+ */
+#include "store/store_int.h"
+
+static int read_marker(int dfd, const char *path, char *err, size_t errlen)
+{
+	char buf[64];
+	ssize_t n;
+	unsigned ver;
+	int fd = openat(dfd, MARKER_NAME, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		return -EIO;
+	buf[n] = '\0';
+	if (sscanf(buf, MARKER_MAGIC " %u", &ver) != 1) {
+		snprintf(err, errlen, "%s: not a ckptfs store (bad %s marker)", path, MARKER_NAME);
+		return -EINVAL;
+	}
+	if (ver > CKPT_STORE_FORMAT) {
+		snprintf(err, errlen,
+			 "%s: store format %u is newer than this ckptfs supports (%d); upgrade ckptfs",
+			 path, ver, CKPT_STORE_FORMAT);
+		return -EPROTONOSUPPORT;
+	}
+	if (ver < 1) {
+		snprintf(err, errlen, "%s: invalid store format %u", path, ver);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int dir_is_empty_fs(int dfd)
+{
+	int fd = dup(dfd);
+	DIR *d;
+	struct dirent *de;
+	int empty = 1;
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d)))
+		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+		    strcmp(de->d_name, "lost+found"))
+			empty = 0;
+	closedir(d);
+	return empty;
+}
+
+static int write_marker(int dfd)
+{
+	char buf[64];
+	int n = snprintf(buf, sizeof(buf), MARKER_MAGIC " %d\n", CKPT_STORE_FORMAT);
+	int fd = openat(dfd, MARKER_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (write(fd, buf, (size_t)n) != n || fsync(fd) < 0)
+		r = -errno ? -errno : -EIO;
+	close(fd);
+	if (r == 0 && renameat(dfd, MARKER_NAME ".tmp", dfd, MARKER_NAME) < 0)
+		r = -errno;
+	if (r == 0 && fsync(dfd) < 0)
+		r = -errno;
+	return r;
+}
+
+/* Initialize meta and the root directory of a fresh index. */
+static int init_index(ckpt_store *s)
+{
+	uint8_t secret[CKPT_SECRET_LEN], buf[4];
+	struct ckpt_inode root;
+	ckpt_batch *b;
+	int r;
+
+	r = ckpt_secret_generate(secret, sizeof(secret));
+	if (r < 0)
+		return r;
+	r = ckpt_secret_generate(s->uuid, sizeof(s->uuid));
+	if (r < 0)
+		return r;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	ckpt_put_le32(buf, CKPT_STORE_FORMAT);
+	st_batch_meta_bytes(b, "format", buf, 4);
+	st_batch_meta_bytes(b, "secret", secret, sizeof(secret));
+	st_batch_meta_bytes(b, "uuid", s->uuid, sizeof(s->uuid));
+	st_batch_meta_u64(b, "next_ino", CKPT_ROOT_INO + 1);
+	st_batch_meta_u64(b, "next_pack", 1);
+	memset(&root, 0, sizeof(root));
+	root.ino = CKPT_ROOT_INO;
+	root.mode = S_IFDIR | 0755;
+	root.nlink = 2;
+	root.uid = getuid();
+	root.gid = getgid();
+	root.atime_ns = root.mtime_ns = root.ctime_ns = ckpt_now_ns();
+	root.parent = CKPT_ROOT_INO;
+	root.generation = 1;
+	st_batch_inode(b, &root);
+	r = ckpt_index_write(s->ix, b, true);
+	ckpt_batch_free(b);
+	return r;
+}
+
+static int load_meta(ckpt_store *s, char *err, size_t errlen)
+{
+	uint8_t key[64], secret[CKPT_SECRET_LEN], buf[4];
+	int r;
+
+	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "format"), buf, 4);
+	if (r == 0 && ckpt_get_le32(buf) > CKPT_STORE_FORMAT) {
+		snprintf(err, errlen, "%s: index format %u is newer than supported (%d)", s->path,
+			 ckpt_get_le32(buf), CKPT_STORE_FORMAT);
+		return -EPROTONOSUPPORT;
+	}
+	if (r == 0)
+		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "secret"), secret,
+					 sizeof(secret));
+	if (r == 0)
+		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "uuid"), s->uuid,
+					 sizeof(s->uuid));
+	if (r == 0)
+		r = st_meta_get_u64(s, "next_ino", &s->next_ino);
+	if (r == 0)
+		r = st_meta_get_u64(s, "next_pack", &s->next_pack);
+	if (r < 0) {
+		snprintf(err, errlen, "%s: index metadata missing or damaged (%s)", s->path,
+			 strerror(-r));
+		return r == -ENOENT ? -EIO : r;
+	}
+	return ckpt_hasher_new(secret, sizeof(secret), &s->hasher);
+}
+
+/* Remove leftovers of files being rewritten when the last process died. */
+static void clean_staging(ckpt_store *s, int dfd)
+{
+	int fd = openat(dfd, "staging", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d;
+	struct dirent *de;
+
+	if (fd < 0)
+		return;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			unlinkat(fd, de->d_name, 0);
+	closedir(d);
+	(void)s;
+}
+
+static int reap_orphans(ckpt_store *s)
+{
+	uint8_t prefix[1] = { CKPT_KEY_ORPHAN };
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	uint64_t *inos = NULL;
+	size_t n = 0, cap = 0;
+	ckpt_iter *it;
+	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+
+	if (r < 0)
+		return r;
+	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+		if (kl != 9)
+			continue;
+		if (n == cap) {
+			size_t nc = cap ? cap * 2 : 16;
+			uint64_t *ni = realloc(inos, nc * sizeof(*ni));
+			if (!ni) {
+				r = -ENOMEM;
+				break;
+			}
+			inos = ni;
+			cap = nc;
+		}
+		inos[n++] = ckpt_get_be64(k + 1);
+	}
+	ckpt_iter_free(it);
+	for (size_t i = 0; r >= 0 && i < n; i++)
+		r = ckpt_store_reap(s, inos[i]);
+	free(inos);
+	return r < 0 ? r : 0;
+}
+
+int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
+		    char *err, size_t errlen)
+{
+	ckpt_store *s = NULL;
+	char *ixdir = NULL;
+	bool fresh = false;
+	int dfd = -1, r;
+
+	err[0] = '\0';
+	if (o->compress_level < 0 || o->compress_level > 19) {
+		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
+		return -EINVAL;
+	}
+	if (o->create && mkdir(path, 0755) < 0 && errno != EEXIST) {
+		r = -errno;
+		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
+		return r;
+	}
+	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: %s", path,
+			 errno == ENOENT ? "no such store (directory does not exist)" :
+					   strerror(errno));
+		return r;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	s->lock_fd = -1;
+	s->packs_fd = -1;
+	s->opts = *o;
+	s->path = strdup(path);
+	pthread_mutex_init(&s->ns_lock, NULL);
+	pthread_mutex_init(&s->pack_lock, NULL);
+	pthread_rwlock_init(&s->pack_rw, NULL);
+	pthread_mutex_init(&s->pending_lock, NULL);
+	pthread_mutex_init(&s->commit_lock, NULL);
+	pthread_mutex_init(&s->overlay_lock, NULL);
+	pthread_mutex_init(&s->bg_lock, NULL);
+	pthread_cond_init(&s->bg_cond, NULL);
+	pthread_cond_init(&s->flusher_cond, NULL);
+	pthread_key_create(&s->tls_key, st_tls_free);
+	pthread_mutex_init(&s->rctx_lock, NULL);
+
+	r = read_marker(dfd, path, err, errlen);
+	if (r == -ENOENT) {
+		r = dir_is_empty_fs(dfd);
+		if (r < 0)
+			goto fail;
+		if (!r) {
+			snprintf(err, errlen, "%s: not a ckptfs store (no %s marker, directory not empty)",
+				 path, MARKER_NAME);
+			r = -EINVAL;
+			goto fail;
+		}
+		if (!o->create || o->mode != CKPT_STORE_RW) {
+			snprintf(err, errlen, "%s: not a ckptfs store (empty directory)", path);
+			r = -EINVAL;
+			goto fail;
+		}
+		fresh = true;
+	} else if (r < 0) {
+		if (!err[0])
+			snprintf(err, errlen, "%s: cannot read store marker: %s", path, strerror(-r));
+		goto fail;
+	}
+
+	if (o->mode != CKPT_STORE_RO_SHARED) {
+		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+			snprintf(err, errlen, "%s: %s", path,
+				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
+					       "daemon, or a ckpt command is running)" :
+					       strerror(-r));
+			goto fail;
+		}
+	}
+	if (fresh) {
+		if ((mkdirat(dfd, "packs", 0755) < 0 && errno != EEXIST) ||
+		    (mkdirat(dfd, "staging", 0700) < 0 && errno != EEXIST)) {
+			r = -errno;
+			snprintf(err, errlen, "%s: cannot create store layout: %s", path,
+				 strerror(errno));
+			goto fail;
+		}
+	}
+	s->packs_fd = openat(dfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (s->packs_fd < 0) {
+		r = -errno;
+		snprintf(err, errlen, "%s: missing packs directory: %s", path, strerror(errno));
+		goto fail;
+	}
+	if (asprintf(&ixdir, "%s/index", path) < 0) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	r = ckpt_index_open(ixdir, fresh, o->mode == CKPT_STORE_RO_SHARED, 64u << 20, &s->ix, err,
+			    errlen);
+	if (r < 0)
+		goto fail;
+	if (fresh) {
+		r = init_index(s);
+		if (r == 0)
+			r = write_marker(dfd); /* last: a half-created store has no marker */
+		if (r < 0) {
+			snprintf(err, errlen, "%s: cannot initialize store: %s", path, strerror(-r));
+			goto fail;
+		}
+	}
+	r = load_meta(s, err, errlen);
+	if (r < 0)
+		goto fail;
+	r = ckpt_cache_new(o->cache_size, &s->cache);
+	if (r < 0)
+		goto fail;
+	if (st_touch_at_open(o)) {
+		struct ckpt_cache_stats cs;
+		uint64_t want = o->buf_reserve;
+
+		/* the stream entries, the reply buffers and the chunks pinned or
+		 * read in part beside them (docs/performance.md 6k) */
+		ckpt_cache_get_stats(s->cache, &cs);
+		if (want == CKPT_BUF_RESERVE_AUTO)
+			want = cs.stream_cap + (32u << 20);
+		want = CKPT_MIN(want, o->cache_size);
+
+		/* a knob for speed: without it every buffer is mapped on demand */
+		r = ckpt_cache_reserve_bufs(s->cache, want);
+		if (r < 0)
+			ckpt_warn("%s: cannot reserve %" PRIu64 " MiB of chunk buffers (%s); "
+				  "mapping them on demand", path, want >> 20, strerror(-r));
+		st_rctx_warm(s);
+	}
+	if (o->mode == CKPT_STORE_RW) {
+		clean_staging(s, dfd);
+		r = reap_orphans(s);
+		if (r < 0) {
+			snprintf(err, errlen, "%s: cannot reap orphaned files: %s", path,
+				 strerror(-r));
+			goto fail;
+		}
+		r = -pthread_create(&s->flusher, NULL, st_flusher_main, s);
+		if (r < 0)
+			goto fail;
+		s->flusher_started = true;
+	}
+	if (o->mode == CKPT_STORE_RW && o->background) {
+		r = st_requeue_deferred(s);
+		if (r < 0)
+			goto fail;
+		r = -pthread_create(&s->bg_thread, NULL, st_bg_main, s);
+		if (r < 0)
+			goto fail;
+		s->bg_started = true;
+	}
+	free(ixdir);
+	close(dfd);
+	*ret_store = s;
+	return 0;
+fail:
+	if (!err[0])
+		snprintf(err, errlen, "%s: %s", path, strerror(-r));
+	free(ixdir);
+	close(dfd);
+	ckpt_store_free(s);
+	return r;
+}
+
+void ckpt_store_free(ckpt_store *s)
+{
+	struct tls_ctx *t;
+
+	if (!s)
+		return;
+	if (s->bg_started) {
+		pthread_mutex_lock(&s->bg_lock);
+		s->bg_stop = true;
+		pthread_cond_broadcast(&s->bg_cond);
+		pthread_mutex_unlock(&s->bg_lock);
+		pthread_join(s->bg_thread, NULL);
+		s->bg_started = false;
+	}
+	if (s->flusher_started) {
+		pthread_mutex_lock(&s->overlay_lock);
+		s->flusher_stop = true;
+		pthread_cond_signal(&s->flusher_cond);
+		pthread_mutex_unlock(&s->overlay_lock);
+		pthread_join(s->flusher, NULL);
+	}
+	if (s->ix && s->opts.mode == CKPT_STORE_RW) {
+		if (ckpt_store_flush(s) < 0)
+			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
+		pthread_mutex_lock(&s->pack_lock);
+		for (size_t i = 0; i < s->npacks; i++)
+			ckpt_pack_sync(s->packs[i], UINT64_MAX);
+		pthread_mutex_unlock(&s->pack_lock);
+		ckpt_index_flush(s->ix);
+	}
+	for (size_t i = 0; i < s->npacks; i++)
+		ckpt_pack_free(s->packs[i]);
+	free(s->packs);
+	for (size_t i = 0; i < PENDING_BUCKETS; i++) {
+		struct pending *p = s->pending[i], *n;
+		for (; p; p = n) {
+			n = p->next;
+			free(p);
+		}
+	}
+	t = pthread_getspecific(s->tls_key);
+	st_tls_free(t);
+	pthread_setspecific(s->tls_key, NULL);
+	pthread_key_delete(s->tls_key);
+	while (s->rctx_free) {
+		struct rctx *x = s->rctx_free;
+
+		s->rctx_free = x->next;
+		st_rctx_free(x);
+	}
+	pthread_mutex_destroy(&s->rctx_lock);
+	ckpt_index_free(s->ix);
+	ckpt_cache_free(s->cache);
+	ckpt_hasher_free(s->hasher);
+	if (s->packs_fd >= 0)
+		close(s->packs_fd);
+	if (s->lock_fd >= 0)
+		close(s->lock_fd);
+	pthread_mutex_destroy(&s->ns_lock);
+	pthread_mutex_destroy(&s->pack_lock);
+	pthread_rwlock_destroy(&s->pack_rw);
+	pthread_mutex_destroy(&s->pending_lock);
+	for (size_t i = 0; i < COMMIT_BUCKETS; i++) {
+		struct commit *c = s->overlay[i], *n;
+		for (; c; c = n) {
+			n = c->next;
+			st_commit_free(c);
+		}
+	}
+	pthread_mutex_destroy(&s->commit_lock);
+	pthread_mutex_destroy(&s->overlay_lock);
+	pthread_mutex_destroy(&s->bg_lock);
+	pthread_cond_destroy(&s->bg_cond);
+	free(s->bgq);
+	free(s->bg_skip);
+	pthread_cond_destroy(&s->flusher_cond);
+	free(s->path);
+	free(s);
+}
+

@@ -1,0 +1,262 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * put.c - storing a chunk: dedup, compression or deferral, append.
+ */
+#include "store/store_int.h"
+
+static int verify_same(ckpt_store *s, const ckpt_digest *d, const struct iovec *iov, int cnt,
+		       size_t len)
+{
+	struct ckpt_chunk_loc loc;
+	uint8_t *buf;
+	int r = ckpt_store_chunk_loc(s, d, &loc, NULL);
+	size_t at = 0;
+
+	if (r < 0)
+		return r;
+	if (loc.raw_len != len)
+		return -EIO;
+	buf = malloc(len ? len : 1);
+	if (!buf)
+		return -ENOMEM;
+	r = ckpt_store_verify_chunk(s, d, &loc, buf);
+	for (int i = 0; r == 0 && i < cnt; i++) {
+		if (memcmp(buf + at, iov[i].iov_base, iov[i].iov_len) != 0)
+			r = -EIO;
+		at += iov[i].iov_len;
+	}
+	free(buf);
+	if (r == -EIO) {
+		char hex[33];
+		ckpt_digest_to_hex(d, hex);
+		ckpt_err("%s: verify_dedup: different bytes under digest %s; write refused", s->path,
+			 hex);
+	}
+	return r;
+}
+
+/* Keep free space for the index: RocksDB cannot be relied on to survive
+ * running out of disk (it may assert, and recovery needs space), so pack
+ * appends fail with ENOSPC while free space is below the reserve:
+ * min(CKPT_RESERVE_MAX, 1/8 of the filesystem). */
+#define CKPT_RESERVE_MAX (256ull << 20)
+int st_check_space(ckpt_store *s, size_t need)
+{
+	struct statvfs st;
+	uint64_t avail, total, reserve;
+
+	if (fstatvfs(s->packs_fd, &st) < 0)
+		return 0; /* cannot tell: let the write itself fail */
+	avail = (uint64_t)st.f_bavail * st.f_frsize;
+	total = (uint64_t)st.f_blocks * st.f_frsize;
+	reserve = CKPT_MIN(CKPT_RESERVE_MAX, total / 8);
+	if (avail < reserve + need + CKPT_PACK_REC_HDR_SIZE) {
+		ckpt_warn("%s: backing filesystem nearly full (%" PRIu64 " bytes free, %" PRIu64
+			  " reserved for the index): ENOSPC", s->path, avail, reserve);
+		return -ENOSPC;
+	}
+	return 0;
+}
+
+
+/* Append a record to pack p (thread-safe; packs are never freed while they
+ * are append targets). */
+static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *iov,
+		     int cnt, struct ckpt_chunk_loc *ret_loc)
+{
+	int r;
+
+	memset(ret_loc, 0, sizeof(*ret_loc));
+	r = ckpt_pack_appendv(p, rec, iov, cnt, &ret_loc->offset);
+	if (r < 0)
+		return r;
+	ret_loc->pack_id = ckpt_pack_id(p);
+	ret_loc->stored_len = rec->stored_len;
+	ret_loc->raw_len = rec->raw_len;
+	ret_loc->codec = rec->codec;
+	return 0;
+}
+
+/* Append a record to the current write pack (rolling it when full). */
+static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const struct iovec *iov,
+			 int cnt, struct ckpt_chunk_loc *ret_loc)
+{
+	ckpt_pack *p;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max)
+		r = st_roll_pack_locked(s);
+	p = s->wpack;
+	pthread_mutex_unlock(&s->pack_lock);
+	return r < 0 ? r : append_to(p, rec, iov, cnt, ret_loc);
+}
+
+/* Append for the background thread (to bgpack). */
+int st_append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
+			    struct ckpt_chunk_loc *ret_loc)
+{
+	struct iovec one = { (void *)data, rec->stored_len };
+	ckpt_pack *p;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pack_lock);
+	if (!s->bgpack || ckpt_pack_size(s->bgpack) >= s->opts.pack_max)
+		r = st_new_pack_locked(s, &s->bgpack);
+	p = s->bgpack;
+	pthread_mutex_unlock(&s->pack_lock);
+	return r < 0 ? r : append_to(p, rec, &one, 1, ret_loc);
+}
+
+void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
+{
+	pthread_mutex_lock(&s->bg_lock);
+	if (s->bgq_head > 0 && s->bgq_head == s->bgq_n) {
+		s->bgq_head = s->bgq_n = 0;
+	}
+	if (s->bgq_n == s->bgq_cap) {
+		size_t nc = s->bgq_cap ? s->bgq_cap * 2 : 1024;
+		struct bg_item *nq;
+		if (s->bgq_head > 0) { /* compact before growing */
+			memmove(s->bgq, s->bgq + s->bgq_head,
+				(s->bgq_n - s->bgq_head) * sizeof(*s->bgq));
+			s->bgq_n -= s->bgq_head;
+			s->bgq_head = 0;
+		}
+		if (s->bgq_n == s->bgq_cap) {
+			nq = realloc(s->bgq, nc * sizeof(*nq));
+			if (!nq) {
+				/* stays raw until the next open re-queues it */
+				pthread_mutex_unlock(&s->bg_lock);
+				return;
+			}
+			s->bgq = nq;
+			s->bgq_cap = nc;
+		}
+	}
+	s->bgq[s->bgq_n].d = *d;
+	s->bgq[s->bgq_n].elem = elem;
+	s->bgq_n++;
+	s->bg_compact_clean = false;
+	pthread_cond_broadcast(&s->bg_cond);
+	pthread_mutex_unlock(&s->bg_lock);
+}
+
+int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
+			 ckpt_digest *ret_digest)
+{
+	struct iovec one = { (void *)data, len };
+
+	if (!data)
+		return -EINVAL;
+	return ckpt_store_put_chunkv(s, &one, 1, elem_size, ret_digest);
+}
+
+int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsigned elem_size,
+			  ckpt_digest *ret_digest)
+{
+	struct tls_ctx *t;
+	bool deferred;
+	struct ckpt_chunk_loc loc;
+	struct ckpt_pack_rec rec;
+	struct iovec outv;
+	const struct iovec *stored = iov;
+	int nstored = cnt;
+	uint8_t *joined = NULL;
+	size_t len = 0;
+	ckpt_digest d;
+	uint8_t key[32];
+	uint8_t *val;
+	size_t vlen;
+	int r;
+
+	if (!iov || cnt < 1 || cnt > CKPT_PACK_MAX_IOV)
+		return -EINVAL;
+	for (int i = 0; i < cnt; i++) {
+		if (!iov[i].iov_base)
+			return -EINVAL;
+		len += iov[i].iov_len;
+	}
+	if (len == 0 || len > CKPT_CHUNK_MAX)
+		return -EINVAL;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	r = ckpt_hash_chunkv(s->hasher, iov, cnt, &d);
+	if (r < 0)
+		return r;
+	*ret_digest = d;
+	/* Dedup: pending first, then the index (see I3). */
+	if (st_pending_find(s, &d, NULL))
+		goto dedup_hit;
+	r = ckpt_index_get(s->ix, key, ckpt_key_chunk(key, &d), &val, &vlen);
+	if (r == 0) {
+		free(val);
+		goto dedup_hit;
+	}
+	if (r != -ENOENT)
+		return r;
+
+	memset(&rec, 0, sizeof(rec));
+	deferred = s->bg_started && !s->opts.inline_compress && s->opts.compress_level > 0;
+	if (deferred) {
+		/* the save path runs at disk speed; st_bg_main compresses later */
+		rec.codec = CKPT_CODEC_RAW;
+		rec.stored_len = (uint32_t)len;
+	} else {
+		const void *in = iov[0].iov_base, *out;
+		size_t out_len;
+
+		t = st_tls_get(s);
+		if (!t)
+			return -ENOMEM;
+		if (cnt > 1) {
+			/* the compressor wants one buffer */
+			joined = malloc(len);
+			if (!joined)
+				return -ENOMEM;
+			size_t at = 0;
+
+			for (int i = 0; i < cnt; i++) {
+				memcpy(joined + at, iov[i].iov_base, iov[i].iov_len);
+				at += iov[i].iov_len;
+			}
+			in = joined;
+		}
+		r = ckpt_compress(t->cc, in, len, elem_size, &rec.codec, &out, &out_len);
+		if (r < 0)
+			goto out;
+		outv.iov_base = (void *)out;
+		outv.iov_len = out_len;
+		stored = &outv;
+		nstored = 1;
+		rec.stored_len = (uint32_t)out_len;
+	}
+	r = st_check_space(s, rec.stored_len);
+	if (r < 0)
+		goto out;
+	rec.raw_len = (uint32_t)len;
+	memcpy(rec.digest, d.bytes, CKPT_DIGEST_LEN);
+	atomic_fetch_add(&s->puts_inflight, 1);
+	atomic_store(&s->last_put_ns, ckpt_mono_ns());
+	r = append_record(s, &rec, stored, nstored, &loc);
+	if (r == 0) {
+		if (deferred) {
+			loc.flags = CKPT_CHUNK_F_DEFERRED;
+			loc.elem = (uint8_t)elem_size;
+		}
+		/* a racing twin may have won: harmless duplicate */
+		if (st_pending_add(s, &d, &loc) && deferred)
+			st_bg_enqueue(s, &d, (uint8_t)elem_size);
+	}
+	atomic_fetch_sub(&s->puts_inflight, 1);
+out:
+	free(joined);
+	return r;
+
+dedup_hit:
+	if (s->opts.verify_dedup)
+		return verify_same(s, &d, iov, cnt, len);
+	return 0;
+}
+
+

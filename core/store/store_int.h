@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * store_int.h - the store's private state, shared by the files of core/store/.
+ * Nothing outside core/store/ includes it.  Locking rules are beside the
+ * fields they protect.
+ */
+#ifndef CKPT_STORE_INT_H
+#define CKPT_STORE_INT_H
+
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <linux/fs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <linux/aio_abi.h>
+#include <sys/syscall.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chunk/cache.h"
+#include "chunk/chunker.h"
+#include "chunk/compress.h"
+#include "chunk/pack.h"
+#include "base/util.h"
+
+
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+#ifndef RENAME_EXCHANGE
+#define RENAME_EXCHANGE (1 << 1)
+#endif
+
+#define MARKER_NAME "ckptfs-store"
+#define MARKER_MAGIC "ckptfs-store"
+
+struct pending {
+	ckpt_digest digest;
+	struct ckpt_chunk_loc loc;
+	struct pending *next;
+};
+
+#define PENDING_BUCKETS 4096
+
+/* A closed file's new content, visible through the store but not yet in the
+ * index (see "overlay" in the header comment of store.h). */
+struct commit {
+	uint64_t ino;
+	struct ckpt_extent_list *list;
+	uint32_t flags;
+	int64_t mtime_ns;
+	uint64_t seq; /* bumped on every replacement */
+	struct commit *next;
+};
+
+#define COMMIT_BUCKETS 1024
+#define CKPT_OVERLAY_FLUSH_BYTES (256ull << 20)
+
+struct ckpt_store {
+	char *path;
+	struct ckpt_store_opts opts;
+	int lock_fd;
+	int packs_fd;
+	ckpt_index *ix;
+	ckpt_hasher *hasher;
+	ckpt_cache *cache;
+	uint8_t uuid[16];
+	pthread_key_t tls_key; /* per-thread compressor/decompressor */
+	pthread_mutex_t rctx_lock;
+	struct rctx *rctx_free; /* read contexts not in use (rctx_get), rctx_lock */
+	unsigned rctx_nfree;    /* their number, rctx_lock */
+	uint64_t rctx_made, rctx_warm; /* made in all, made at open (rctx_lock) */
+	struct ckpt_prefetch_stats pf_stats; /* read-ahead's requests (atomic adds) */
+
+	pthread_mutex_t ns_lock;
+	/* Protected by ns_lock: */
+	uint64_t next_ino;
+
+	/* Readers hold pack_rw (read) while they use a sealed pack's object;
+	 * compaction takes it (write) to free the object of a deleted pack, so
+	 * that its disk space is released without waiting for unmount.
+	 * Read-ahead holds it while it submits reads (pf_submit), not until
+	 * they complete: a submitted read holds its own reference to the file. */
+	pthread_rwlock_t pack_rw;
+	pthread_mutex_t pack_lock;
+	/* Protected by pack_lock: */
+	ckpt_pack **packs; /* opened packs, any order */
+	size_t npacks, cap_packs;
+	ckpt_pack *wpack;  /* current append target (also in packs[]) */
+	ckpt_pack *bgpack; /* append target of background work: compressed and
+			    * moved chunks stay apart from fresh raw ones, so
+			    * packs of raw data die whole and need no copying */
+	uint64_t next_pack;
+
+	pthread_mutex_t pending_lock;
+	/* Protected by pending_lock: */
+	struct pending *pending[PENDING_BUCKETS];
+
+	/* Lock order: commit_lock -> ns_lock -> {pack,pending,overlay}_lock. */
+	pthread_mutex_t commit_lock; /* serializes writers of file content to the index */
+	pthread_mutex_t overlay_lock;
+	/* Protected by overlay_lock: */
+	struct commit *overlay[COMMIT_BUCKETS];
+	size_t overlay_n;
+	uint64_t overlay_bytes, overlay_seq;
+	bool flusher_stop;
+	pthread_cond_t flusher_cond;
+	/* Immutable after open: */
+	bool flusher_started;
+	pthread_t flusher;
+
+	/* Background compression and compaction (store.h, "Background work").
+	 * Lock order: bg_lock is never held while taking another lock. */
+	pthread_mutex_t bg_lock;
+	pthread_cond_t bg_cond;
+	/* Protected by bg_lock: */
+	struct bg_item *bgq;
+	size_t bgq_head, bgq_n, bgq_cap;
+	bool bg_stop, bg_busy, bg_compact_clean;
+	struct ckpt_bg_stats bg;
+	/* Atomic: */
+	atomic_llong last_put_ns;
+	atomic_int puts_inflight;
+	uint64_t *bg_skip; /* background thread only */
+	size_t nbg_skip;
+	bool bg_started;
+	pthread_t bg_thread;
+};
+
+struct bg_item {
+	ckpt_digest d;
+	uint8_t elem;
+};
+
+
+
+/*
+ * Span buffers of read-ahead (ckpt_store_prefetch_begin): SPAN_BUF bytes
+ * each, aligned to 2 MiB and advised MADV_HUGEPAGE.  This virtio disk
+ * serves O_DIRECT reads into huge pages about twice as fast as into 4 KiB
+ * pages, at any request size from 512 KiB to 4 MiB (docs/performance.md
+ * 6d, 6e).  A thread has PF_INFLIGHT of them: one per batch it has begun
+ * and not finished.
+ */
+#define SPAN_MAX (4u << 20) /* one request */
+#define SPAN_BUF (8u << 20) /* the spans of one batch */
+#define SPAN_ALIGN CKPT_HUGE_ALIGN
+#define SPAN_GAP (64u << 10) /* records this far apart still share a span */
+#define PF_INFLIGHT CKPT_PREFETCH_INFLIGHT /* batches begun and not finished */
+#define PF_SPANS 16         /* requests of one batch; the rest load alone */
+
+struct tls_ctx {
+	ckpt_compressor *cc;
+	ckpt_decompressor *dc;
+	void *span_map[PF_INFLIGHT]; /* SPAN_BUF + SPAN_ALIGN bytes each, or NULL */
+	uint8_t *span[PF_INFLIGHT];  /* SPAN_BUF bytes inside, 2 MiB aligned */
+	bool span_busy[PF_INFLIGHT]; /* held by a batch begun and not finished */
+	aio_context_t aio; /* the thread's kernel AIO context (aio_state 1) */
+	int aio_state;     /* 0 not set up yet, 1 set up, -1 unavailable */
+};
+
+
+/*
+ * Read contexts: what one chunk load by verify_chunk() works in (a record
+ * buffer for its O_DIRECT read and a decompressor), borrowed from the
+ * store's free list for that one load by whatever thread loads it.  They
+ * used to be per thread; but libfuse starts and ends worker threads as the
+ * load changes (eight started during one cold four-reader view read), and
+ * a new thread's first load faulted in and zeroed a new record buffer and
+ * decompressor: 7.5% of the daemon's CPU time in that read
+ * (docs/performance.md 6l).  The free list outlives the threads, and when
+ * the store opens with touch_at_open() RCTX_WARM of them are made and
+ * touched for chunks of the default chunker's maximum size.  At most
+ * RCTX_KEEP are kept free; a load finding none makes one.
+ *
+ * The record buffer: huge pages, since this virtio disk serves O_DIRECT
+ * reads into huge pages at 2.2-2.6 GB/s and into 4 KiB pages at 1.05-1.08
+ * whatever the request size (docs/performance.md 6e).
+ */
+#define RCTX_WARM 4
+#define RCTX_KEEP 16
+
+struct rctx {
+	ckpt_decompressor *dc;
+	void *rec_map;  /* rec_cap + SPAN_ALIGN bytes, or NULL */
+	uint8_t *rec;   /* rec_cap bytes, 2 MiB aligned */
+	size_t rec_cap; /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
+	struct rctx *next; /* on the free list */
+};
+
+
+struct chunk_info {
+	ckpt_digest d;
+	struct ckpt_chunk_loc loc;
+	uint64_t refs;    /* as stored */
+	uint64_t counted; /* as counted from extent lists (fsck) */
+	bool damaged;
+};
+
+struct reloc {
+	ckpt_digest d;
+	struct ckpt_chunk_loc old, new;
+};
+
+struct delta {
+	ckpt_digest d;
+	int64_t n;
+};
+
+/* loadctx.c */
+void st_tls_free(void *p);
+void st_rctx_free(struct rctx *x);
+uint8_t *st_rctx_rec(struct rctx *x, size_t need);
+struct rctx *st_rctx_get(ckpt_store *s);
+void st_rctx_put(ckpt_store *s, struct rctx *x);
+void st_rctx_warm(ckpt_store *s);
+int st_tls_span_take(struct tls_ctx *t);
+bool st_tls_aio(ckpt_store *s, struct tls_ctx *t);
+struct tls_ctx *st_tls_get(ckpt_store *s);
+bool st_touch_at_open(const struct ckpt_store_opts *o);
+
+/* meta.c */
+int st_meta_get_u64(ckpt_store *s, const char *name, uint64_t *ret);
+void st_batch_meta_u64(ckpt_batch *b, const char *name, uint64_t v);
+void st_batch_meta_bytes(ckpt_batch *b, const char *name, const void *v, size_t len);
+void st_batch_inode(ckpt_batch *b, const struct ckpt_inode *in);
+
+/* packs.c */
+int st_get_pack(ckpt_store *s, uint64_t id, ckpt_pack **ret);
+int st_roll_pack_locked(ckpt_store *s);
+int st_new_pack_locked(ckpt_store *s, ckpt_pack **ret);
+unsigned st_pending_bucket(const ckpt_digest *d);
+bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
+bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
+void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
+
+/* chunks.c */
+const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
+				const struct ckpt_chunk_loc *loc, const struct ckpt_pack_rec *rec,
+				const uint8_t *src, void *dst);
+int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+			void *dst, bool rec_csum);
+int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *known,
+		      uint8_t **ret_buf, size_t *ret_len);
+
+/* put.c */
+int st_check_space(ckpt_store *s, size_t need);
+int st_append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
+			    struct ckpt_chunk_loc *ret_loc);
+void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem);
+
+/* background.c */
+int st_publish(ckpt_store *s, const struct reloc *v, size_t n);
+void *st_bg_main(void *arg);
+int st_requeue_deferred(ckpt_store *s);
+
+/* commit.c */
+int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
+		       struct delta **ret, size_t *ret_n);
+int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n);
+int st_db_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret);
+int st_db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
+void st_commit_free(struct commit *c);
+struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino);
+struct commit *st_overlay_take(ckpt_store *s, uint64_t ino);
+int st_overlay_flush_if_any(ckpt_store *s);
+void *st_flusher_main(void *arg);
+
+/* maint.c */
+int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
+int st_list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes);
+
+#endif
