@@ -1431,7 +1431,7 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	int r = ckpt_store_flush(fs.store);
 
 	if (r == 0)
-		r = ckpt_index_sync_wal(ckpt_store_index(fs.store));
+		r = ckpt_store_sync_meta(fs.store);
 	reply_err(req, r);
 }
 

@@ -38,3 +38,32 @@ void st_batch_inode(ckpt_batch *b, const struct ckpt_inode *in)
 	ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, in->ino), val, sizeof(val));
 }
 
+
+int ckpt_store_sync_meta(ckpt_store *s)
+{
+	return ckpt_index_sync_wal(s->ix);
+}
+
+int ckpt_store_parsed_get(ckpt_store *s, uint64_t ino, uint8_t **ret_val, size_t *ret_len)
+{
+	uint8_t key[16];
+
+	return ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_PARSED, ino), ret_val, ret_len);
+}
+
+int ckpt_store_parsed_put(ckpt_store *s, uint64_t ino, const void *val, size_t len)
+{
+	uint8_t key[16];
+	ckpt_batch *b;
+	int r;
+
+	if (!ckpt_store_writable(s))
+		return -EROFS;
+	b = ckpt_batch_new();
+	if (!b)
+		return -ENOMEM;
+	ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_PARSED, ino), val, len);
+	r = ckpt_index_write(s->ix, b, false);
+	ckpt_batch_free(b);
+	return r;
+}

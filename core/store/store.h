@@ -286,6 +286,18 @@ struct ckpt_bg_stats {
 	uint64_t queued; /* chunks waiting for compression now */
 };
 void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret);
+/* Make every namespace change and commit written so far durable (the
+ * metadata engine's log synced): fsyncdir semantics.  0 or -errno. */
+int ckpt_store_sync_meta(ckpt_store *s);
+/*
+ * Parsed-header records of view sources (views/view.c): an opaque value
+ * per inode that the store keeps beside the inode and deletes with it.  A
+ * cache: _put is best effort (RW stores only; errors are returned, and
+ * callers may ignore them); _get returns 0 and a malloc'd copy (caller
+ * frees), -ENOENT when there is none, or -errno.
+ */
+int ckpt_store_parsed_get(ckpt_store *s, uint64_t ino, uint8_t **ret_val, size_t *ret_len);
+int ckpt_store_parsed_put(ckpt_store *s, uint64_t ino, const void *val, size_t len);
 /* Index every overlay entry now (one batch).  0 or -errno; entries that
  * could not be written stay in the overlay and are retried. */
 int ckpt_store_flush(ckpt_store *s);

@@ -746,8 +746,6 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 			  const struct ckpt_extent_list *ext)
 {
 	struct wbuf b = { 0 };
-	uint8_t key[16];
-	ckpt_batch *batch;
 	size_t glen = d->group ? strlen(d->group) : 0;
 
 	if (!ckpt_store_writable(s) || !ext)
@@ -800,12 +798,8 @@ static void persist_parse(ckpt_store *s, const struct srcdata *d,
 		wb_u8(&b, (uint8_t)m->pp.kind);
 		wb_var(&b, m->pp.layer);
 	}
-	batch = b.oom ? NULL : ckpt_batch_new();
-	if (batch) {
-		ckpt_batch_put(batch, key, ckpt_key_ino(key, CKPT_KEY_PARSED, d->ino), b.p, b.n);
-		ckpt_index_write(ckpt_store_index(s), batch, false); /* a cache: best effort */
-		ckpt_batch_free(batch);
-	}
+	if (!b.oom)
+		(void)ckpt_store_parsed_put(s, d->ino, b.p, b.n); /* a cache: best effort */
 	free(b.p);
 }
 
@@ -815,7 +809,7 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	struct srcdata *d = NULL;
 	struct ckpt_extent_list *ext = NULL;
 	struct rbuf b = { 0 };
-	uint8_t key[16], *val = NULL;
+	uint8_t *val = NULL;
 	size_t vlen, names = 0, dims = 0, mdims = 0, pos_names = 0, pos_dims = 0;
 	uint32_t nt;
 	uint16_t glen;
@@ -823,8 +817,7 @@ static struct srcdata *load_parse_record(ckpt_store *s, struct src *src, uint64_
 	char *strs;
 	uint64_t *shapes;
 
-	if (ckpt_index_get(ckpt_store_index(s), key, ckpt_key_ino(key, CKPT_KEY_PARSED, src->ino),
-			   &val, &vlen) < 0)
+	if (ckpt_store_parsed_get(s, src->ino, &val, &vlen) < 0)
 		return NULL;
 	b.p = val;
 	b.n = vlen;
