@@ -10,7 +10,6 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,46 +19,26 @@
 #include <unistd.h>
 
 #include "meta/index.h"
-#include "testdir.h"
+#include "testlib.h"
 #include "base/util.h"
 
-static char basedir[64]; /* per test case, owned by the parent process */
-static char tdir[96];     /* per test, inside basedir */
+static char tdir[96]; /* per test, inside the test case's base directory */
 static char ixdir[128];
-
-/* Unchecked fixture, run in the parent around each test case: a failed
- * test exits its forked child before the checked teardown runs, so the
- * parent removes whatever the tests of the case left behind. */
-static void base_setup(void)
-{
-	testdir_make(basedir, sizeof(basedir), "/tmp", "check_index-");
-}
-
-static void base_teardown(void)
-{
-	testdir_remove(basedir);
-}
 
 static void setup(void)
 {
-	testdir_make(tdir, sizeof(tdir), basedir, "t-");
+	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
 }
 
 static void teardown(void)
 {
-	testdir_remove(tdir);
+	tl_dir_remove(tdir);
 }
 
 static ckpt_index *open_ix(void)
 {
-	ckpt_index *ix = NULL;
-	char err[256] = "";
-
-	ck_assert_msg(ckpt_index_open(ixdir, true, false, 0, &ix, err, sizeof(err)) == 0, "%s",
-		      err);
-	ck_assert_ptr_nonnull(ix);
-	return ix;
+	return tl_index_open(ixdir);
 }
 
 static void put1(ckpt_index *ix, const void *k, size_t kl, const void *v, size_t vl)
@@ -81,15 +60,6 @@ static void del1(ckpt_index *ix, const void *k, size_t kl)
 	ckpt_batch_delete(b, k, kl);
 	ck_assert_int_eq(ckpt_index_write(ix, b, false), 0);
 	ckpt_batch_free(b);
-}
-
-static ckpt_digest dig(uint8_t seed)
-{
-	ckpt_digest d;
-
-	for (int i = 0; i < CKPT_DIGEST_LEN; i++)
-		d.bytes[i] = (uint8_t)(seed * 31 + i + 1);
-	return d;
 }
 
 /* ------------------------------------------------------------ database */
@@ -432,7 +402,7 @@ END_TEST
 START_TEST(test_keys)
 {
 	uint8_t key[CKPT_KEY_MAX];
-	ckpt_digest d = dig(3);
+	ckpt_digest d = tl_digest(3);
 	char name[CKPT_NAME_MAX + 1];
 
 	ck_assert_uint_eq(ckpt_key_ino(key, CKPT_KEY_INODE, 0x0102030405060708ull), 9);
@@ -598,7 +568,7 @@ static struct ckpt_extent_list *list3(void)
 {
 	/* [0,100) chunk 1, [100,150) zero, [150,350) chunk 2 */
 	struct ckpt_extent_list *l = ckpt_extent_list_new();
-	ckpt_digest d1 = dig(1), d2 = dig(2);
+	ckpt_digest d1 = tl_digest(1), d2 = tl_digest(2);
 
 	ck_assert_ptr_nonnull(l);
 	ck_assert_int_eq(ckpt_extent_list_append(l, 100, CKPT_EXT_CHUNK, &d1), 0);
@@ -610,7 +580,7 @@ static struct ckpt_extent_list *list3(void)
 START_TEST(test_extent_append)
 {
 	struct ckpt_extent_list *l = ckpt_extent_list_new();
-	ckpt_digest d1 = dig(1), zero;
+	ckpt_digest d1 = tl_digest(1), zero;
 
 	memset(&zero, 0, sizeof(zero));
 	ck_assert_ptr_nonnull(l);
@@ -666,7 +636,7 @@ START_TEST(test_extent_many)
 	struct ckpt_extent_list *l = ckpt_extent_list_new();
 
 	for (uint32_t i = 0; i < 1000; i++) {
-		ckpt_digest d = dig((uint8_t)i);
+		ckpt_digest d = tl_digest((uint8_t)i);
 		ck_assert_int_eq(ckpt_extent_list_append(l, i + 1, CKPT_EXT_CHUNK, &d), 0);
 	}
 	ck_assert_uint_eq(l->n, 1000);
@@ -713,7 +683,7 @@ END_TEST
 START_TEST(test_extent_truncate)
 {
 	struct ckpt_extent_list *l = list3();
-	ckpt_digest d2 = dig(2), d3 = dig(3);
+	ckpt_digest d2 = tl_digest(2), d3 = tl_digest(3);
 
 	/* past or at the end: no change */
 	ckpt_extent_list_truncate(l, 1000);
@@ -783,7 +753,7 @@ END_TEST
 START_TEST(test_extent_encode_layout)
 {
 	struct ckpt_extent_list *l = list3(), *out = NULL;
-	ckpt_digest d1 = dig(1), d2 = dig(2);
+	ckpt_digest d1 = tl_digest(1), d2 = tl_digest(2);
 	static const uint8_t zero[16];
 	uint8_t *buf = NULL;
 	size_t len = 0;
@@ -945,7 +915,7 @@ static Suite *index_suite(void)
 	TCase *db = tcase_create("db");
 	TCase *rec = tcase_create("records");
 
-	tcase_add_unchecked_fixture(db, base_setup, base_teardown);
+	tl_tcase_dirs(db, "check_index-");
 	tcase_add_checked_fixture(db, setup, teardown);
 	tcase_set_timeout(db, 60);
 	tcase_add_test(db, test_open_missing_no_create);
