@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -27,7 +26,7 @@
 
 #include "chunk/pack.h"
 #include "store/store.h"
-#include "testdir.h"
+#include "testlib.h"
 #include "base/util.h"
 
 #ifndef RENAME_NOREPLACE
@@ -37,54 +36,30 @@
 #define RENAME_EXCHANGE (1 << 1)
 #endif
 
-static char basedir[64]; /* per test case, owned by the parent process */
-static char tdir[96];     /* per test, inside basedir */
+static char tdir[96]; /* per test, inside the test case's base directory */
 static char spath[128];
-
-/* Unchecked fixture, run in the parent around each test case: a failed
- * test exits its forked child before the checked teardown runs, so the
- * parent removes whatever the tests of the case left behind. */
-static void base_setup(void)
-{
-	testdir_make(basedir, sizeof(basedir), "/tmp", "check_store-");
-}
-
-static void base_teardown(void)
-{
-	testdir_remove(basedir);
-}
 
 static void setup(void)
 {
-	testdir_make(tdir, sizeof(tdir), basedir, "t-");
+	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 }
 
 static void teardown(void)
 {
-	testdir_remove(tdir);
+	tl_dir_remove(tdir);
 }
 
 /* ---- helpers ---------------------------------------------------------- */
 
 static ckpt_store *open_opts(const struct ckpt_store_opts *o)
 {
-	ckpt_store *s = NULL;
-	char err[512] = "";
-	int r = ckpt_store_open(spath, o, &s, err, sizeof(err));
-
-	ck_assert_msg(r == 0, "open %s: %d %s", spath, r, err);
-	ck_assert_ptr_nonnull(s);
-	return s;
+	return tl_store_open(spath, o);
 }
 
 static ckpt_store *open_rw(void)
 {
-	struct ckpt_store_opts o;
-
-	ckpt_store_opts_init(&o);
-	o.create = true;
-	return open_opts(&o);
+	return tl_store_create(spath);
 }
 
 static int try_open(enum ckpt_store_mode mode, bool create, ckpt_store **ret, char *err,
@@ -99,44 +74,14 @@ static int try_open(enum ckpt_store_mode mode, bool create, ckpt_store **ret, ch
 	return ckpt_store_open(spath, &o, ret, err, errlen);
 }
 
-static void fill_random(uint8_t *p, size_t n, uint64_t seed)
-{
-	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (uint8_t)(x >> 24);
-	}
-}
-
-static uint8_t *random_buf(size_t n, uint64_t seed)
-{
-	uint8_t *p = malloc(n ? n : 1);
-
-	ck_assert_ptr_nonnull(p);
-	fill_random(p, n, seed);
-	return p;
-}
-
-static uint64_t mk(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode)
-{
-	struct ckpt_inode in;
-	int r = ckpt_store_mknode(s, parent, name, mode, 0, 0, NULL, &in);
-
-	ck_assert_msg(r == 0, "mknode %s: %d", name, r);
-	return in.ino;
-}
-
 static uint64_t mkfile(ckpt_store *s, uint64_t parent, const char *name)
 {
-	return mk(s, parent, name, S_IFREG | 0644);
+	return tl_mknode(s, parent, name, S_IFREG | 0644);
 }
 
 static uint64_t mkdir_(ckpt_store *s, uint64_t parent, const char *name)
 {
-	return mk(s, parent, name, S_IFDIR | 0755);
+	return tl_mknode(s, parent, name, S_IFDIR | 0755);
 }
 
 static struct ckpt_inode attr(ckpt_store *s, uint64_t ino)
@@ -219,23 +164,6 @@ static void commit_chunks(ckpt_store *s, uint64_t ino, uint8_t *const *bufs, con
 	/* index it now, so that refcounts, stats and fsck see it */
 	ck_assert_int_eq(ckpt_store_flush(s), 0);
 	ckpt_extent_list_free(l);
-}
-
-/* Read back the whole committed content of ino (malloc'd, *ret_len). */
-static uint8_t *read_file(ckpt_store *s, uint64_t ino, size_t *ret_len)
-{
-	struct ckpt_extent_list *l = NULL;
-	uint8_t *buf;
-	ssize_t n;
-
-	ck_assert_int_eq(ckpt_store_load_extents(s, ino, &l), 0);
-	buf = malloc(l->size ? l->size : 1);
-	ck_assert_ptr_nonnull(buf);
-	n = ckpt_store_read_extents(s, l, buf, l->size, 0);
-	ck_assert_int_eq(n, (ssize_t)l->size);
-	*ret_len = l->size;
-	ckpt_extent_list_free(l);
-	return buf;
 }
 
 /* Name of the only (or first) pack file; returns its full path. */
@@ -563,7 +491,7 @@ START_TEST(test_readdir_order)
 	mkfile(s, d2, "zzz");
 	mkfile(s, CKPT_ROOT_INO, "rootfile");
 	for (int i = 0; i < 6; i++)
-		inos[i] = mk(s, d, names[i], i == 3 ? S_IFDIR | 0755 : S_IFREG | 0644);
+		inos[i] = tl_mknode(s, d, names[i], i == 3 ? S_IFDIR | 0755 : S_IFREG | 0644);
 	ck_assert_int_eq(ckpt_store_readdir(s, d, &ents, &n), 0);
 	ck_assert_uint_eq(n, 6);
 	for (int i = 0; i < 6; i++) {
@@ -901,7 +829,7 @@ START_TEST(test_chunk_roundtrip)
 {
 	ckpt_store *s = open_rw();
 	const size_t n = 300000;
-	uint8_t *data = random_buf(n, 1), *out = malloc(n);
+	uint8_t *data = tl_random_buf(n, 1), *out = malloc(n);
 	ckpt_digest d, unknown;
 	struct ckpt_chunk_loc loc;
 	uint64_t refs = 99;
@@ -966,7 +894,7 @@ static void put_random_chunks(ckpt_store *s, size_t count, size_t n, uint64_t se
 			      uint8_t **data, ckpt_digest *d)
 {
 	for (size_t i = 0; i < count; i++) {
-		data[i] = random_buf(n, seed + i);
+		data[i] = tl_random_buf(n, seed + i);
 		ck_assert_int_eq(ckpt_store_put_chunk(s, data[i], n, 0, &d[i]), 0);
 	}
 }
@@ -1280,7 +1208,7 @@ END_TEST
 START_TEST(test_chunk_max_size)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *data = random_buf(CKPT_CHUNK_MAX, 2), *out = malloc(CKPT_CHUNK_MAX);
+	uint8_t *data = tl_random_buf(CKPT_CHUNK_MAX, 2), *out = malloc(CKPT_CHUNK_MAX);
 	ckpt_digest d;
 
 	ck_assert_int_eq(ckpt_store_put_chunk(s, data, CKPT_CHUNK_MAX, 0, &d), 0);
@@ -1296,7 +1224,7 @@ START_TEST(test_dedup)
 {
 	ckpt_store *s = open_rw();
 	const size_t n = 200000;
-	uint8_t *a = random_buf(n, 3), *a2 = malloc(n), *b = random_buf(n, 4);
+	uint8_t *a = tl_random_buf(n, 3), *a2 = malloc(n), *b = tl_random_buf(n, 4);
 	ckpt_digest da, da2, db;
 	struct ckpt_chunk_loc la, la2;
 	char pack[512];
@@ -1361,7 +1289,7 @@ END_TEST
 START_TEST(test_commit_load_read)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(70000, 5), *b = random_buf(1000, 6), *buf;
+	uint8_t *a = tl_random_buf(70000, 5), *b = tl_random_buf(1000, 6), *buf;
 	ckpt_digest da, db;
 	struct ckpt_extent_list *l = ckpt_extent_list_new(), *got = NULL;
 	uint64_t f, d;
@@ -1416,7 +1344,7 @@ START_TEST(test_commit_load_read)
 	ckpt_store_free(s);
 	s = open_rw();
 	{
-		uint8_t *all = read_file(s, f, &len);
+		uint8_t *all = tl_read_file(s, f, &len);
 		ck_assert_uint_eq(len, 75600);
 		ck_assert_mem_eq(all, a, 70000);
 		ck_assert_mem_eq(all + 75000, b, 600);
@@ -1503,7 +1431,7 @@ static struct ckpt_extent_list *one_chunk_list(ckpt_store *s, const uint8_t *dat
 START_TEST(test_overlay)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(20000, 50), *b = random_buf(30000, 51);
+	uint8_t *a = tl_random_buf(20000, 50), *b = tl_random_buf(30000, 51);
 	struct ckpt_extent_list *la, *lb, *got;
 	ckpt_digest da, db;
 	uint64_t f, g;
@@ -1527,7 +1455,7 @@ START_TEST(test_overlay)
 		ck_assert_int_eq(ckpt_store_lookup(s, CKPT_ROOT_INO, "f", &l), 0);
 		ck_assert_uint_eq(l.size, 20000);
 	}
-	back = read_file(s, f, &len);
+	back = tl_read_file(s, f, &len);
 	ck_assert_uint_eq(len, 20000);
 	ck_assert_mem_eq(back, a, 20000);
 	free(back);
@@ -1606,7 +1534,7 @@ END_TEST
 START_TEST(test_failed_durable_commit_keeps_overlay)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(20000, 52);
+	uint8_t *a = tl_random_buf(20000, 52);
 	struct ckpt_extent_list *la, *bad = ckpt_extent_list_new();
 	ckpt_digest da, bogus;
 	uint64_t f;
@@ -1634,7 +1562,7 @@ END_TEST
 START_TEST(test_flush_isolates_damaged_file)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(20000, 53), *b = random_buf(20000, 54);
+	uint8_t *a = tl_random_buf(20000, 53), *b = tl_random_buf(20000, 54);
 	struct ckpt_extent_list *la, *lb;
 	ckpt_digest da, db;
 	uint64_t f, g;
@@ -1670,7 +1598,7 @@ END_TEST
 START_TEST(test_refcounts_overwrite_reap)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(50000, 7), *b = random_buf(50000, 8), *c = random_buf(50000, 9);
+	uint8_t *a = tl_random_buf(50000, 7), *b = tl_random_buf(50000, 8), *c = tl_random_buf(50000, 9);
 	ckpt_digest d[3];
 	uint64_t f;
 	struct ckpt_store_stats st;
@@ -1736,7 +1664,7 @@ END_TEST
 START_TEST(test_orphan_reaped_at_open)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(40000, 10);
+	uint8_t *a = tl_random_buf(40000, 10);
 	ckpt_digest d;
 	uint64_t f;
 	struct ckpt_inode in;
@@ -1752,7 +1680,7 @@ START_TEST(test_orphan_reaped_at_open)
 	/* an orphan's content stays readable (open file descriptors) */
 	{
 		size_t len;
-		uint8_t *got = read_file(s, f, &len);
+		uint8_t *got = tl_read_file(s, f, &len);
 		ck_assert_uint_eq(len, 40000);
 		ck_assert_mem_eq(got, a, 40000);
 		free(got);
@@ -1770,7 +1698,7 @@ END_TEST
 START_TEST(test_stats_counts)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(1000, 11);
+	uint8_t *a = tl_random_buf(1000, 11);
 	struct ckpt_store_stats st;
 	struct ckpt_inode in;
 	uint64_t d, f;
@@ -1807,7 +1735,7 @@ END_TEST
 START_TEST(test_fsck_clean_and_corrupt)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(60000, 12), *b = random_buf(60000, 13), out[64];
+	uint8_t *a = tl_random_buf(60000, 12), *b = tl_random_buf(60000, 13), out[64];
 	ckpt_digest d[2];
 	uint64_t f;
 	struct problems p;
@@ -1859,7 +1787,7 @@ END_TEST
 START_TEST(test_fsck_other_damage)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *a = random_buf(30000, 14);
+	uint8_t *a = tl_random_buf(30000, 14);
 	uint64_t f;
 	struct problems p;
 	char pack[512];
@@ -1895,8 +1823,8 @@ END_TEST
 static void write_gc_fixture(ckpt_store *s, uint64_t *ret_keep, uint8_t **ret_keep_data,
 			     size_t *ret_keep_len)
 {
-	uint8_t *big = random_buf(1u << 20, 20), *small = random_buf(100000, 21);
-	uint8_t *other = random_buf(600000, 22);
+	uint8_t *big = tl_random_buf(1u << 20, 20), *small = tl_random_buf(100000, 21);
+	uint8_t *other = tl_random_buf(600000, 22);
 	uint64_t f, g;
 
 	f = mkfile(s, CKPT_ROOT_INO, "keep");
@@ -1943,7 +1871,7 @@ static void check_gc_result(ckpt_store *s, const struct ckpt_gc_stats *gs, uint6
 	ck_assert_uint_eq(st.dead_chunks, 0);
 	ck_assert_uint_eq(st.chunks, 1);
 	ck_assert_uint_eq(st.pack_bytes, gs->bytes_after);
-	got = read_file(s, keep, &glen);
+	got = tl_read_file(s, keep, &glen);
 	ck_assert_uint_eq(glen, len);
 	ck_assert_mem_eq(got, data, len);
 	free(got);
@@ -2001,8 +1929,8 @@ END_TEST
 START_TEST(test_gc_keeps_damaged_pack)
 {
 	ckpt_store *s = open_rw();
-	uint8_t *dmg = random_buf(50000, 60), *ok = random_buf(50000, 61);
-	uint8_t *dead = random_buf(1u << 20, 62);
+	uint8_t *dmg = tl_random_buf(50000, 60), *ok = tl_random_buf(50000, 61);
+	uint8_t *dead = tl_random_buf(1u << 20, 62);
 	uint64_t fd, fo, fx;
 	ckpt_digest dd;
 	struct ckpt_chunk_loc loc;
@@ -2039,7 +1967,7 @@ START_TEST(test_gc_keeps_damaged_pack)
 	ck_assert_uint_eq(st.dead_chunks, 0);
 	{
 		size_t len;
-		uint8_t *got = read_file(s, fo, &len);
+		uint8_t *got = tl_read_file(s, fo, &len);
 		ck_assert_uint_eq(len, 50000);
 		ck_assert_mem_eq(got, ok, 50000);
 		free(got);
@@ -2065,7 +1993,7 @@ START_TEST(test_gc_deletes_dead_pack)
 {
 	struct ckpt_store_opts o;
 	ckpt_store *s;
-	uint8_t *a = random_buf(50000, 30), *b = random_buf(50000, 31);
+	uint8_t *a = tl_random_buf(50000, 30), *b = tl_random_buf(50000, 31);
 	uint64_t f;
 	struct ckpt_gc_stats gs;
 	struct ckpt_store_stats st;
@@ -2093,7 +2021,7 @@ START_TEST(test_gc_deletes_dead_pack)
 	ck_assert_uint_eq(st.dead_chunks, 0);
 	{
 		size_t len;
-		uint8_t *got = read_file(s, f, &len);
+		uint8_t *got = tl_read_file(s, f, &len);
 		ck_assert_uint_eq(len, 50000);
 		ck_assert_mem_eq(got, b, 50000);
 		free(got);
@@ -2121,7 +2049,7 @@ START_TEST(test_many_packs)
 	s = open_opts(&o);
 	f = mkfile(s, CKPT_ROOT_INO, "f");
 	for (int i = 0; i < N; i++) {
-		bufs[i] = random_buf(LEN, 100 + (uint64_t)i);
+		bufs[i] = tl_random_buf(LEN, 100 + (uint64_t)i);
 		lens[i] = LEN;
 	}
 	commit_chunks(s, f, bufs, lens, N, NULL);
@@ -2130,7 +2058,7 @@ START_TEST(test_many_packs)
 	s = open_opts(&o);
 	{
 		size_t len;
-		uint8_t *got = read_file(s, f, &len);
+		uint8_t *got = tl_read_file(s, f, &len);
 		ck_assert_uint_eq(len, N * LEN);
 		for (int i = 0; i < N; i++)
 			ck_assert_mem_eq(got + i * LEN, bufs[i], LEN);
@@ -2147,7 +2075,7 @@ START_TEST(test_verify_dedup)
 {
 	struct ckpt_store_opts o;
 	ckpt_store *s;
-	uint8_t *a = random_buf(40000, 40);
+	uint8_t *a = tl_random_buf(40000, 40);
 	ckpt_digest d, d2;
 	uint64_t f;
 	char pack[512];
@@ -2207,7 +2135,7 @@ static uint8_t *bf16_buf(size_t n, uint64_t seed)
 	uint8_t *p = malloc(n);
 
 	ck_assert_ptr_nonnull(p);
-	fill_random(p, n, seed);
+	tl_fill_random(p, n, seed);
 	for (size_t i = 1; i < n; i += 2)
 		p[i] = (uint8_t)(0x3c + (p[i] & 1)); /* narrow exponent byte */
 	return p;
@@ -2264,7 +2192,7 @@ START_TEST(test_background_compression)
 	s = open_rw();
 	{
 		size_t len;
-		uint8_t *all = read_file(s, ino, &len);
+		uint8_t *all = tl_read_file(s, ino, &len);
 		size_t off = 0;
 		for (int i = 0; i < 4; i++) {
 			ck_assert_mem_eq(all + off, bufs[i], lens[i]);
@@ -2326,7 +2254,7 @@ static Suite *store_suite(void)
 	TCase *all[] = { open, ns, ch, mt };
 
 	for (size_t i = 0; i < CKPT_ARRAY_SIZE(all); i++) {
-		tcase_add_unchecked_fixture(all[i], base_setup, base_teardown);
+		tl_tcase_dirs(all[i], "check_store-");
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 60);
 		suite_add_tcase(s, all[i]);
