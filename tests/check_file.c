@@ -9,7 +9,6 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -23,49 +22,21 @@
 #include "chunk/chunker.h"
 #include "store/file.h"
 #include "store/store.h"
-#include "testdir.h"
+#include "testlib.h"
 #include "base/util.h"
 
 #define MiB (1u << 20)
 
-static char basedir[64]; /* per test case, owned by the parent process */
-static char tdir[96];     /* per test, inside basedir */
+static char tdir[96]; /* per test, inside the test case's base directory */
 static char spath[128];
 static ckpt_store *st;
 static ckpt_pool *pool;
 
-static ckpt_store *open_store(void)
-{
-	struct ckpt_store_opts o;
-	ckpt_store *s = NULL;
-	char err[512] = "";
-	int r;
-
-	ckpt_store_opts_init(&o);
-	o.create = true;
-	r = ckpt_store_open(spath, &o, &s, err, sizeof(err));
-	ck_assert_msg(r == 0, "open: %d %s", r, err);
-	return s;
-}
-
-/* Unchecked fixture, run in the parent around each test case: a failed
- * test exits its forked child before the checked teardown runs, so the
- * parent removes whatever the tests of the case left behind. */
-static void base_setup(void)
-{
-	testdir_make(basedir, sizeof(basedir), "/tmp", "check_file-");
-}
-
-static void base_teardown(void)
-{
-	testdir_remove(basedir);
-}
-
 static void setup(void)
 {
-	testdir_make(tdir, sizeof(tdir), basedir, "t-");
+	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
-	st = open_store();
+	st = tl_store_create(spath);
 	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
 }
 
@@ -75,34 +46,14 @@ static void teardown(void)
 	pool = NULL;
 	ckpt_store_free(st);
 	st = NULL;
-	testdir_remove(tdir);
+	tl_dir_remove(tdir);
 }
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static uint8_t *random_buf(size_t n, uint64_t seed)
-{
-	uint8_t *p = malloc(n ? n : 1);
-	uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	ck_assert_ptr_nonnull(p);
-	for (size_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		p[i] = (uint8_t)(x >> 24);
-	}
-	return p;
-}
-
 static uint64_t mkfile(const char *name)
 {
-	struct ckpt_inode in;
-
-	ck_assert_int_eq(ckpt_store_mknode(st, CKPT_ROOT_INO, name, S_IFREG | 0644, 0, 0, NULL,
-					   &in),
-			 0);
-	return in.ino;
+	return tl_mknode(st, CKPT_ROOT_INO, name, S_IFREG | 0644);
 }
 
 static ckpt_writer *writer(uint64_t ino, bool truncate)
@@ -172,11 +123,7 @@ static void check_writer(ckpt_writer *w, const uint8_t *expect, size_t len, size
 
 static struct ckpt_store_stats flushed_stats(void)
 {
-	struct ckpt_store_stats s;
-
-	ck_assert_int_eq(ckpt_store_flush(st), 0);
-	ck_assert_int_eq(ckpt_store_stats(st, &s), 0);
-	return s;
+	return tl_flushed_stats(st);
 }
 
 static void fsck_cb(void *ud, const char *path, const char *what)
@@ -212,7 +159,7 @@ END_TEST
 START_TEST(test_sequential_10mib)
 {
 	const size_t len = 10 * MiB;
-	uint8_t *data = random_buf(len, 1);
+	uint8_t *data = tl_random_buf(len, 1);
 	uint64_t f = mkfile("seq");
 	ckpt_writer *w = writer(f, true);
 	struct ckpt_extent_list *l = NULL;
@@ -246,7 +193,7 @@ START_TEST(test_sequential_10mib)
 	/* and after a reopen of the store */
 	ckpt_pool_free(pool);
 	ckpt_store_free(st);
-	st = open_store();
+	st = tl_store_create(spath);
 	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
 	check_committed(f, data, len);
 	free(data);
@@ -258,7 +205,7 @@ END_TEST
 START_TEST(test_stream_read_uncommitted)
 {
 	const size_t len = 5 * MiB + 123;
-	uint8_t *data = random_buf(len, 2), buf[64];
+	uint8_t *data = tl_random_buf(len, 2), buf[64];
 	uint64_t f = mkfile("s");
 	ckpt_writer *w = writer(f, true);
 
@@ -290,7 +237,7 @@ END_TEST
 START_TEST(test_free_without_commit)
 {
 	const size_t len = 2 * MiB + 5;
-	uint8_t *a = random_buf(len, 3), *b = random_buf(len, 4);
+	uint8_t *a = tl_random_buf(len, 3), *b = tl_random_buf(len, 4);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 
@@ -330,7 +277,7 @@ END_TEST
 START_TEST(test_commit_twice_with_appends)
 {
 	const size_t half = 3 * MiB / 2;
-	uint8_t *data = random_buf(2 * half + 77, 5);
+	uint8_t *data = tl_random_buf(2 * half + 77, 5);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 	struct ckpt_extent_list *l1 = NULL, *l2 = NULL;
@@ -368,7 +315,7 @@ END_TEST
 START_TEST(test_append_existing)
 {
 	const size_t len = MiB + 333;
-	uint8_t *data = random_buf(2 * len, 6);
+	uint8_t *data = tl_random_buf(2 * len, 6);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 
@@ -472,7 +419,7 @@ START_TEST(test_overwrite_middle)
 {
 	const size_t len = 12 * MiB;
 	const uint64_t at = 10 * MiB + 17;
-	uint8_t *data = random_buf(len, 7), *patch = random_buf(1000, 8);
+	uint8_t *data = tl_random_buf(len, 7), *patch = tl_random_buf(1000, 8);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 	struct ckpt_extent_list *l1 = NULL, *l2 = NULL;
@@ -523,7 +470,7 @@ START_TEST(test_sparse_write)
 {
 	const uint64_t at = 2 * MiB + 3;
 	const size_t len = at + 500;
-	uint8_t *expect = calloc(1, len), *a = random_buf(1000, 9), *b = random_buf(500, 10);
+	uint8_t *expect = calloc(1, len), *a = tl_random_buf(1000, 9), *b = tl_random_buf(500, 10);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 
@@ -560,7 +507,7 @@ START_TEST(test_truncate)
 {
 	const size_t len = 2 * MiB;
 	const size_t shrink = MiB + 5, grow = 3 * MiB;
-	uint8_t *data = random_buf(len, 11), *expect = calloc(1, grow);
+	uint8_t *data = tl_random_buf(len, 11), *expect = calloc(1, grow);
 	uint64_t f = mkfile("f");
 	ckpt_writer *w = writer(f, true);
 
@@ -675,7 +622,7 @@ static void check_st_plan(uint64_t ino, size_t ds)
 
 START_TEST(test_safetensors_aligned)
 {
-	uint8_t *tensors = random_buf(ST_DATA, 12);
+	uint8_t *tensors = tl_random_buf(ST_DATA, 12);
 	size_t len1, ds1, len2, ds2;
 	uint8_t *f1 = st_file(tensors, 3, false, &len1, &ds1);
 	uint8_t *f2 = st_file(tensors, 501, true, &len2, &ds2);
@@ -723,7 +670,7 @@ END_TEST
 START_TEST(test_safetensors_write_sizes)
 {
 	static const size_t sizes[] = { MiB, MiB + 3, 999983, 4096, 1, SIZE_MAX };
-	uint8_t *tensors = random_buf(ST_DATA, 14);
+	uint8_t *tensors = tl_random_buf(ST_DATA, 14);
 	size_t len, ds;
 	uint8_t *f = st_file(tensors, 17, false, &len, &ds);
 	struct ckpt_store_stats s0, s1;
@@ -770,7 +717,7 @@ END_TEST
 /* The staged path re-chunks with the same plan. */
 START_TEST(test_safetensors_staged)
 {
-	uint8_t *tensors = random_buf(ST_DATA, 13);
+	uint8_t *tensors = tl_random_buf(ST_DATA, 13);
 	size_t len, ds;
 	uint8_t *f1 = st_file(tensors, 0, false, &len, &ds);
 	uint64_t a = mkfile("a");
@@ -795,7 +742,7 @@ END_TEST
  * chunked with FastCDC. */
 START_TEST(test_safetensors_incomplete)
 {
-	uint8_t *tensors = random_buf(ST_DATA, 14);
+	uint8_t *tensors = tl_random_buf(ST_DATA, 14);
 	size_t len, ds;
 	uint8_t *f1 = st_file(tensors, 0, false, &len, &ds);
 	uint64_t a = mkfile("a");
@@ -860,7 +807,7 @@ START_TEST(test_concurrent_writers)
 		snprintf(name, sizeof(name), "f%d", i);
 		j[i].ino = mkfile(name);
 		j[i].len = 3 * MiB + (size_t)i;
-		j[i].data = random_buf(j[i].len, 20 + (uint64_t)i);
+		j[i].data = tl_random_buf(j[i].len, 20 + (uint64_t)i);
 		/* f1 repeats f0's first MiB: dedup across writers */
 		if (i == 1)
 			memcpy(j[1].data, j[0].data, MiB);
@@ -883,7 +830,7 @@ static Suite *file_suite(void)
 	Suite *s = suite_create("file");
 	TCase *tc = tcase_create("writer");
 
-	tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
+	tl_tcase_dirs(tc, "check_file-");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_pool_lifecycle);
