@@ -13,7 +13,6 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -30,42 +29,25 @@
 #include "views/safetensors.h"
 #include "views/shardmeta.h"
 #include "store/store.h"
-#include "testdir.h"
+#include "testlib.h"
 #include "base/util.h"
 #include "views/view.h"
 
-static char basedir[64]; /* per test case, owned by the parent process */
-static char tdir[96];     /* per test, inside basedir */
+static char tdir[96]; /* per test, inside the test case's base directory */
 static char spath[128];
 static ckpt_store *st;
 static ckpt_pool *pool;
 
-/* Unchecked fixture, run in the parent around each test case: a failed
- * test exits its forked child before the checked teardown runs, so the
- * parent removes whatever the tests of the case left behind. */
-static void base_setup(void)
-{
-	testdir_make(basedir, sizeof(basedir), "/tmp", "check_view-");
-}
-
-static void base_teardown(void)
-{
-	testdir_remove(basedir);
-}
-
 static void setup(void)
 {
 	struct ckpt_store_opts o;
-	char err[512] = "";
-	int r;
 
-	testdir_make(tdir, sizeof(tdir), basedir, "t-");
+	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
 	ckpt_store_opts_init(&o);
 	o.create = true;
 	o.cache_size = 8u << 20;
-	r = ckpt_store_open(spath, &o, &st, err, sizeof(err));
-	ck_assert_msg(r == 0, "open: %d %s", r, err);
+	st = tl_store_open(spath, &o);
 	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
 }
 
@@ -77,7 +59,7 @@ static void teardown(void)
 		ckpt_view_forget_store(st);
 	ckpt_store_free(st);
 	st = NULL;
-	testdir_remove(tdir);
+	tl_dir_remove(tdir);
 }
 
 /* ---- building sources ------------------------------------------------- */
@@ -101,36 +83,14 @@ static uint64_t tdef_bytes(const struct tdef *t)
 
 static uint64_t mkdir_in(uint64_t parent, const char *name)
 {
-	struct ckpt_inode in;
-	int r = ckpt_store_mknode(st, parent, name, S_IFDIR | 0755, 0, 0, NULL, &in);
-
-	ck_assert_msg(r == 0, "mkdir %s: %d", name, r);
-	return in.ino;
+	return tl_mknode(st, parent, name, S_IFDIR | 0755);
 }
 
 /* Write raw bytes as file dir/fname (created, or truncated if it exists),
  * commit and flush.  Returns the inode. */
 static uint64_t put_raw(uint64_t dir, const char *fname, const uint8_t *buf, size_t len)
 {
-	struct ckpt_inode in;
-	ckpt_writer *w = NULL;
-	int r = ckpt_store_lookup(st, dir, fname, &in);
-
-	if (r == -ENOENT)
-		r = ckpt_store_mknode(st, dir, fname, S_IFREG | 0644, 0, 0, NULL, &in);
-	ck_assert_msg(r == 0, "create %s: %d", fname, r);
-	ck_assert_int_eq(ckpt_writer_new(st, pool, in.ino, true, &w), 0);
-	/* in two writes, the second of an odd size */
-	if (len > 13) {
-		ck_assert_int_eq(ckpt_writer_write(w, buf, len - 13, 0), 0);
-		ck_assert_int_eq(ckpt_writer_write(w, buf + len - 13, 13, len - 13), 0);
-	} else {
-		ck_assert_int_eq(ckpt_writer_write(w, buf, len, 0), 0);
-	}
-	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
-	ckpt_writer_free(w);
-	ck_assert_int_eq(ckpt_store_flush(st), 0);
-	return in.ino;
+	return tl_write_file(st, pool, dir, fname, buf, len);
 }
 
 /* Serialize a safetensors file (metadata "ckptfs" = ckptfs unless NULL)
@@ -2051,7 +2011,7 @@ static Suite *view_suite(void)
 	TCase *all[] = { tp, pp, cons, misc };
 
 	for (size_t i = 0; i < CKPT_ARRAY_SIZE(all); i++) {
-		tcase_add_unchecked_fixture(all[i], base_setup, base_teardown);
+		tl_tcase_dirs(all[i], "check_view-");
 		tcase_add_checked_fixture(all[i], setup, teardown);
 		tcase_set_timeout(all[i], 30);
 		suite_add_tcase(s, all[i]);
