@@ -34,6 +34,7 @@
 
 #include "chunk/pack.h"
 #include "base/util.h"
+#include "testlib.h"
 
 /* ---- interposed libc functions ---------------------------------------- */
 
@@ -146,16 +147,13 @@ ssize_t PWRITEV_SYM(int fd, const struct iovec *iov, int cnt, off_t off)
 static const uint8_t UUID[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 static const uint8_t UUID2[16] = { 0xff, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 };
 
-static char tdir[PATH_MAX];
+static char tdir[PATH_MAX]; /* per test, inside the test case's base directory */
 static int tdirfd = -1;
 
 static void setup(void)
 {
-	const char *base = getenv("TMPDIR");
-
 	ckpt_log_set_level(CKPT_LOG_ERR);
-	snprintf(tdir, sizeof(tdir), "%s/check_pack.XXXXXX", base ? base : "/tmp");
-	ck_assert_ptr_nonnull(mkdtemp(tdir));
+	tl_test_dir(tdir, sizeof(tdir));
 	tdirfd = open(tdir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	ck_assert_int_ge(tdirfd, 0);
 	atomic_store(&n_fdatasync, 0);
@@ -166,27 +164,12 @@ static void setup(void)
 	atomic_store(&block_codec, -1);
 }
 
-/* Remove the test directory: pack files and at most empty subdirectories. */
 static void teardown(void)
 {
-	DIR *d = fdopendir(tdirfd);
-	struct dirent *de;
-
-	if (!d) {
+	if (tdirfd >= 0)
 		close(tdirfd);
-	} else {
-		while ((de = readdir(d)) != NULL) {
-			if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0)
-				continue;
-			if (unlinkat(dirfd(d), de->d_name, 0) < 0 &&
-			    unlinkat(dirfd(d), de->d_name, AT_REMOVEDIR) < 0)
-				fprintf(stderr, "cannot remove %s/%s\n", tdir, de->d_name);
-		}
-		closedir(d);
-	}
 	tdirfd = -1;
-	if (rmdir(tdir) < 0)
-		fprintf(stderr, "cannot remove %s\n", tdir);
+	tl_dir_remove(tdir);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -1499,6 +1482,7 @@ static Suite *pack_suite(void)
 	Suite *s = suite_create("pack");
 	TCase *tc = tcase_create("core");
 
+	tl_tcase_dirs(tc, "check_pack-");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_name_span);
