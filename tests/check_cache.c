@@ -20,16 +20,7 @@
 #include "chunk/cache.h"
 #include "chunk/readahead.h"
 #include "base/util.h"
-
-/* A digest whose bytes are all derived from k (distinct for distinct k). */
-static ckpt_digest dig(uint32_t k)
-{
-	ckpt_digest d;
-
-	for (int i = 0; i < CKPT_DIGEST_LEN; i++)
-		d.bytes[i] = (uint8_t)((k >> (8 * (i % 4))) ^ (uint32_t)(i * 37));
-	return d;
-}
+#include "testlib.h"
 
 /* malloc'd buffer of len bytes, every byte = fill. */
 static uint8_t *blob(size_t len, uint8_t fill)
@@ -52,7 +43,7 @@ static struct ckpt_cache_stats stats(ckpt_cache *c)
 
 static bool present(ckpt_cache *c, uint32_t k)
 {
-	ckpt_digest d = dig(k);
+	ckpt_digest d = tl_digest(k);
 	const uint8_t *data;
 	size_t len;
 	ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
@@ -83,7 +74,7 @@ END_TEST
 START_TEST(test_hit_miss)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(1), d2 = dig(2);
+	ckpt_digest d = tl_digest(1), d2 = tl_digest(2);
 	const uint8_t *data = NULL, *data2 = NULL;
 	size_t len = 0;
 	ckpt_cache_entry *e, *e2;
@@ -155,7 +146,7 @@ END_TEST
 START_TEST(test_pin_prevents_eviction)
 {
 	ckpt_cache *c;
-	ckpt_digest a = dig(1), b = dig(2);
+	ckpt_digest a = tl_digest(1), b = tl_digest(2);
 	const uint8_t *da, *db;
 	ckpt_cache_entry *ea, *eb;
 	struct ckpt_cache_stats st;
@@ -194,7 +185,7 @@ END_TEST
 START_TEST(test_double_pin)
 {
 	ckpt_cache *c;
-	ckpt_digest a = dig(7);
+	ckpt_digest a = tl_digest(7);
 	const uint8_t *d1, *d2;
 	size_t len;
 	ckpt_cache_entry *e1, *e2;
@@ -225,13 +216,13 @@ START_TEST(test_lru_order)
 
 	ck_assert_int_eq(ckpt_cache_new(100, &c), 0);
 	for (uint32_t k = 1; k <= 2; k++) {
-		ckpt_digest d = dig(k);
+		ckpt_digest d = tl_digest(k);
 		ckpt_cache_release(c, ckpt_cache_insert(c, &d, blob(40, (uint8_t)k), 40, &data));
 	}
 	/* touch 1: 2 becomes least recently used */
 	ck_assert(present(c, 1));
 	{
-		ckpt_digest d = dig(3);
+		ckpt_digest d = tl_digest(3);
 		ckpt_cache_release(c, ckpt_cache_insert(c, &d, blob(40, 3), 40, &data));
 	}
 	ck_assert(present(c, 1));
@@ -242,7 +233,7 @@ START_TEST(test_lru_order)
 	/* an entry larger than the capacity is evicted as soon as released,
 	 * and takes everything older with it */
 	{
-		ckpt_digest d = dig(4);
+		ckpt_digest d = tl_digest(4);
 		ckpt_cache_entry *e = ckpt_cache_insert(c, &d, blob(150, 4), 150, &data);
 		ck_assert_ptr_nonnull(e);
 		ck_assert_uint_eq(stats(c).bytes, 150); /* 1 and 3 evicted already */
@@ -276,7 +267,7 @@ START_TEST(test_capacity_bound)
 		seed = seed * 1103515245u + 12345u;
 		k = (seed >> 8) % 300;
 		len = 1 + (seed >> 20) % 2500;
-		d = dig(k);
+		d = tl_digest(k);
 		e = ckpt_cache_lookup(c, &d, &data, &len);
 		if (!e) {
 			e = ckpt_cache_insert(c, &d, blob(len, (uint8_t)k), len, &data);
@@ -302,7 +293,7 @@ END_TEST
 START_TEST(test_capacity_zero)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(5);
+	ckpt_digest d = tl_digest(5);
 	const uint8_t *data;
 	size_t len;
 	ckpt_cache_entry *e;
@@ -331,7 +322,7 @@ END_TEST
 START_TEST(test_duplicate_insert)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(9);
+	ckpt_digest d = tl_digest(9);
 	const uint8_t *d1, *d2, *d3;
 	size_t len;
 	ckpt_cache_entry *e1, *e2, *e3;
@@ -365,7 +356,7 @@ END_TEST
 START_TEST(test_forget)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(3), other = dig(4);
+	ckpt_digest d = tl_digest(3), other = tl_digest(4);
 	const uint8_t *data, *data2;
 	size_t len;
 	ckpt_cache_entry *e, *e2;
@@ -420,7 +411,7 @@ START_TEST(test_many_entries)
 
 	ck_assert_int_eq(ckpt_cache_new(UINT64_MAX, &c), 0);
 	for (uint32_t k = 0; k < n; k++) {
-		ckpt_digest d = dig(k);
+		ckpt_digest d = tl_digest(k);
 		const uint8_t *data;
 		ckpt_cache_entry *e = ckpt_cache_insert(c, &d, blob(4, (uint8_t)k), 4, &data);
 		ck_assert_ptr_nonnull(e);
@@ -429,7 +420,7 @@ START_TEST(test_many_entries)
 	ck_assert_uint_eq(stats(c).entries, n);
 	ck_assert_uint_eq(stats(c).bytes, 4ull * n);
 	for (uint32_t k = 0; k < n; k++) {
-		ckpt_digest d = dig(k);
+		ckpt_digest d = tl_digest(k);
 		const uint8_t *data;
 		size_t len;
 		ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
@@ -485,7 +476,7 @@ static void *stress_main(void *p)
 
 		a->seed = a->seed * 1664525u + 1013904223u;
 		k = (a->seed >> 16) % ST_KEYS;
-		d = dig(k);
+		d = tl_digest(k);
 		if ((a->seed & 0xff) == 0) {
 			ckpt_cache_forget(a->c, &d);
 			continue;
@@ -544,7 +535,7 @@ START_TEST(test_stress_threads)
 	{
 		uint64_t sum = 0, n = 0;
 		for (uint32_t k = 0; k < ST_KEYS; k++) {
-			ckpt_digest d = dig(k);
+			ckpt_digest d = tl_digest(k);
 			const uint8_t *data;
 			size_t len;
 			ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
@@ -584,7 +575,7 @@ static void *acquire_thread(void *p)
 START_TEST(test_single_flight)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(7);
+	ckpt_digest d = tl_digest(7);
 	const uint8_t *data;
 	size_t len;
 	bool fill;
@@ -613,7 +604,7 @@ START_TEST(test_single_flight)
 	ckpt_cache_release(c, e);
 
 	/* abandon: a waiter gets a placeholder of its own */
-	d = dig(8);
+	d = tl_digest(8);
 	e = ckpt_cache_acquire(c, &d, &data, &len, &fill);
 	ck_assert(fill);
 	memset(&w, 0, sizeof(w));
@@ -629,7 +620,7 @@ START_TEST(test_single_flight)
 	ckpt_cache_release(c, w.e);
 
 	/* reserve on an absent digest, fill, then hits; ref needs its own release */
-	d = dig(9);
+	d = tl_digest(9);
 	e = ckpt_cache_reserve(c, &d);
 	ck_assert_ptr_nonnull(e);
 	ckpt_cache_fill(c, e, blob(20, 2), 20);
@@ -720,7 +711,7 @@ END_TEST
 START_TEST(test_buf_pool)
 {
 	ckpt_cache *c;
-	ckpt_digest d = dig(11);
+	ckpt_digest d = tl_digest(11);
 	ckpt_cache_entry *e;
 	uint8_t *a, *b;
 
@@ -759,7 +750,7 @@ START_TEST(test_buf_reuse_other_class)
 	const size_t G = 128u << 10;
 	struct ckpt_cache_stats st;
 	ckpt_cache *c;
-	ckpt_digest d = dig(12);
+	ckpt_digest d = tl_digest(12);
 	ckpt_cache_entry *e;
 	uint8_t *a, *b;
 	size_t i;
@@ -816,7 +807,7 @@ START_TEST(test_buf_reserve)
 	const size_t G = 128u << 10;
 	struct ckpt_cache_stats st;
 	ckpt_cache *c, *c2;
-	ckpt_digest d = dig(13);
+	ckpt_digest d = tl_digest(13);
 	ckpt_cache_entry *e;
 	unsigned char vec[(8 * (128u << 10)) / 4096];
 	uint8_t *a, *b, *f, *x;
@@ -892,7 +883,7 @@ END_TEST
  * stream entry, release. */
 static void put_stream(ckpt_cache *c, uint32_t k, size_t len)
 {
-	ckpt_digest d = dig(k);
+	ckpt_digest d = tl_digest(k);
 	ckpt_cache_entry *e = ckpt_cache_reserve(c, &d);
 
 	ck_assert_ptr_nonnull(e);
@@ -903,7 +894,7 @@ static void put_stream(ckpt_cache *c, uint32_t k, size_t len)
 /* A reader takes n bytes of chunk k. */
 static void read_part(ckpt_cache *c, uint32_t k, size_t n)
 {
-	ckpt_digest d = dig(k);
+	ckpt_digest d = tl_digest(k);
 	const uint8_t *data;
 	size_t len;
 	ckpt_cache_entry *e = ckpt_cache_lookup(c, &d, &data, &len);
