@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "chunk/chunker.h"
+#include "testlib.h"
 
 #define KIB 1024u
 #define MIB (1024u * 1024)
@@ -20,15 +21,6 @@ static const struct ckpt_cdc_params smallp = { 64, 256, 1024 };
 /* The parameters the known answers below were computed for. */
 static const struct ckpt_cdc_params kap = { 256 * KIB, 1 * MIB, 4 * MIB };
 
-static uint64_t splitmix64(uint64_t *state)
-{
-	uint64_t z = (*state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
-}
-
 /* Stream of splitmix64(seed) outputs, each written little-endian. */
 static uint8_t *random_buf(size_t len, uint64_t seed)
 {
@@ -37,7 +29,7 @@ static uint8_t *random_buf(size_t len, uint64_t seed)
 
 	ck_assert_ptr_nonnull(buf);
 	for (size_t i = 0; i < len; i += 8) {
-		uint64_t v = splitmix64(&st);
+		uint64_t v = tl_splitmix64(&st);
 
 		for (int k = 0; k < 8; k++)
 			buf[i + k] = (uint8_t)(v >> (8 * k));
@@ -54,7 +46,7 @@ static void ref_init(void)
 	uint64_t st = UINT64_C(0x636b707466732131);
 
 	for (int i = 0; i < 256; i++)
-		ref_gear[i] = splitmix64(&st);
+		ref_gear[i] = tl_splitmix64(&st);
 }
 
 static size_t ref_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len, bool eof)

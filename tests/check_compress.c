@@ -13,6 +13,7 @@
 #include <zstd.h>
 
 #include "chunk/compress.h"
+#include "testlib.h"
 
 #define MIB (1024u * 1024)
 
@@ -20,12 +21,7 @@ static uint64_t rng_state;
 
 static uint64_t rng_next(void)
 {
-	/* splitmix64 */
-	uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
+	return tl_splitmix64(&rng_state);
 }
 
 static void fill_random(uint8_t *buf, size_t len, uint64_t seed)

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "views/layout.h"
+#include "testlib.h"
 
 /* ---- helpers ---- */
 
@@ -706,11 +707,7 @@ static uint64_t rng_state;
 
 static uint64_t rnd(void)
 {
-	uint64_t z = (rng_state += UINT64_C(0x9e3779b97f4a7c15));
-
-	z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-	z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-	return z ^ (z >> 31);
+	return tl_splitmix64(&rng_state);
 }
 
 static uint64_t rnd_below(uint64_t n)
