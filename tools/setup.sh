@@ -4,9 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Everything the build, tools/*.sh, tools/demo_job.py and tests/ call that a minimal Debian 12
+# (debootstrap --variant=minbase) lacks: the toolchain and libraries; fuse3 (fusermount3);
+# procps (pgrep, used to wait for a daemon to exit); rsync (tests copy trees with it); python3
+# with numpy and torch (test helpers, views checks, the demo job).  tests/integration/lib.sh
+# checks for each command it calls and names the one that is missing.
 PKGS=(build-essential autoconf automake libtool pkg-config
       libfuse3-dev fuse3 librocksdb-dev libzstd-dev libxxhash-dev libjansson-dev check
-      python3-numpy python3-torch rsync)
+      procps rsync python3 python3-numpy python3-torch)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -19,12 +24,21 @@ if [ ${#missing[@]} -gt 0 ]; then
 		exit 1
 	fi
 	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+	# apt's progress and debconf notices go to a log, shown only when apt fails.
+	log=$(mktemp "${TMPDIR:-/tmp}/ckptfs-setup.XXXXXX")
+	if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } \
+		>"$log" 2>&1; then
+		cat "$log" >&2
+		echo "setup: apt-get failed (log above, kept in $log)" >&2
+		exit 1
+	fi
+	rm -f "$log"
 fi
 
 if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt configure ]; then
-	autoreconf -fi >/dev/null
+	# automake reports each auxiliary file it copies into build-aux/ ("installing ...") on
+	# stderr; those are progress notes, so only they are dropped.
+	autoreconf -fi 2>&1 >/dev/null | sed "/^[^ ]*: installing 'build-aux\//d" >&2
 fi
 if [ ! -f Makefile ] || [ configure -nt Makefile ]; then
 	./configure --enable-werror >/dev/null

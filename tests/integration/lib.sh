@@ -531,9 +531,39 @@ finish() {
 	exit 0
 }
 
-# require the binaries (missing binaries are a failure, not a skip)
+# need CMD...: stop the test when a command it calls is not installed, naming the command and its
+# Debian package (tools/setup.sh installs them all). Without this a missing tool surfaces later as
+# a misleading symptom: with no pgrep, daemon_pids finds no daemon, stop_daemon does not wait for
+# it, and the next ckpt command reports "store is in use". A missing tool is a failure, not a skip.
+need() {
+	local c pkg
+	for c in "$@"; do
+		command -v "$c" >/dev/null 2>&1 && continue
+		case $c in
+		pgrep | pkill | ps) pkg=procps ;;
+		fusermount3) pkg=fuse3 ;;
+		findmnt | mountpoint) pkg=util-linux ;;
+		umount) pkg=mount ;;
+		cmp | diff) pkg=diffutils ;;
+		*) pkg=$c ;;
+		esac
+		bail "required command '$c' is not installed (Debian package $pkg; tools/setup.sh installs it)"
+	done
+}
+
+# need_py MODULE...: the same for a python module the test's python code imports
+need_py() {
+	local m
+	for m in "$@"; do
+		"$PY" -c "import $m" >/dev/null 2>&1 ||
+			bail "python module '$m' cannot be imported by $PY (Debian package python3-$m; tools/setup.sh installs it)"
+	done
+}
+
+# require the binaries and the tools every test uses (missing ones are a failure, not a skip)
 for _b in "$CKPTFS" "$CKPT"; do
 	[ -x "$_b" ] || bail "$_b is missing or not executable (set CKPTFS / CKPT)"
 done
-[ -x "$PY" ] || bail "python interpreter $PY not found"
+[ -x "$PY" ] || bail "python interpreter $PY not found (Debian package python3; tools/setup.sh installs it)"
 unset _b
+need pgrep findmnt mountpoint fusermount3 umount timeout sha256sum truncate dd awk sed cmp diff

@@ -6,6 +6,7 @@
 # passes fsck and finishes the work.
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need_py numpy
 
 # bf16-like data (compressible with a byte shuffle), as a safetensors file
 cat >"$WORK/gen.py" <<'PY'
@@ -39,8 +40,8 @@ wait_field() { # STORE KEY VALUE TIMEOUT_S
 	return 1
 }
 
-/usr/bin/python3 "$WORK/gen.py" "$WORK/a.safetensors" 1 32
-/usr/bin/python3 "$WORK/gen.py" "$WORK/b.safetensors" 2 32
+"$PY" "$WORK/gen.py" "$WORK/a.safetensors" 1 32
+"$PY" "$WORK/gen.py" "$WORK/b.safetensors" 2 32
 
 start_daemon || bail "mount $STORE"
 cp "$WORK/a.safetensors" "$MNT/a.safetensors"
@@ -72,9 +73,9 @@ assert_cmp "$WORK/a.safetensors" "$MNT/a.safetensors" "a.safetensors exact after
 
 # kill -9 while the background work runs, twice, then let it finish
 for round in 1 2; do
-	/usr/bin/python3 "$WORK/gen.py" "$WORK/c$round.safetensors" $((10 + round)) 32
+	"$PY" "$WORK/gen.py" "$WORK/c$round.safetensors" $((10 + round)) 32
 	cp "$WORK/c$round.safetensors" "$MNT/c$round.safetensors"
-	python3 -c "import os; fd = os.open('$MNT/c$round.safetensors', os.O_RDONLY); os.fsync(fd)"
+	"$PY" -c "import os; fd = os.open('$MNT/c$round.safetensors', os.O_RDONLY); os.fsync(fd)"
 	sleep 0.3 # writes paused: background compression starts
 	kill9_daemon || bail "kill -9 (round $round)"
 	"$CKPT" fsck "$STORE" >"$WORK/fsck$round.out" 2>&1

@@ -3,6 +3,7 @@
 # remounting with other options (compress, cache_size, log_level); foreground mode (-f, -d).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need rsync
 
 manifest() {
 	(cd "$1" && "$PY" "$LIB_DIR/helpers.py" manifest .)

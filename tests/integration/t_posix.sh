@@ -3,6 +3,8 @@
 # numpy, torch). Every result is compared with the same operations done on the local disk.
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need rsync
+need_py numpy torch
 
 start_daemon || bail "mount $STORE on $MNT"
 M=$MNT
@@ -552,8 +554,7 @@ tap(np.array_equal(mm, arrs["f32"]), "numpy load with mmap_mode='r'")
 del mm
 EOF
 
-if "$PY" -c 'import torch' >/dev/null 2>&1; then
-	py_checks "torch save/load" "$M" <<'EOF'
+py_checks "torch save/load" "$M" <<'EOF'
 import os, sys
 import torch
 from helpers import tap
@@ -572,9 +573,6 @@ torch.save(sd, p + ".tmp")
 os.replace(p + ".tmp", p)
 tap(torch.equal(torch.load(p)["emb.weight"], sd["emb.weight"]), "torch.save to tmp + os.replace")
 EOF
-else
-	note "torch is not importable by $PY: skipping the torch.save/load sub-check"
-fi
 
 # ---------------------------------------------------------------- 20 MiB random round trip
 rand_file "$WORK/big" $((20 * MiB))

@@ -11,6 +11,7 @@
 # (default: all nine).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need_py numpy
 
 VL=$LIB_DIR/views_lib.py
 SAVED=${VIEWS_SAVED:-"1,1 1,2 1,3 2,1 2,2 2,3 4,1 4,2 4,3"}

@@ -7,6 +7,7 @@
 # ckptfs version or invalid ckptfs metadata are not reshardable and do not break other groups.
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need_py numpy
 
 VL=$LIB_DIR/views_lib.py
 LAYOUTS=tp1_pp1,tp2_pp2,tp4_pp1,tp3_pp2,tp2_pp4,tp8_pp1
