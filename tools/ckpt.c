@@ -9,11 +9,20 @@
  *   ckpt check STORE PATH           can every view of PATH be served?
  *   ckpt export STORE PATH --layout tpT_ppP OUTDIR
  *                                   write the tpT_ppP view of PATH into OUTDIR
+ *   ckpt help [COMMAND], ckpt COMMAND --help, ckpt --version
+ *
+ * The commands are a table (commands[] below): each entry's synopsis and
+ * description are its help text, and its argument counts and options drive
+ * one parser, so every command answers -h/--help and reports a wrong
+ * argument with its own usage.
  *
  * Exit status: 0 success, 1 damage found / operation failed, 2 usage error.
  */
+#include "config.h"
+
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,25 +36,6 @@
 #include "store/store.h"
 #include "base/util.h"
 #include "views/view.h"
-
-static void usage(FILE *f)
-{
-	fprintf(f, "usage: ckpt COMMAND STORE\n"
-		   "\n"
-		   "commands:\n"
-		   "  stat STORE   files, logical and stored bytes, dedup and compression ratios\n"
-		   "  fsck STORE   read and verify every chunk and reference (store unmounted)\n"
-		   "  gc STORE     reclaim space of unreferenced chunks (store unmounted)\n"
-		   "  ls STORE [PATH]\n"
-		   "               checkpoint directories with their groups, tensor counts and\n"
-		   "               the layout they were saved in (works while mounted)\n"
-		   "  check STORE PATH [--tp-rules FILE]\n"
-		   "               report tensors of PATH that no view can serve (missing or\n"
-		   "               inconsistent pieces); exit 1 if any\n"
-		   "  export STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE]\n"
-		   "               write the tpT_ppP view of PATH (and its subdirectories) into\n"
-		   "               the directory OUTDIR (store unmounted)\n");
-}
 
 static double ratio(uint64_t a, uint64_t b)
 {
@@ -460,20 +450,14 @@ static int export_dir(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	return bad;
 }
 
-static int cmd_export(const char *store, const char *path, const char *layout, const char *out,
-		      const char *rules_path)
+static int cmd_export(const char *store, const char *path, const struct ckpt_layout *l,
+		      const char *layout, const char *out, const char *rules_path)
 {
 	ckpt_tp_rules *rules = NULL;
-	struct ckpt_layout l;
 	struct ckpt_inode in;
 	ckpt_store *s = NULL;
 	int r, ret = 1;
 
-	if (ckpt_layout_parse(layout, &l) < 0) {
-		fprintf(stderr, "ckpt: invalid layout '%s' (expected tpT_ppP, e.g. tp4_pp2)\n",
-			layout);
-		return 2;
-	}
 	if (load_rules(rules_path, &rules) < 0)
 		return 1;
 	if (open_store(store, CKPT_STORE_RO, &s) < 0)
@@ -485,7 +469,7 @@ static int cmd_export(const char *store, const char *path, const char *layout, c
 		fprintf(stderr, "ckpt: %s: %s: %s\n", store, path, strerror(-r));
 		goto out;
 	}
-	ret = export_dir(s, in.ino, &l, rules, path, out);
+	ret = export_dir(s, in.ino, l, rules, path, out);
 	if (ret == 0)
 		printf("exported %s as %s into %s\n", path, layout, out);
 out:
@@ -496,51 +480,272 @@ out:
 	return ret;
 }
 
+/* ------------------------------------------------------------ command line */
+
+enum { OPT_LAYOUT = 1u << 0, OPT_TP_RULES = 1u << 1 };
+
+/* One command's arguments after parsing: positionals in order, options by name. */
+struct args {
+	const char *pos[3];
+	int npos;
+	const char *layout;
+	const char *tp_rules;
+};
+
+struct command {
+	const char *name;
+	const char *synopsis; /* the arguments, after "ckpt NAME " */
+	const char *pos_names[3]; /* the positionals, for "missing PATH" */
+	const char *summary;  /* one line for the list of commands */
+	const char *help;     /* what it does; lines of at most 78 columns */
+	int min_pos, max_pos; /* positional arguments (max_pos <= 3) */
+	unsigned opts;	      /* OPT_* it accepts */
+	unsigned required;    /* OPT_* it needs */
+	int (*run)(const struct command *c, const struct args *a);
+};
+
+static int usage_error(const struct command *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static int run_stat(const struct command *c, const struct args *a)
+{
+	return cmd_stat(a->pos[0]);
+}
+
+static int run_fsck(const struct command *c, const struct args *a)
+{
+	return cmd_fsck(a->pos[0]);
+}
+
+static int run_gc(const struct command *c, const struct args *a)
+{
+	return cmd_gc(a->pos[0]);
+}
+
+static int run_ls(const struct command *c, const struct args *a)
+{
+	return cmd_ls(a->pos[0], a->npos > 1 ? a->pos[1] : "/");
+}
+
+static int run_check(const struct command *c, const struct args *a)
+{
+	return cmd_check(a->pos[0], a->pos[1], a->tp_rules);
+}
+
+static int run_export(const struct command *c, const struct args *a)
+{
+	struct ckpt_layout l;
+
+	if (ckpt_layout_parse(a->layout, &l) < 0)
+		return usage_error(c, "invalid layout '%s' (expected tpT_ppP, e.g. tp4_pp2)",
+				   a->layout);
+	return cmd_export(a->pos[0], a->pos[1], &l, a->layout, a->pos[2], a->tp_rules);
+}
+
+#define TP_RULES_HELP                                                              \
+	"  --tp-rules FILE   extra tensor-parallel rules, one 'REGEX DIM' per line, for\n" \
+	"                    tensors whose split is neither stated nor inferable\n"      \
+	"                    (docs/views.md)\n"
+
+static const struct command commands[] = {
+	{ "stat", "STORE", { "STORE" },
+	  "files, logical and stored bytes, dedup and compression ratios",
+	  "Print the store's files, logical and stored bytes, dedup and compression\n"
+	  "ratios.  Works while the store is mounted.\n",
+	  1, 1, 0, 0, run_stat },
+	{ "fsck", "STORE", { "STORE" },
+	  "verify every chunk and reference (store unmounted)",
+	  "Read and verify every chunk and reference; name each damaged file.  The\n"
+	  "store must be unmounted.  Exit status 1 if anything is damaged.\n",
+	  1, 1, 0, 0, run_fsck },
+	{ "gc", "STORE", { "STORE" },
+	  "reclaim the space of unreferenced chunks (store unmounted)",
+	  "Reclaim the space of unreferenced chunks (deleted or overwritten data).\n"
+	  "The store must be unmounted.  Safe to run again after a failure.\n",
+	  1, 1, 0, 0, run_gc },
+	{ "ls", "STORE [PATH]", { "STORE", "PATH" },
+	  "checkpoint directories, their groups and saved layouts",
+	  "List the checkpoint directories under PATH (default /) with their groups,\n"
+	  "tensor counts and the layout they were saved in.  Works while mounted.\n",
+	  1, 2, 0, 0, run_ls },
+	{ "check", "STORE PATH [--tp-rules FILE]", { "STORE", "PATH" },
+	  "can every resharded view of PATH be served?",
+	  "Report the tensors of the files directly in PATH that no resharded view can\n"
+	  "serve (missing or inconsistent pieces).  Works while mounted.  Exit status 1\n"
+	  "if there are any.\n"
+	  "\n" TP_RULES_HELP,
+	  2, 2, OPT_TP_RULES, 0, run_check },
+	{ "export", "STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE]",
+	  { "STORE", "PATH", "OUTDIR" },
+	  "write the tpT_ppP view of PATH as plain files (store unmounted)",
+	  "Write the tpT_ppP view of PATH (and of its subdirectories) as plain files\n"
+	  "into the directory OUTDIR.  The store must be unmounted.\n"
+	  "\n"
+	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP,
+	  3, 3, OPT_LAYOUT | OPT_TP_RULES, OPT_LAYOUT, run_export },
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const struct command *find_command(const char *name)
+{
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		if (!strcmp(commands[i].name, name))
+			return &commands[i];
+	return NULL;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: ckpt COMMAND ARGS...\n"
+		   "       ckpt help [COMMAND] | ckpt COMMAND --help | ckpt --version\n"
+		   "\n"
+		   "commands:\n");
+	for (size_t i = 0; i < NCOMMANDS; i++)
+		fprintf(f, "  %s %s\n      %s\n", commands[i].name, commands[i].synopsis,
+			commands[i].summary);
+	fprintf(f, "\n'ckpt help COMMAND' describes one command.  Exit status: 0 success, "
+		   "1 failure\nor damage found, 2 usage error.\n");
+}
+
+static void command_usage(const struct command *c, FILE *f)
+{
+	fprintf(f, "usage: ckpt %s %s\n", c->name, c->synopsis);
+}
+
+static void command_help(const struct command *c)
+{
+	command_usage(c, stdout);
+	printf("\n%s", c->help);
+}
+
+static int usage_error(const struct command *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "ckpt %s: ", c->name);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	command_usage(c, stderr);
+	return 2;
+}
+
+static int is_help(const char *arg)
+{
+	return !strcmp(arg, "-h") || !strcmp(arg, "--help");
+}
+
+/* The value of option name at argv[*i] ("--name VALUE" or "--name=VALUE"), or
+ * NULL when argv[*i] is not that option.  *missing is set when it is, but
+ * without a value. */
+static const char *option_value(int argc, char **argv, int *i, const char *name, int *missing)
+{
+	size_t n = strlen(name);
+
+	if (strncmp(argv[*i], name, n))
+		return NULL;
+	if (argv[*i][n] == '=')
+		return argv[*i] + n + 1;
+	if (argv[*i][n] != '\0')
+		return NULL;
+	if (*i + 1 >= argc) {
+		*missing = 1;
+		return NULL;
+	}
+	return argv[++*i];
+}
+
+/* Parse argv[0..argc) (the arguments after the command name) into a and run
+ * the command.  -h/--help anywhere before "--" prints the help instead. */
+static int run_command(const struct command *c, int argc, char **argv)
+{
+	struct args a = { .npos = 0 };
+	int only_pos = 0;
+
+	for (int i = 0; i < argc; i++)
+		if (!strcmp(argv[i], "--"))
+			break;
+		else if (is_help(argv[i])) {
+			command_help(c);
+			return 0;
+		}
+	for (int i = 0; i < argc; i++) {
+		const char *arg = argv[i], *v;
+		int missing = 0;
+
+		if (!only_pos && !strcmp(arg, "--")) {
+			only_pos = 1;
+			continue;
+		}
+		if (!only_pos && arg[0] == '-' && arg[1] != '\0') {
+			if ((c->opts & OPT_LAYOUT) &&
+			    ((v = option_value(argc, argv, &i, "--layout", &missing)) || missing)) {
+				if (missing)
+					return usage_error(c, "option '--layout' needs a value");
+				a.layout = v;
+			} else if ((c->opts & OPT_TP_RULES) &&
+				   ((v = option_value(argc, argv, &i, "--tp-rules", &missing)) ||
+				    missing)) {
+				if (missing)
+					return usage_error(c, "option '--tp-rules' needs a value");
+				a.tp_rules = v;
+			} else {
+				return usage_error(c, "unknown option '%s'", arg);
+			}
+			continue;
+		}
+		if (a.npos >= c->max_pos)
+			return usage_error(c, "unexpected argument '%s'", arg);
+		a.pos[a.npos++] = arg;
+	}
+	if (a.npos < c->min_pos)
+		return usage_error(c, "missing %s", c->pos_names[a.npos]);
+	if ((c->required & OPT_LAYOUT) && !a.layout)
+		return usage_error(c, "option '--layout' is required");
+	return c->run(c, &a);
+}
+
 int main(int argc, char **argv)
 {
-	if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+	const struct command *c;
+
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (is_help(argv[1])) {
 		usage(stdout);
 		return 0;
 	}
-	ckpt_log_set_level(CKPT_LOG_ERR);
-	if (argc >= 3 && !strcmp(argv[1], "ls")) {
-		if (argc > 4) {
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+		printf("ckpt (%s) %s\n", PACKAGE_NAME, PACKAGE_VERSION);
+		return 0;
+	}
+	if (!strcmp(argv[1], "help")) {
+		if (argc == 2) {
+			usage(stdout);
+			return 0;
+		}
+		c = argc == 3 ? find_command(argv[2]) : NULL;
+		if (!c) {
+			if (argc == 3)
+				fprintf(stderr, "ckpt help: unknown command '%s'\n", argv[2]);
+			else
+				fprintf(stderr, "ckpt help: expected one COMMAND\n");
 			usage(stderr);
 			return 2;
 		}
-		return cmd_ls(argv[2], argc == 4 ? argv[3] : "/");
+		command_help(c);
+		return 0;
 	}
-	if (argc >= 4 && (!strcmp(argv[1], "check") || !strcmp(argv[1], "export"))) {
-		const char *layout = NULL, *rules = NULL, *pos[4] = { 0 };
-		int npos = 0;
-		for (int i = 2; i < argc; i++) {
-			if (!strcmp(argv[i], "--layout") && i + 1 < argc)
-				layout = argv[++i];
-			else if (!strcmp(argv[i], "--tp-rules") && i + 1 < argc)
-				rules = argv[++i];
-			else if (npos < 4)
-				pos[npos++] = argv[i];
-			else
-				npos = 5;
-		}
-		if (!strcmp(argv[1], "check") && npos == 2 && !layout)
-			return cmd_check(pos[0], pos[1], rules);
-		if (!strcmp(argv[1], "export") && npos == 3 && layout)
-			return cmd_export(pos[0], pos[1], layout, pos[2], rules);
+	c = find_command(argv[1]);
+	if (!c) {
+		fprintf(stderr, "ckpt: unknown command '%s'\n", argv[1]);
 		usage(stderr);
 		return 2;
 	}
-	if (argc != 3) {
-		usage(stderr);
-		return 2;
-	}
-	if (!strcmp(argv[1], "stat"))
-		return cmd_stat(argv[2]);
-	if (!strcmp(argv[1], "fsck"))
-		return cmd_fsck(argv[2]);
-	if (!strcmp(argv[1], "gc"))
-		return cmd_gc(argv[2]);
-	fprintf(stderr, "ckpt: unknown command '%s'\n", argv[1]);
-	usage(stderr);
-	return 2;
+	ckpt_log_set_level(CKPT_LOG_ERR);
+	return run_command(c, argc - 2, argv + 2);
 }
