@@ -6,41 +6,28 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/mman.h>
-#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
 static enum ckpt_log_level log_level = CKPT_LOG_WARN;
-static int log_syslog;
 
 void ckpt_log_set_level(enum ckpt_log_level level)
 {
 	log_level = level;
 }
 
-void ckpt_log_use_syslog(const char *ident)
-{
-	openlog(ident, LOG_PID, LOG_DAEMON);
-	log_syslog = 1;
-}
-
 void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 {
 	static const char *const names[] = { "error", "warning", "info", "debug" };
-	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
+	char buf[2048];
 	va_list ap;
 
 	if (level > log_level)
 		return;
 	va_start(ap, fmt);
-	if (log_syslog) {
-		vsyslog(prio[level], fmt, ap);
-	} else {
-		char buf[2048];
-		vsnprintf(buf, sizeof(buf), fmt, ap);
-		fprintf(stderr, "ckptfs: %s: %s\n", names[level], buf);
-	}
+	vsnprintf(buf, sizeof(buf), fmt, ap);
 	va_end(ap);
+	fprintf(stderr, "ckptfs: %s: %s\n", names[level], buf);
 }
 
 void ckpt_str_one_line(char *s)
@@ -48,6 +35,23 @@ void ckpt_str_one_line(char *s)
 	for (; *s; s++)
 		if ((unsigned char)*s < 0x20 || *s == 0x7f)
 			*s = '?';
+}
+
+void ckpt_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
+{
+	if (!err || errlen == 0)
+		return;
+	vsnprintf(err, errlen, fmt, ap);
+	ckpt_str_one_line(err);
+}
+
+void ckpt_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	ckpt_verrf(err, errlen, fmt, ap);
+	va_end(ap);
 }
 
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off)

@@ -11,6 +11,7 @@
 #define CKPT_UTIL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -86,10 +87,9 @@ enum ckpt_log_level {
 	CKPT_LOG_DEBUG = 3,
 };
 
-/* Messages at or below this level are written to stderr (or syslog once
- * ckpt_log_use_syslog() was called).  Default: CKPT_LOG_WARN. */
+/* Messages at or below this level are written to stderr (a detached daemon's
+ * stderr is its log file).  Default: CKPT_LOG_WARN. */
 void ckpt_log_set_level(enum ckpt_log_level level);
-void ckpt_log_use_syslog(const char *ident);
 void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
@@ -102,6 +102,15 @@ void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
  * message that quotes names from files: control characters (below 0x20,
  * and DEL) become '?'; other bytes, UTF-8 included, stay. */
 void ckpt_str_one_line(char *s);
+
+/* Format an error message into err (errlen bytes, truncated to fit) and make
+ * it one printable line with ckpt_str_one_line: the one formatter behind the
+ * err/errlen messages that core/ functions hand to their callers.  err NULL
+ * or errlen 0: nothing is written. */
+void ckpt_errf(char *err, size_t errlen, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+void ckpt_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
+	__attribute__((format(printf, 3, 0)));
 
 /* pread/pwrite loops that retry on EINTR and short transfers.
  * Return 0 on success, -errno on failure; pread_full returns -EIO when the

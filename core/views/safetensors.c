@@ -104,12 +104,9 @@ static void st_seterr(struct st_err *e, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (!e->buf || e->len == 0)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(e->buf, e->len, fmt, ap);
+	ckpt_verrf(e->buf, e->len, fmt, ap);
 	va_end(ap);
-	ckpt_str_one_line(e->buf);
 }
 
 /* "[3, 4]"; at most ST_SHAPE_FMT_DIMS dims, then ", ...". */

@@ -50,12 +50,9 @@ static void sm_seterr(struct sm_err *e, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (!e->buf || e->len == 0)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(e->buf, e->len, fmt, ap);
+	ckpt_verrf(e->buf, e->len, fmt, ap);
 	va_end(ap);
-	ckpt_str_one_line(e->buf);
 }
 
 /* Reason prefixed with "ckptfs metadata: tensor 'NAME': FIELD: ". */

@@ -346,10 +346,8 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
-	if (!err || !errlen)
-		return;
 	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
+	ckpt_verrf(err, errlen, fmt, ap);
 	va_end(ap);
 }
 
