@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_view.c - unit tests for core/view.c: resharded views (tpT_ppP) of
+ * check_view.c - unit tests for core/views/view.h: resharded views (tpT_ppP) of
  * the safetensors files of a store directory.
  *
  * Every test gets a fresh store under a mkdtemp directory in /tmp (checked

@@ -21,7 +21,6 @@
 #include <string.h>
 
 #define ST_METADATA_KEY "__metadata__"
-#define ST_SHAPE_FMT_DIMS 8	/* dims printed in error messages */
 
 struct st_meta {
 	const char *key;
@@ -99,18 +98,9 @@ struct st_err {
 	size_t len;
 };
 
-__attribute__((format(printf, 2, 3)))
-static void st_seterr(struct st_err *e, const char *fmt, ...)
-{
-	va_list ap;
+#define st_seterr(e, ...) ckpt_errf((e)->buf, (e)->len, __VA_ARGS__)
 
-	va_start(ap, fmt);
-	ckpt_verrf(e->buf, e->len, fmt, ap);
-	va_end(ap);
-}
-
-/* "[3, 4]"; at most ST_SHAPE_FMT_DIMS dims, then ", ...". */
-static void st_fmt_shape(char *buf, size_t len, const uint64_t *shape, unsigned ndim)
+void ckpt_st_fmt_shape(char *buf, size_t len, const uint64_t *shape, unsigned ndim)
 {
 	size_t pos = 0;
 	int w;
@@ -120,7 +110,7 @@ static void st_fmt_shape(char *buf, size_t len, const uint64_t *shape, unsigned 
 		pos += (size_t)w;
 		if (pos >= len)
 			return;
-		if (i == ST_SHAPE_FMT_DIMS) {
+		if (i == CKPT_ST_SHAPE_FMT_DIMS) {
 			w = snprintf(buf + pos, len - pos, ", ...");
 			break;
 		}
@@ -194,9 +184,9 @@ static size_t st_utf8_check(const uint8_t *s, size_t n)
 /* ---- parsing ------------------------------------------------------------ */
 
 /*
- * jansson parses the whole header (see st_scan()).  On this 2-core machine a
- * 20,000-tensor header costs ~100 ms, most of it jansson's node allocation;
- * callers that open such files often should cache the parsed header.
+ * jansson parses the whole header (see st_scan()); for a header of many
+ * tensors most of the cost is jansson's node allocation, so callers that
+ * open such files often should cache the parsed header.
  */
 
 #define ST_JSON_FLAGS (JSON_DECODE_ANY | JSON_DISABLE_EOF_CHECK | JSON_REJECT_DUPLICATES)
@@ -591,7 +581,7 @@ static void st_shape_err(struct st_err *e, const struct ckpt_st_tensor *t, const
 
 	if (!e->buf || e->len == 0)
 		return;
-	st_fmt_shape(sh, sizeof(sh), t->shape, t->ndim);
+	ckpt_st_fmt_shape(sh, sizeof(sh), t->shape, t->ndim);
 	st_seterr(e, "tensor '%s': shape %s of %s %s", t->name, sh, ckpt_dtype_name(t->dtype),
 		  what);
 }
@@ -827,9 +817,9 @@ int ckpt_st_metadata_at(const ckpt_st_header *h, size_t i, const char **ret_key,
 
 /*
  * The header is emitted directly (only escaping is needed; every emitted
- * value is a string or an integer); a jansson tree for 20,000 tensors costs
- * ~90 ms to build and dump versus a few ms here.  The output is checked by
- * the tests through ckpt_st_parse(), i.e. by jansson.
+ * value is a string or an integer), which avoids building and dumping a
+ * jansson tree of every tensor.  The output is checked by the tests through
+ * ckpt_st_parse(), i.e. by jansson.
  */
 
 struct st_sb {
@@ -919,8 +909,8 @@ static void st_sb_jstr(struct st_sb *sb, const char *s)
 	size_t need = 2;
 	char *o;
 
-	/* exact size first (a 2 MB ckptfs metadata string escapes ~250,000
-	 * quotes), then one tight loop */
+	/* exact size first (a ckptfs metadata string is JSON: it escapes a
+	 * quote every few bytes), then one tight loop */
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++)
 		need += *p >= 0x20 && *p != '"' && *p != '\\' ? 1 : st_short_escape(*p) ? 2 : 6;
 	if (!st_sb_reserve(sb, need))
@@ -1027,8 +1017,8 @@ int ckpt_st_serialize(const struct ckpt_st_tensor_spec *tensors, size_t ntensors
 		return r;
 
 	{
-		/* room for the usual case up front: growing a multi-MiB header
-		 * by doubling copies it and faults in fresh pages each time */
+		/* room for the usual case up front: growing a large header by
+		 * doubling copies it and faults in fresh pages each time */
 		size_t est = 64;
 		for (size_t i = 0; i < nmeta; i++)
 			est += strlen(meta_keys[i]) + strlen(meta_values[i]) * 5 / 4 + 8;

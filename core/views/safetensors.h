@@ -88,6 +88,11 @@ enum ckpt_dtype {
  * valid dtype.  Returns a static string. */
 const char *ckpt_dtype_name(enum ckpt_dtype dt);
 
+/* A shape (or multi-index) for an error message: "[3, 4]", truncated to
+ * len; past CKPT_ST_SHAPE_FMT_DIMS dims, ", ..." stands for the rest. */
+#define CKPT_ST_SHAPE_FMT_DIMS 8
+void ckpt_st_fmt_shape(char *buf, size_t len, const uint64_t *shape, unsigned ndim);
+
 /* Look up a dtype by its exact (case-sensitive) name.
  * Returns 0 and sets *ret_dt, or -EINVAL if name is NULL or unknown. */
 int ckpt_dtype_from_name(const char *name, enum ckpt_dtype *ret_dt);
@@ -126,8 +131,7 @@ int ckpt_st_header_len(const uint8_t prefix[8], uint64_t *ret_n);
  * *ret_header is set to NULL and, if errbuf != NULL and errlen > 0, a
  * one-line NUL-terminated reason (truncated to errlen; control characters,
  * e.g. from tensor names, replaced by '?') is written to errbuf.
- * Cost: O(n + T log T) for T tensors; ~30-45 ms for 20,000 tensors (1.8 MB)
- * on the 2-vCPU development VM.
+ * Cost: O(n + T log T) for T tensors.
  */
 int ckpt_st_parse(const uint8_t *json, size_t n, ckpt_st_header **ret_header,
 		  char *errbuf, size_t errlen);

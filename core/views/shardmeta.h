@@ -149,7 +149,7 @@ int ckpt_shardmeta_serialize(const char *group, bool has_num_layers, uint64_t nu
  * name; get is called once per entry, in order.  The metadata it returns
  * need only live until the next call, the name until this function
  * returns.  Saves the caller an array of metadata when it computes them
- * (view headers of 20,000 tensors).
+ * (the header of a view file of many tensors).
  */
 typedef const struct ckpt_tensor_meta *(*ckpt_shardmeta_get_fn)(void *ud, size_t i,
 								 const char **ret_name,

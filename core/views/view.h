@@ -19,11 +19,6 @@
  * decompress only the chunks that cover the requested bytes (through the
  * store's chunk cache).
  *
- * Snapshot semantics: a view holds the extent lists of its sources as they
- * were at build time, and an open file holds a reference on its view, so it
- * keeps serving the same bytes whatever happens to the sources (chunks are
- * only removed by `ckpt gc`, which needs the store unmounted).
- *
  * Parses of sources are cached in memory and persisted in the index ('P'
  * keys), checked against the chunks holding each file's header, so the
  * first view after a mount does not parse JSON again.
@@ -32,9 +27,10 @@
  * version are not reshardable: they are not consumed by the view and appear
  * in it as ordinary files (ckpt_view_is_source() is false for them).
  *
- * Thread-safety: a built view changes only by planning files on first use
- * (under its own lock); ckpt_view_ref/unref are atomic;
- * a vfile may be read from several threads at once.
+ * Ownership, snapshot semantics, thread-safety and errors: views.h (a
+ * built view changes only by planning files on first use, under its own
+ * lock; ckpt_view_ref/unref are atomic; a vfile may be read from several
+ * threads at once).
  */
 #ifndef CKPT_VIEW_H
 #define CKPT_VIEW_H

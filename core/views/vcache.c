@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * vcache.c - the reference-counted caches of parsed sources and view
+ * models (see vcache.h).
+ */
+#include "views/vcache.h"
+
+void vcache_unref(struct vcache *c, struct vcache_node *n)
+{
+	struct vcache_node **pp;
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&c->lock);
+	if (--n->refs > 0) {
+		pthread_mutex_unlock(&c->lock);
+		return;
+	}
+	for (pp = &c->head; *pp && *pp != n; pp = &(*pp)->next)
+		;
+	if (*pp)
+		*pp = n->next;
+	pthread_mutex_unlock(&c->lock);
+	c->destroy(n);
+}
+
+/* Drop the cache's hold on one kept entry that pred selects (idx: its
+ * position in the list).  Returns false when there is none. */
+static bool release_one(struct vcache *c,
+			bool (*pred)(const struct vcache_node *n, size_t idx, const void *arg),
+			const void *arg)
+{
+	struct vcache_node *n;
+	size_t k = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (n = c->head; n; n = n->next, k++)
+		if (n->kept && pred(n, k, arg))
+			break;
+	if (n)
+		n->kept = false;
+	pthread_mutex_unlock(&c->lock);
+	if (!n)
+		return false;
+	vcache_unref(c, n);
+	return true;
+}
+
+static bool past_keep(const struct vcache_node *n, size_t idx, const void *arg)
+{
+	(void)n;
+	return idx >= *(const size_t *)arg;
+}
+
+static bool of_store(const struct vcache_node *n, size_t idx, const void *arg)
+{
+	(void)idx;
+	return n->s == arg;
+}
+
+void vcache_insert(struct vcache *c, struct vcache_node *n, ckpt_store *s)
+{
+	n->s = s;
+	n->refs = 2;
+	n->kept = true;
+	pthread_mutex_lock(&c->lock);
+	n->next = c->head;
+	c->head = n;
+	pthread_mutex_unlock(&c->lock);
+	while (release_one(c, past_keep, &c->keep))
+		;
+}
+
+struct vcache_node *vcache_find(struct vcache *c,
+				bool (*match)(const struct vcache_node *n, const void *key),
+				const void *key)
+{
+	struct vcache_node *n;
+
+	pthread_mutex_lock(&c->lock);
+	for (n = c->head; n; n = n->next)
+		if (match(n, key))
+			break;
+	if (n)
+		n->refs++;
+	pthread_mutex_unlock(&c->lock);
+	return n;
+}
+
+void vcache_forget_store(struct vcache *c, ckpt_store *s)
+{
+	while (release_one(c, of_store, s))
+		;
+}
