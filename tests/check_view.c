@@ -1347,6 +1347,178 @@ START_TEST(test_concurrent_reads)
 END_TEST
 
 /*
+ * Directory "big": w [512, 256] F32 saved tp2 split on rows, so that a
+ * tp1 view reads it as two runs of 256 KiB, one from each source.
+ */
+struct bigfix {
+	uint64_t dir, ino[2];
+	float *w;
+};
+
+static void big_setup(struct bigfix *x)
+{
+	x->dir = mkdir_in(CKPT_ROOT_INO, "big");
+	x->w = fgen(512 * 256, 1);
+	for (unsigned r = 0; r < 2; r++) {
+		uint8_t *wp = sub2(x->w, 256, 4, 256 * r, 256 * r + 256, 0, 256);
+		struct tdef t = { "w", CKPT_DT_F32, 2, { 256, 256 }, wp };
+		char meta[256], fname[64];
+
+		snprintf(meta, sizeof(meta),
+			 "{\"version\": 1, \"tensors\": {\"w\": {\"global_shape\": [512, 256], "
+			 "\"offsets\": [%u, 0], \"tp_dim\": 0}}}",
+			 256 * r);
+		snprintf(fname, sizeof(fname), "r%u.safetensors", r);
+		x->ino[r] = put_st(x->dir, fname, meta, &t, 1);
+		free(wp);
+	}
+}
+
+static ckpt_vfile *open_file(ckpt_view *v, const char *fname)
+{
+	int i = ckpt_view_find(v, fname);
+	ckpt_vfile *f = NULL;
+	char err[512] = "";
+
+	ck_assert_int_ge(i, 0);
+	ck_assert_msg(ckpt_vfile_open(v, (size_t)i, &f, err, sizeof(err)) == 0, "%s", err);
+	return f;
+}
+
+/* A read with a gather lists the same bytes as a plain read, handing the
+ * large chunk pieces over from the cache instead of copying them. */
+START_TEST(test_read_gather)
+{
+	struct bigfix x;
+	struct vbuf vb = { 0 };
+	struct ckpt_gather g;
+	ckpt_view *v;
+	ckpt_vfile *f;
+	uint8_t *buf, *cat;
+	size_t pos = 0, zero_copy = 0;
+	ssize_t got;
+
+	big_setup(&x);
+	v = build(x.dir, 1, 1, NULL);
+	vread(v, "model.safetensors", 1 << 20, &vb);
+	f = open_file(v, "model.safetensors");
+	buf = malloc(vb.size);
+	cat = malloc(vb.size);
+	ck_assert(buf && cat);
+	ckpt_gather_init(&g);
+	/* from inside the header to the end */
+	got = ckpt_vfile_read_gather(f, buf, vb.size - 5, 5, &g);
+	ck_assert_int_eq(got, (ssize_t)(vb.size - 5));
+	ck_assert_uint_gt(g.niov, 1);
+	for (size_t i = 0; i < g.niov; i++) {
+		const uint8_t *p = g.iov[i].iov_base;
+		if (p < buf || p >= buf + vb.size)
+			zero_copy += g.iov[i].iov_len;
+		memcpy(cat + pos, p, g.iov[i].iov_len);
+		pos += g.iov[i].iov_len;
+	}
+	ck_assert_uint_eq(pos, vb.size - 5);
+	ck_assert_mem_eq(cat, vb.b + 5, pos);
+	ck_assert_uint_ge(zero_copy, CKPT_GATHER_MIN);
+	ckpt_store_gather_done(st, &g);
+	free(buf);
+	free(cat);
+	ckpt_vfile_free(f);
+	vbuf_free(&vb);
+	ckpt_view_unref(v);
+	free(x.w);
+}
+END_TEST
+
+static bool digest_in(const ckpt_digest *d, const ckpt_digest *set, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!memcmp(d->bytes, set[i].bytes, CKPT_DIGEST_LEN))
+			return true;
+	return false;
+}
+
+/* The chunks behind a range of a view file (for read-ahead): those of the
+ * source bytes it maps to, at most max. */
+START_TEST(test_vfile_chunks)
+{
+	struct bigfix x;
+	ckpt_digest src[2][32], got[64];
+	size_t nsrc[2] = { 0, 0 }, n;
+	uint64_t size, half;
+	ckpt_view *v;
+	ckpt_vfile *f;
+
+	big_setup(&x);
+	/* the data chunks of each source (extents that reach past its header) */
+	for (unsigned r = 0; r < 2; r++) {
+		struct ckpt_extent_list *l = NULL;
+		uint8_t prefix[8];
+		uint64_t hn;
+
+		ck_assert_int_eq(ckpt_store_load_extents(st, x.ino[r], &l), 0);
+		ck_assert_int_eq(ckpt_store_read_extents(st, l, prefix, 8, 0), 8);
+		ck_assert_int_eq(ckpt_st_header_len(prefix, &hn), 0);
+		for (size_t i = 0; i < l->n; i++)
+			if (l->v[i].kind == CKPT_EXT_CHUNK && l->v[i].off + l->v[i].len > 8 + hn &&
+			    !digest_in(&l->v[i].digest, src[r], nsrc[r])) {
+				ck_assert_uint_lt(nsrc[r], 32);
+				src[r][nsrc[r]++] = l->v[i].digest;
+			}
+		ckpt_extent_list_free(l);
+		ck_assert_uint_ge(nsrc[r], 1);
+	}
+	v = build(x.dir, 1, 1, NULL);
+	f = open_file(v, "model.safetensors");
+	size = ckpt_vfile_size(f);
+	half = size - 256 * 256 * 4; /* where source 1's rows start */
+	/* the whole file: every data chunk of both sources, each once */
+	n = ckpt_vfile_chunks(f, 0, size, got, 64);
+	ck_assert_uint_eq(n, nsrc[0] + nsrc[1]);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert(digest_in(&got[i], src[0], nsrc[0]) ||
+			  digest_in(&got[i], src[1], nsrc[1]));
+		ck_assert(!digest_in(&got[i], got, i));
+	}
+	/* the second half: source 1's only, all of them */
+	n = ckpt_vfile_chunks(f, half, size - half, got, 64);
+	ck_assert_uint_eq(n, nsrc[1]);
+	for (size_t i = 0; i < n; i++)
+		ck_assert(digest_in(&got[i], src[1], nsrc[1]));
+	/* at most max; nothing past the end */
+	ck_assert_uint_eq(ckpt_vfile_chunks(f, 0, size, got, 1), 1);
+	ck_assert_uint_eq(ckpt_vfile_chunks(f, size, 4096, got, 64), 0);
+	ckpt_vfile_free(f);
+	ckpt_view_unref(v);
+	free(x.w);
+}
+END_TEST
+
+/* Prefetching parses a source ahead of its first view (and persists the
+ * parse); other files and missing inodes are no-ops or errors. */
+START_TEST(test_prefetch)
+{
+	struct bigfix x;
+	uint8_t *rec = NULL;
+	size_t len = 0;
+	uint64_t cfg;
+
+	big_setup(&x);
+	cfg = put_raw(x.dir, "config.json", (const uint8_t *)"{}", 2);
+	ck_assert_int_eq(ckpt_store_parsed_get(st, x.ino[0], &rec, &len), -ENOENT);
+	ck_assert_int_eq(ckpt_view_prefetch(st, x.ino[0]), 0);
+	ck_assert_int_eq(ckpt_store_parsed_get(st, x.ino[0], &rec, &len), 0);
+	ck_assert_uint_gt(len, 0);
+	free(rec);
+	ck_assert_int_eq(ckpt_view_prefetch(st, cfg), 0);
+	ck_assert_int_eq(ckpt_store_parsed_get(st, cfg, &rec, &len), -ENOENT);
+	ck_assert_int_eq(ckpt_view_prefetch(st, x.dir), 0);
+	ck_assert_int_eq(ckpt_view_prefetch(st, 999999), -ENOENT);
+	free(x.w);
+}
+END_TEST
+
+/*
  * Saved tp2 with rank 1 absent: q (layer 0, rows split) misses rows [2, 4).
  * Files of the view that hold no missing part still open.
  */
@@ -2025,6 +2197,9 @@ static Suite *view_suite(void)
 	tcase_add_test(tp, test_fsdp_gap);
 	tcase_add_test(tp, test_tp_rules);
 	tcase_add_test(tp, test_concurrent_reads);
+	tcase_add_test(tp, test_read_gather);
+	tcase_add_test(tp, test_vfile_chunks);
+	tcase_add_test(tp, test_prefetch);
 
 	tcase_add_test(pp, test_pp_inferred_layers);
 	tcase_add_test(pp, test_pp_explicit_layers);
