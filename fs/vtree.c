@@ -2,13 +2,13 @@
 /*
  * vtree.c - virtual /tpT_ppP/ trees (see vtree.h).
  *
- * Invariants (under vt.lock):
+ * Invariants (under vt->lock):
  *  T1. Every vnode is in both hash tables (by key and by ino) and is never
- *      freed before vtree_fini(); a vino handed to the kernel stays valid.
+ *      freed before vtree_free(); a vino handed to the kernel stays valid.
  *  T2. A cache entry's view was built for (layout, dir); it is trusted
  *      while the daemon-wide change generation is what it was when the
  *      entry was last checked, else its sources' signature is recomputed.
- *      The cache holds at most vt.cache_max entries, most recently used
+ *      The cache holds at most vt->cache_max entries, most recently used
  *      first; the last one is dropped for a new one (open files keep their
  *      own reference to its view).
  *  T3. A V_FILE vnode names one version of a view file: its key includes
@@ -21,6 +21,7 @@
 #include "vtree.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -49,7 +50,7 @@ struct vnode {
 	uint64_t sig;   /* V_FILE: signature of the view version */
 	uint64_t size;  /* V_FILE: size in that version */
 	int64_t mtime_ns;
-	unsigned nopen; /* open vtree_files; protected by vt.lock */
+	unsigned nopen; /* open vtree_files; protected by vt->lock */
 	struct vnode *next_key, *next_ino;
 };
 
@@ -63,7 +64,8 @@ struct vcache {
 
 #define VT_BUCKETS 4096
 
-static struct {
+struct vtree {
+	struct tree tree; /* first: the tree ops get &tree */
 	ckpt_store *s;
 	const ckpt_tp_rules *rules;
 	pthread_mutex_t lock;
@@ -80,107 +82,125 @@ static struct {
 	size_t npf, cap_pf;
 	bool pf_stop, pf_started;
 	pthread_t pf_thread;
-} vt;
+};
 
 struct vtree_file {
-	struct vnode *n;               /* lives until vtree_fini() */
+	struct tree_file f;            /* first: the tree ops get &f */
+	struct vnode *n;               /* lives until vtree_free() */
 	ckpt_vfile *vf;                /* view file, or */
 	struct ckpt_extent_list *snap; /* passthrough file */
 };
 
-void vtree_changed(void)
+void vtree_changed(struct vtree *vt)
 {
-	pthread_mutex_lock(&vt.lock);
-	vt.gen++;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_lock(&vt->lock);
+	vt->gen++;
+	pthread_mutex_unlock(&vt->lock);
 }
 
 static void *pf_main(void *arg)
 {
-	(void)arg;
-	pthread_mutex_lock(&vt.lock);
-	while (!vt.pf_stop) {
-		if (vt.npf == 0) {
-			pthread_cond_wait(&vt.pf_cond, &vt.lock);
+	struct vtree *vt = arg;
+
+	pthread_mutex_lock(&vt->lock);
+	while (!vt->pf_stop) {
+		if (vt->npf == 0) {
+			pthread_cond_wait(&vt->pf_cond, &vt->lock);
 			continue;
 		}
 		{
-			uint64_t ino = vt.pf[--vt.npf];
-			pthread_mutex_unlock(&vt.lock);
-			ckpt_view_prefetch(vt.s, ino); /* best effort */
-			pthread_mutex_lock(&vt.lock);
+			uint64_t ino = vt->pf[--vt->npf];
+			pthread_mutex_unlock(&vt->lock);
+			ckpt_view_prefetch(vt->s, ino); /* best effort */
+			pthread_mutex_lock(&vt->lock);
 		}
 	}
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	return NULL;
 }
 
-void vtree_prefetch(uint64_t ino)
+void vtree_prefetch(struct vtree *vt, uint64_t ino)
 {
-	pthread_mutex_lock(&vt.lock);
-	for (size_t i = 0; i < vt.npf; i++)
-		if (vt.pf[i] == ino)
+	pthread_mutex_lock(&vt->lock);
+	for (size_t i = 0; i < vt->npf; i++)
+		if (vt->pf[i] == ino)
 			goto out;
-	if (vt.npf == vt.cap_pf) {
-		size_t nc = vt.cap_pf ? vt.cap_pf * 2 : 64;
-		uint64_t *v = realloc(vt.pf, nc * sizeof(*v));
+	if (vt->npf == vt->cap_pf) {
+		size_t nc = vt->cap_pf ? vt->cap_pf * 2 : 64;
+		uint64_t *v = realloc(vt->pf, nc * sizeof(*v));
 		if (!v)
 			goto out;
-		vt.pf = v;
-		vt.cap_pf = nc;
+		vt->pf = v;
+		vt->cap_pf = nc;
 	}
-	vt.pf[vt.npf++] = ino;
-	pthread_cond_signal(&vt.pf_cond);
+	vt->pf[vt->npf++] = ino;
+	pthread_cond_signal(&vt->pf_cond);
 out:
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 }
 
-int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache)
+static const struct tree_ops vtree_ops;
+
+int vtree_new(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache,
+	      struct vtree **ret)
 {
-	memset(&vt, 0, sizeof(vt));
-	vt.s = s;
-	vt.rules = rules;
-	vt.cache_max = view_cache ? view_cache : 1;
-	vt.next_vino = VTREE_INO_BASE;
-	pthread_mutex_init(&vt.lock, NULL);
-	pthread_cond_init(&vt.pf_cond, NULL);
-	if (pthread_create(&vt.pf_thread, NULL, pf_main, NULL) == 0)
-		vt.pf_started = true;
+	struct vtree *vt = calloc(1, sizeof(*vt));
+
+	if (!vt)
+		return -ENOMEM;
+	vt->tree.ops = &vtree_ops;
+	vt->s = s;
+	vt->rules = rules;
+	vt->cache_max = view_cache ? view_cache : 1;
+	vt->next_vino = VTREE_INO_BASE;
+	pthread_mutex_init(&vt->lock, NULL);
+	pthread_cond_init(&vt->pf_cond, NULL);
+	if (pthread_create(&vt->pf_thread, NULL, pf_main, vt) == 0)
+		vt->pf_started = true;
+	*ret = vt;
 	return 0;
 }
 
-void vtree_get_stats(struct vtree_stats *ret)
+struct tree *vtree_tree(struct vtree *vt)
 {
-	pthread_mutex_lock(&vt.lock);
-	ret->views = 0;
-	for (struct vcache *c = vt.cache; c; c = c->next)
-		ret->views++;
-	ret->builds = vt.builds;
-	ret->evictions = vt.evictions;
-	pthread_mutex_unlock(&vt.lock);
+	return &vt->tree;
 }
 
-void vtree_fini(void)
+void vtree_get_stats(struct vtree *vt, struct vtree_stats *ret)
 {
-	if (vt.pf_started)
-		ckpt_threads_stop(&vt.lock, &vt.pf_cond, &vt.pf_stop, &vt.pf_thread, 1);
-	free(vt.pf);
-	pthread_cond_destroy(&vt.pf_cond);
+	pthread_mutex_lock(&vt->lock);
+	ret->views = 0;
+	for (struct vcache *c = vt->cache; c; c = c->next)
+		ret->views++;
+	ret->builds = vt->builds;
+	ret->evictions = vt->evictions;
+	pthread_mutex_unlock(&vt->lock);
+}
+
+void vtree_free(struct vtree *vt)
+{
+	if (!vt)
+		return;
+	if (vt->pf_started)
+		ckpt_threads_stop(&vt->lock, &vt->pf_cond, &vt->pf_stop, &vt->pf_thread, 1);
+	free(vt->pf);
+	pthread_cond_destroy(&vt->pf_cond);
 	for (size_t i = 0; i < VT_BUCKETS; i++) {
-		struct vnode *n = vt.by_ino[i], *next;
+		struct vnode *n = vt->by_ino[i], *next;
 		for (; n; n = next) {
 			next = n->next_ino;
 			free(n->name);
 			free(n);
 		}
 	}
-	while (vt.cache) {
-		struct vcache *c = vt.cache;
-		vt.cache = c->next;
+	while (vt->cache) {
+		struct vcache *c = vt->cache;
+		vt->cache = c->next;
 		ckpt_view_unref(c->view);
 		free(c);
 	}
-	pthread_mutex_destroy(&vt.lock);
+	pthread_mutex_destroy(&vt->lock);
+	free(vt);
 }
 
 static uint64_t key_hash(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
@@ -196,14 +216,14 @@ static uint64_t key_hash(enum vkind kind, const struct ckpt_layout *l, uint64_t 
 
 /* Find or create the vnode for a key (for V_FILE: name, view version sig
  * and the size/mtime of the file in that version).  NULL only on ENOMEM. */
-static struct vnode *vnode_get_v(enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
+static struct vnode *vnode_get_v(struct vtree *vt, enum vkind kind, const struct ckpt_layout *l, uint64_t ino,
 				 const char *name, uint64_t sig, uint64_t size, int64_t mtime_ns)
 {
 	size_t b = key_hash(kind, l, ino, name, sig) % VT_BUCKETS;
 	struct vnode *n;
 
-	pthread_mutex_lock(&vt.lock);
-	for (n = vt.by_key[b]; n; n = n->next_key) {
+	pthread_mutex_lock(&vt->lock);
+	for (n = vt->by_key[b]; n; n = n->next_key) {
 		if (n->kind == kind && n->ino == ino && n->layout.tp == l->tp &&
 		    n->layout.pp == l->pp && n->sig == sig &&
 		    (!name ? !n->name : (n->name && !strcmp(n->name, name))))
@@ -223,49 +243,51 @@ static struct vnode *vnode_get_v(enum vkind kind, const struct ckpt_layout *l, u
 	n->sig = sig;
 	n->size = size;
 	n->mtime_ns = mtime_ns;
-	n->vino = vt.next_vino++;
-	n->next_key = vt.by_key[b];
-	vt.by_key[b] = n;
-	n->next_ino = vt.by_ino[n->vino % VT_BUCKETS];
-	vt.by_ino[n->vino % VT_BUCKETS] = n;
+	n->vino = vt->next_vino++;
+	n->next_key = vt->by_key[b];
+	vt->by_key[b] = n;
+	n->next_ino = vt->by_ino[n->vino % VT_BUCKETS];
+	vt->by_ino[n->vino % VT_BUCKETS] = n;
 out:
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	return n;
 }
 
-static struct vnode *vnode_get(enum vkind kind, const struct ckpt_layout *l, uint64_t ino)
+static struct vnode *vnode_get(struct vtree *vt, enum vkind kind, const struct ckpt_layout *l,
+			       uint64_t ino)
 {
-	return vnode_get_v(kind, l, ino, NULL, 0, 0, 0);
+	return vnode_get_v(vt, kind, l, ino, NULL, 0, 0, 0);
 }
 
 #define SIZE_UNKNOWN UINT64_MAX
 
 /* The vnode of view file i of v (its size is filled in on first getattr:
  * listing a view directory does not build every file's header). */
-static struct vnode *vnode_of_file(const struct ckpt_layout *l, uint64_t dir, ckpt_view *v,
+static struct vnode *vnode_of_file(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir, ckpt_view *v,
 				   size_t i)
 {
-	return vnode_get_v(V_FILE, l, dir, ckpt_view_file_name(v, i), ckpt_view_sig(v),
+	return vnode_get_v(vt, V_FILE, l, dir, ckpt_view_file_name(v, i), ckpt_view_sig(v),
 			   SIZE_UNKNOWN, ckpt_view_mtime(v));
 }
 
-static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret);
+static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
+		    ckpt_view **ret);
 
 /* Size of a V_FILE vnode's version of its file. */
-static int vfile_size(struct vnode *n, uint64_t *ret)
+static int vfile_size(struct vtree *vt, struct vnode *n, uint64_t *ret)
 {
 	ckpt_view *v;
 	uint64_t size;
 	int r, i;
 
-	pthread_mutex_lock(&vt.lock);
+	pthread_mutex_lock(&vt->lock);
 	size = n->size;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	if (size != SIZE_UNKNOWN) {
 		*ret = size;
 		return 0;
 	}
-	r = get_view(&n->layout, n->ino, &v);
+	r = get_view(vt, &n->layout, n->ino, &v);
 	if (r < 0)
 		return r;
 	i = ckpt_view_find(v, n->name);
@@ -275,23 +297,23 @@ static int vfile_size(struct vnode *n, uint64_t *ret)
 	}
 	size = ckpt_view_file_size(v, (size_t)i);
 	ckpt_view_unref(v);
-	pthread_mutex_lock(&vt.lock);
+	pthread_mutex_lock(&vt->lock);
 	n->size = size;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	*ret = size;
 	return 0;
 }
 
 /* Copy of the vnode with vino (name not copied: vnodes are immutable and
  * never freed while mounted, T1). */
-static int vnode_find(uint64_t vino, struct vnode **ret)
+static int vnode_find(struct vtree *vt, uint64_t vino, struct vnode **ret)
 {
 	struct vnode *n;
 
-	pthread_mutex_lock(&vt.lock);
-	for (n = vt.by_ino[vino % VT_BUCKETS]; n && n->vino != vino; n = n->next_ino)
+	pthread_mutex_lock(&vt->lock);
+	for (n = vt->by_ino[vino % VT_BUCKETS]; n && n->vino != vino; n = n->next_ino)
 		;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	if (!n)
 		return -ESTALE;
 	*ret = n;
@@ -299,37 +321,38 @@ static int vnode_find(uint64_t vino, struct vnode **ret)
 }
 
 /* The cache entry of (layout, dir), moved to the front, or NULL.  Caller
- * holds vt.lock. */
-static struct vcache *vcache_find_locked(const struct ckpt_layout *l, uint64_t dir)
+ * holds vt->lock. */
+static struct vcache *vcache_find_locked(struct vtree *vt, const struct ckpt_layout *l,
+					 uint64_t dir)
 {
 	struct vcache **pp, *c;
 
-	for (pp = &vt.cache; (c = *pp); pp = &c->next)
+	for (pp = &vt->cache; (c = *pp); pp = &c->next)
 		if (c->dir == dir && c->layout.tp == l->tp && c->layout.pp == l->pp)
 			break;
-	if (c && pp != &vt.cache) {
+	if (c && pp != &vt->cache) {
 		*pp = c->next;
-		c->next = vt.cache;
-		vt.cache = c;
+		c->next = vt->cache;
+		vt->cache = c;
 	}
 	return c;
 }
 
-/* Drop the least recently used entries beyond vt.cache_max; whether any
- * was.  Caller holds vt.lock. */
-static bool vcache_trim_locked(void)
+/* Drop the least recently used entries beyond vt->cache_max; whether any
+ * was.  Caller holds vt->lock. */
+static bool vcache_trim_locked(struct vtree *vt)
 {
-	struct vcache **pp = &vt.cache, *c;
+	struct vcache **pp = &vt->cache, *c;
 	bool any = false;
 	size_t i = 0;
 
-	while (*pp && ++i <= vt.cache_max)
+	while (*pp && ++i <= vt->cache_max)
 		pp = &(*pp)->next;
 	while ((c = *pp)) {
 		*pp = c->next;
 		ckpt_view_unref(c->view);
 		free(c);
-		vt.evictions++;
+		vt->evictions++;
 		any = true;
 	}
 	return any;
@@ -337,7 +360,8 @@ static bool vcache_trim_locked(void)
 
 /* The view of (layout, dir), rebuilt if its sources changed.  Returns a
  * reference. */
-static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
+static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
+		    ckpt_view **ret)
 {
 	struct vcache *c;
 	ckpt_view *v = NULL;
@@ -346,15 +370,15 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	bool cached, evicted = false;
 	int r;
 
-	pthread_mutex_lock(&vt.lock);
-	gen = vt.gen;
-	c = vcache_find_locked(l, dir);
+	pthread_mutex_lock(&vt->lock);
+	gen = vt->gen;
+	c = vcache_find_locked(vt, l, dir);
 	cached = c != NULL;
 	if (c && c->gen == gen) {
 		v = c->view;
 		ckpt_view_ref(v);
 	}
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	if (v) {
 		*ret = v;
 		return 0;
@@ -362,51 +386,51 @@ static int get_view(const struct ckpt_layout *l, uint64_t dir, ckpt_view **ret)
 	/* A cached view is revalidated by the fingerprint of its directory;
 	 * without one, the build computes that fingerprint itself. */
 	if (cached) {
-		r = ckpt_view_signature(vt.s, dir, &sig);
+		r = ckpt_view_signature(vt->s, dir, &sig);
 		if (r < 0)
 			return r;
-		pthread_mutex_lock(&vt.lock);
-		c = vcache_find_locked(l, dir);
+		pthread_mutex_lock(&vt->lock);
+		c = vcache_find_locked(vt, l, dir);
 		if (c && ckpt_view_sig(c->view) == sig) {
 			c->gen = gen;
 			v = c->view;
 			ckpt_view_ref(v);
 		}
-		pthread_mutex_unlock(&vt.lock);
+		pthread_mutex_unlock(&vt->lock);
 		if (v) {
 			*ret = v;
 			return 0;
 		}
 	}
-	r = ckpt_view_build(vt.s, dir, l, vt.rules, &v, err, sizeof(err));
+	r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
 	if (r < 0) {
 		char lname[CKPT_LAYOUT_NAME_MAX + 1];
-		char *path = ckpt_store_path_of(vt.s, dir);
+		char *path = ckpt_store_path_of(vt->s, dir);
 		ckpt_layout_name(l, lname, sizeof(lname));
 		ckpt_err("view %s of %s: %s", lname, path ? path : "?", err);
 		free(path);
 		return r;
 	}
-	pthread_mutex_lock(&vt.lock);
-	vt.builds++;
-	c = vcache_find_locked(l, dir);
+	pthread_mutex_lock(&vt->lock);
+	vt->builds++;
+	c = vcache_find_locked(vt, l, dir);
 	if (!c && (c = calloc(1, sizeof(*c)))) {
 		c->dir = dir;
 		c->layout = *l;
-		c->next = vt.cache;
-		vt.cache = c;
+		c->next = vt->cache;
+		vt->cache = c;
 	}
 	if (c) {
 		ckpt_view_unref(c->view); /* open files keep their own reference */
 		c->view = v;
 		c->gen = gen;
 		ckpt_view_ref(v);
-		evicted = vcache_trim_locked();
+		evicted = vcache_trim_locked(vt);
 	}
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	/* A dropped view's memory is spread over the heaps of the threads
-	 * that built it, which keep up to 32 MiB each (M_TRIM_THRESHOLD in
-	 * fs/ckptfs.c): give it back, or the next views grow the daemon. */
+	 * that built it, which keep what M_TRIM_THRESHOLD allows (set in
+	 * fs/main.c): give it back, or the next views grow the daemon. */
 	if (evicted)
 		malloc_trim(0);
 	*ret = v;
@@ -426,14 +450,14 @@ static void make_readonly(struct ckpt_inode *in, uint64_t vino)
 	in->mode &= ~(uint32_t)0222;
 }
 
-static int attr_of(struct vnode *n, struct ckpt_inode *ret)
+static int attr_of(struct vtree *vt, struct vnode *n, struct ckpt_inode *ret)
 {
 	int r;
 
 	switch (n->kind) {
 	case V_DIR:
 	case V_PASS:
-		r = ckpt_store_getattr(vt.s, n->ino, ret);
+		r = ckpt_store_getattr(vt->s, n->ino, ret);
 		if (r < 0)
 			return r == -ENOENT ? -ESTALE : r;
 		if (n->kind == V_DIR && !S_ISDIR(ret->mode))
@@ -441,10 +465,10 @@ static int attr_of(struct vnode *n, struct ckpt_inode *ret)
 		make_readonly(ret, n->vino);
 		return 0;
 	case V_FILE:
-		r = ckpt_store_getattr(vt.s, n->ino, ret);
+		r = ckpt_store_getattr(vt->s, n->ino, ret);
 		if (r < 0)
 			return r == -ENOENT ? -ESTALE : r;
-		r = vfile_size(n, &ret->size);
+		r = vfile_size(vt, n, &ret->size);
 		if (r < 0)
 			return r;
 		ret->ino = n->vino;
@@ -457,28 +481,51 @@ static int attr_of(struct vnode *n, struct ckpt_inode *ret)
 	return -EINVAL;
 }
 
-void vtree_timeouts(uint64_t vino, double *ret_entry, double *ret_attr)
+static struct vtree *vtree_of(struct tree *t)
 {
-	struct vnode *n;
-
-	*ret_entry = 1.0;
-	*ret_attr = 1.0;
-	if (vnode_find(vino, &n) == 0 && n->kind == V_FILE) {
-		*ret_entry = 0.0;   /* the name may map to a newer version */
-		*ret_attr = 3600.0; /* a version never changes (T3) */
-	}
+	return (struct vtree *)t;
 }
 
-int vtree_getattr(uint64_t vino, struct ckpt_inode *ret)
+static struct vtree_file *vfile_of(struct tree_file *f)
 {
-	struct vnode *n;
-	int r = vnode_find(vino, &n);
-
-	return r < 0 ? r : attr_of(n, ret);
+	return (struct vtree_file *)f;
 }
 
-int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
+/* Kernel cache timeouts (seconds) of n's entry and attributes. */
+static double entry_timeout(const struct vnode *n)
 {
+	return n->kind == V_FILE ? 0.0 : 1.0; /* the name may map to a newer version */
+}
+
+static double attr_timeout(const struct vnode *n)
+{
+	return n->kind == V_FILE ? 3600.0 : 1.0; /* a version never changes (T3) */
+}
+
+static int vt_getattr(struct tree *t, uint64_t vino, struct ckpt_inode *ret, double *ret_timeout)
+{
+	struct vtree *vt = vtree_of(t);
+	struct vnode *n;
+	int r = vnode_find(vt, vino, &n);
+
+	if (r < 0)
+		return r;
+	*ret_timeout = attr_timeout(n);
+	return attr_of(vt, n, ret);
+}
+
+/* vnodes are not counted: they live until vtree_free() (T1). */
+static void vt_forget(struct tree *t, uint64_t ino, uint64_t nlookup)
+{
+	(void)t;
+	(void)ino;
+	(void)nlookup;
+}
+
+/* In a virtual directory, or of a view root under the store root. */
+static int vt_lookup(struct tree *t, uint64_t parent, const char *name, struct tree_entry *ret)
+{
+	struct vtree *vt = vtree_of(t);
 	struct ckpt_layout l;
 	struct ckpt_inode in;
 	struct vnode *pn, *n = NULL;
@@ -489,69 +536,78 @@ int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret)
 		if (!vtree_is_view_name(parent, name))
 			return -ENOENT;
 		ckpt_layout_parse(name, &l);
-		n = vnode_get(V_DIR, &l, CKPT_ROOT_INO);
-		return n ? attr_of(n, ret) : -ENOMEM;
+		n = vnode_get(vt, V_DIR, &l, CKPT_ROOT_INO);
+		r = n ? 0 : -ENOMEM;
+		goto entry;
 	}
-	r = vnode_find(parent, &pn);
+	r = vnode_find(vt, parent, &pn);
 	if (r < 0)
 		return r;
 	if (pn->kind != V_DIR)
 		return -ENOTDIR;
-	r = get_view(&pn->layout, pn->ino, &v);
+	r = get_view(vt, &pn->layout, pn->ino, &v);
 	if (r < 0)
 		return r;
 	r = ckpt_view_find(v, name);
 	if (r >= 0) {
-		n = vnode_of_file(&pn->layout, pn->ino, v, (size_t)r);
+		n = vnode_of_file(vt, &pn->layout, pn->ino, v, (size_t)r);
 		r = n ? 0 : -ENOMEM;
 		goto out;
 	}
-	r = ckpt_store_lookup(vt.s, pn->ino, name, &in);
+	r = ckpt_store_lookup(vt->s, pn->ino, name, &in);
 	if (r < 0)
 		goto out;
 	if (S_ISDIR(in.mode)) {
-		n = vnode_get(V_DIR, &pn->layout, in.ino);
+		n = vnode_get(vt, V_DIR, &pn->layout, in.ino);
 	} else if (ckpt_view_is_source(v, in.ino)) {
 		r = -ENOENT; /* replaced by the view's files */
 		goto out;
 	} else {
-		n = vnode_get(V_PASS, &pn->layout, in.ino);
+		n = vnode_get(vt, V_PASS, &pn->layout, in.ino);
 	}
 	r = n ? 0 : -ENOMEM;
 out:
 	ckpt_view_unref(v);
-	if (r == 0)
-		r = attr_of(n, ret);
-	return r;
+entry:
+	if (r < 0)
+		return r;
+	memset(ret, 0, sizeof(*ret));
+	ret->generation = 1;
+	ret->entry_timeout = entry_timeout(n);
+	ret->attr_timeout = attr_timeout(n);
+	return attr_of(vt, n, &ret->attr);
 }
 
-int vtree_readlink(uint64_t vino, char **ret_target)
+static int vt_readlink(struct tree *t, uint64_t vino, char **ret_target)
 {
+	struct vtree *vt = vtree_of(t);
 	struct vnode *n;
-	int r = vnode_find(vino, &n);
+	int r = vnode_find(vt, vino, &n);
 
 	if (r < 0)
 		return r;
 	if (n->kind != V_PASS)
 		return -EINVAL;
-	return ckpt_store_readlink(vt.s, n->ino, ret_target);
+	return ckpt_store_readlink(vt->s, n->ino, ret_target);
 }
 
-int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
+static int vt_readdir(struct tree *t, uint64_t vino, struct ckpt_dirent **ret_ents,
+		      size_t *ret_n)
 {
+	struct vtree *vt = vtree_of(t);
 	struct ckpt_dirent *ents = NULL, *out = NULL;
 	size_t n = 0, k = 0;
 	struct vnode *dn;
 	ckpt_view *v = NULL;
-	int r = vnode_find(vino, &dn);
+	int r = vnode_find(vt, vino, &dn);
 
 	if (r < 0)
 		return r;
 	if (dn->kind != V_DIR)
 		return -ENOTDIR;
-	r = get_view(&dn->layout, dn->ino, &v);
+	r = get_view(vt, &dn->layout, dn->ino, &v);
 	if (r == 0)
-		r = ckpt_store_readdir(vt.s, dn->ino, &ents, &n);
+		r = ckpt_store_readdir(vt->s, dn->ino, &ents, &n);
 	if (r < 0)
 		goto out;
 	out = calloc(n + ckpt_view_nfiles(v) + 1, sizeof(*out));
@@ -563,7 +619,7 @@ int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
 		struct vnode *c;
 		if (S_ISREG(ents[i].mode) && ckpt_view_is_source(v, ents[i].ino))
 			continue;
-		c = vnode_get(S_ISDIR(ents[i].mode) ? V_DIR : V_PASS, &dn->layout, ents[i].ino);
+		c = vnode_get(vt, S_ISDIR(ents[i].mode) ? V_DIR : V_PASS, &dn->layout, ents[i].ino);
 		if (!c) {
 			r = -ENOMEM;
 			goto out;
@@ -575,7 +631,7 @@ int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n)
 		k++;
 	}
 	for (size_t i = 0; i < ckpt_view_nfiles(v); i++) {
-		struct vnode *c = vnode_of_file(&dn->layout, dn->ino, v, i);
+		struct vnode *c = vnode_of_file(vt, &dn->layout, dn->ino, v, i);
 		if (!c || !(out[k].name = strdup(ckpt_view_file_name(v, i)))) {
 			r = -ENOMEM;
 			goto out;
@@ -596,14 +652,107 @@ out:
 	return 0;
 }
 
-int vtree_open(uint64_t vino, struct vtree_file **ret)
+/* "/tpT_ppP/DIR[/NAME]" of a vnode, for messages. */
+static char *vnode_path(struct vtree *vt, const struct vnode *n)
 {
+	char lname[CKPT_LAYOUT_NAME_MAX + 1];
+	char *dir = ckpt_store_path_of(vt->s, n->ino), *path;
+
+	ckpt_layout_name(&n->layout, lname, sizeof(lname));
+	if (asprintf(&path, "/%s%s%s%s", lname, dir && strcmp(dir, "/") ? dir : "",
+		     n->name ? "/" : "", n->name ? n->name : "") < 0)
+		path = NULL;
+	free(dir);
+	return path;
+}
+
+static char *vt_path(struct tree *t, uint64_t vino)
+{
+	struct vtree *vt = vtree_of(t);
+	struct vnode *n;
+	char *path;
+
+	if (vnode_find(vt, vino, &n) == 0)
+		return vnode_path(vt, n);
+	if (asprintf(&path, "<inode %" PRIu64 ">", vino) < 0)
+		path = NULL;
+	return path;
+}
+
+/* ----------------------------------------------- changes: all refused */
+
+/* parent/name would be made: a view root's name exists, a view tree is
+ * read-only. */
+static int refuse_new(uint64_t parent)
+{
+	return vtree_is_virtual(parent) ? -EROFS : -EEXIST;
+}
+
+static int vt_setattr(struct tree *t, uint64_t ino, unsigned what, const struct ckpt_inode *in)
+{
+	(void)t;
+	(void)ino;
+	(void)what;
+	(void)in;
+	return -EROFS;
+}
+
+static int vt_mknode(struct tree *t, uint64_t parent, const char *name, uint32_t mode,
+		     uint32_t uid, uint32_t gid, const char *target, struct tree_entry *ret)
+{
+	(void)t;
+	(void)name;
+	(void)mode;
+	(void)uid;
+	(void)gid;
+	(void)target;
+	(void)ret;
+	return refuse_new(parent);
+}
+
+static int vt_link(struct tree *t, uint64_t ino, uint64_t newparent, const char *newname,
+		   struct tree_entry *ret)
+{
+	(void)t;
+	(void)newname;
+	(void)ret;
+	return vtree_is_virtual(ino) ? -EROFS : refuse_new(newparent);
+}
+
+static int vt_unlink(struct tree *t, uint64_t parent, const char *name, bool dir)
+{
+	(void)t;
+	(void)parent;
+	(void)name;
+	(void)dir;
+	return -EROFS;
+}
+
+static int vt_rename(struct tree *t, uint64_t parent, const char *name, uint64_t newparent,
+		     const char *newname, unsigned flags)
+{
+	(void)t;
+	(void)newname;
+	(void)flags;
+	if (vtree_is_virtual(parent) || vtree_is_view_name(parent, name))
+		return -EROFS; /* the old name is in a view tree */
+	return refuse_new(newparent);
+}
+
+/* --------------------------------------------------------------- files */
+
+static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **ret)
+{
+	struct vtree *vt = vtree_of(t);
 	struct vtree_file *f;
 	struct vnode *n;
 	ckpt_view *v = NULL;
 	char err[1024];
-	int r = vnode_find(vino, &n), i;
+	int r, i;
 
+	if ((flags & O_ACCMODE) != O_RDONLY || (flags & O_TRUNC))
+		return -EROFS;
+	r = vnode_find(vt, vino, &n);
 	if (r < 0)
 		return r;
 	if (n->kind == V_DIR)
@@ -612,10 +761,10 @@ int vtree_open(uint64_t vino, struct vtree_file **ret)
 	if (!f)
 		return -ENOMEM;
 	if (n->kind == V_PASS) {
-		r = ckpt_store_load_extents(vt.s, n->ino, &f->snap);
+		r = ckpt_store_load_extents(vt->s, n->ino, &f->snap);
 		goto out;
 	}
-	r = get_view(&n->layout, n->ino, &v);
+	r = get_view(vt, &n->layout, n->ino, &v);
 	if (r < 0)
 		goto out;
 	i = ckpt_view_find(v, n->name);
@@ -626,11 +775,9 @@ int vtree_open(uint64_t vino, struct vtree_file **ret)
 	err[0] = '\0';
 	r = ckpt_vfile_open(v, (size_t)i, &f->vf, err, sizeof(err));
 	if (r < 0) {
-		char lname[CKPT_LAYOUT_NAME_MAX + 1];
-		char *path = ckpt_store_path_of(vt.s, n->ino);
-		ckpt_layout_name(&n->layout, lname, sizeof(lname));
-		ckpt_err("/%s%s/%s: cannot be served: %s", lname,
-			 path && strcmp(path, "/") ? path : "", n->name, err[0] ? err : strerror(-r));
+		char *path = vnode_path(vt, n);
+		ckpt_err("%s: cannot be served: %s", path ? path : "?",
+			 err[0] ? err : strerror(-r));
 		free(path);
 	}
 out:
@@ -640,53 +787,96 @@ out:
 		free(f);
 		return r;
 	}
+	f->f.ops = &vtree_ops;
+	f->f.tree = t;
+	f->f.ino = vino;
 	f->n = n;
-	pthread_mutex_lock(&vt.lock);
+	pthread_mutex_lock(&vt->lock);
 	n->nopen++;
-	pthread_mutex_unlock(&vt.lock);
-	*ret = f;
+	pthread_mutex_unlock(&vt->lock);
+	*ret = &f->f;
 	return 0;
 }
 
-ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off,
-		   struct ckpt_gather *g)
+static ssize_t vt_read(struct tree_file *tf, void *buf, size_t len, uint64_t off,
+		       struct ckpt_gather *g)
 {
+	struct vtree_file *f = vfile_of(tf);
+
 	if (f->vf)
 		return ckpt_vfile_read_gather(f->vf, buf, len, off, g);
-	return ckpt_store_read_extents_gather(vt.s, f->snap, buf, len, off, g);
+	return ckpt_store_read_extents_gather(vtree_of(tf->tree)->s, f->snap, buf, len, off, g);
 }
 
-uint64_t vtree_file_size(const struct vtree_file *f)
+static uint64_t vt_size(struct tree_file *tf)
 {
+	struct vtree_file *f = vfile_of(tf);
+
 	return f->vf ? ckpt_vfile_size(f->vf) : f->snap->size;
 }
 
-size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_digest *out,
-		    size_t max)
+static size_t vt_chunks(struct tree_file *tf, uint64_t off, uint64_t len, ckpt_digest *out,
+			size_t max)
 {
+	struct vtree_file *f = vfile_of(tf);
+
 	if (f->vf)
 		return ckpt_vfile_chunks(f->vf, off, len, out, max);
 	return ckpt_store_prefetch_list(f->snap, off, len, out, max, NULL);
 }
 
-bool vtree_file_shared(const struct vtree_file *f)
+static bool vt_shared(struct tree_file *tf)
 {
+	struct vtree *vt = vtree_of(tf->tree);
 	bool shared;
 
-	pthread_mutex_lock(&vt.lock);
-	shared = f->n->nopen > 1;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_lock(&vt->lock);
+	shared = vfile_of(tf)->n->nopen > 1;
+	pthread_mutex_unlock(&vt->lock);
 	return shared;
 }
 
-void vtree_close(struct vtree_file *f)
+/* Nothing to commit: view files are never open for writing. */
+static int vt_commit(struct tree_file *tf, bool durable)
 {
-	if (!f)
-		return;
-	pthread_mutex_lock(&vt.lock);
+	(void)tf;
+	(void)durable;
+	return 0;
+}
+
+static void vt_release(struct tree_file *tf)
+{
+	struct vtree *vt = vtree_of(tf->tree);
+	struct vtree_file *f = vfile_of(tf);
+
+	pthread_mutex_lock(&vt->lock);
 	f->n->nopen--;
-	pthread_mutex_unlock(&vt.lock);
+	pthread_mutex_unlock(&vt->lock);
 	ckpt_vfile_free(f->vf);
 	ckpt_extent_list_free(f->snap);
 	free(f);
 }
+
+/* refresh: a view file is one version of it (T3), a passthrough file one
+ * snapshot.  write: never open for writing. */
+static const struct tree_ops vtree_ops = {
+	.views = true,
+	.lookup = vt_lookup,
+	.forget = vt_forget,
+	.getattr = vt_getattr,
+	.setattr = vt_setattr,
+	.readlink = vt_readlink,
+	.readdir = vt_readdir,
+	.mknode = vt_mknode,
+	.link = vt_link,
+	.unlink = vt_unlink,
+	.rename = vt_rename,
+	.path = vt_path,
+	.open = vt_open,
+	.read = vt_read,
+	.size = vt_size,
+	.chunks = vt_chunks,
+	.shared = vt_shared,
+	.commit = vt_commit,
+	.release = vt_release,
+};

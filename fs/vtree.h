@@ -1,84 +1,69 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * vtree.h - the virtual /tpT_ppP/ trees of the daemon.
+ * vtree.h - the view trees: read-only /tpT_ppP/ mirrors of the store tree.
  *
  * MOUNT/tpT_ppP/PATH mirrors MOUNT/PATH read-only: directories and
  * non-safetensors files pass through, the safetensors sources of each
- * directory are replaced by the files of its resharded view (core/view.h).
+ * directory are replaced by the files of its resharded view (views/view.h).
  * Virtual inodes are numbered from VTREE_INO_BASE upwards (store inode
- * numbers stay far below) and live until unmount.  Views are cached per
+ * numbers stay far below) and live until vtree_free().  Views are cached per
  * (layout, directory), the view_cache most recently used ones, and rebuilt
  * when the directory's sources change or after they were dropped.  A view
- * of a 20,000-tensor checkpoint holds 2-50 MB (more for layouts that split
- * more tensors): an evaluator walking checkpoint after checkpoint grew the
- * daemon by about 55 MB per checkpoint and 3 layouts while every view
- * stayed cached (docs/performance.md 6e).
+ * holds memory in proportion to its checkpoint's tensor count (more for
+ * layouts that split more tensors), so an evaluator walking checkpoint after
+ * checkpoint would grow the daemon without bound if every view stayed
+ * cached; view_cache bounds that.
  *
- * All functions return 0 / a positive value or a negative errno; replies
- * are made by the caller (fs/ckptfs.c).  Thread-safe.
+ * The trees are served through the tree ops (tree.h): vtree_tree().  Every
+ * change is refused (-EROFS; -EEXIST for making a view root's name).  A
+ * background thread parses committed safetensors sources (vtree_prefetch).
+ * Thread-safe: one lock guards the vnode tables and the view cache.
+ * Nothing here depends on FUSE.
  */
 #ifndef CKPTFS_VTREE_H
 #define CKPTFS_VTREE_H
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/types.h>
 
-#include "views/shardmeta.h"
 #include "store/store.h"
+#include "tree.h"
+#include "views/shardmeta.h"
 
 #define VTREE_INO_BASE (1ull << 60)
 
+/* Whether ino is an inode of the view trees. */
 static inline bool vtree_is_virtual(uint64_t ino)
 {
 	return ino >= VTREE_INO_BASE;
 }
 
-/* view_cache: how many views to keep (0 counts as 1). */
+/* Is name in parent a view root ("tpT_ppP" directly under the store root)? */
+bool vtree_is_view_name(uint64_t parent, const char *name);
+
+struct vtree;
+
+/* view_cache: how many views to keep (0 counts as 1).  s and rules must
+ * outlive the tree. */
 #define VTREE_VIEW_CACHE_DEFAULT 8
-int vtree_init(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache);
-void vtree_fini(void);
+int vtree_new(ckpt_store *s, const ckpt_tp_rules *rules, unsigned view_cache,
+	      struct vtree **ret);
+/* Files must be released.  Accepts NULL. */
+void vtree_free(struct vtree *vt);
+struct tree *vtree_tree(struct vtree *vt);
 
 struct vtree_stats {
 	uint64_t views;     /* cached now */
-	uint64_t builds;    /* views built since mount */
+	uint64_t builds;    /* views built since vtree_new() */
 	uint64_t evictions; /* dropped for newer ones */
 };
-void vtree_get_stats(struct vtree_stats *ret);
+void vtree_get_stats(struct vtree *vt, struct vtree_stats *ret);
 
-/* Is name in parent a view root ("tpT_ppP" directly under the mount root)? */
-bool vtree_is_view_name(uint64_t parent, const char *name);
-
-/* Lookup in a virtual directory, or of a view root under the store root.
- * ret gets the virtual inode's attributes (ret->ino is the virtual ino). */
-int vtree_lookup(uint64_t parent, const char *name, struct ckpt_inode *ret);
-int vtree_getattr(uint64_t vino, struct ckpt_inode *ret);
-/* Entry and attribute cache timeouts (seconds) for a virtual inode. */
-void vtree_timeouts(uint64_t vino, double *ret_entry, double *ret_attr);
-/* Tell the view cache that something in the store changed (a commit, a
- * namespace change): cached views recheck their sources' signature. */
-void vtree_changed(void);
+/* Something in the store changed (a commit, a namespace change): cached
+ * views recheck their sources' signature at their next use. */
+void vtree_changed(struct vtree *vt);
 /* A file was committed: if it is a safetensors source, parse it in the
  * background so that the first view of its directory opens quickly. */
-void vtree_prefetch(uint64_t ino);
-int vtree_readlink(uint64_t vino, char **ret_target);
-/* Entries of a virtual directory (inode numbers are virtual). */
-int vtree_readdir(uint64_t vino, struct ckpt_dirent **ret_ents, size_t *ret_n);
-
-struct vtree_file;
-/* Open a virtual file for reading.  -EIO (reason logged) when a view file
- * cannot be served; -EISDIR for directories. */
-int vtree_open(uint64_t vino, struct vtree_file **ret);
-/* g: optional gather for a zero-copy reply (struct ckpt_gather). */
-ssize_t vtree_read(struct vtree_file *f, void *buf, size_t len, uint64_t off,
-		   struct ckpt_gather *g);
-/* Size of an open file, and the chunks behind [off, off+len) of it (for
- * read-ahead; see ckpt_vfile_chunks()). */
-uint64_t vtree_file_size(const struct vtree_file *f);
-size_t vtree_chunks(struct vtree_file *f, uint64_t off, uint64_t len, ckpt_digest *out,
-		    size_t max);
-/* Whether another vtree_file of the same inode is open now. */
-bool vtree_file_shared(const struct vtree_file *f);
-void vtree_close(struct vtree_file *f);
+void vtree_prefetch(struct vtree *vt, uint64_t ino);
 
 #endif

@@ -1,0 +1,278 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * options.c - the daemon's command line (see options.h).
+ */
+#include "config.h"
+
+#include "options.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/util.h"
+#include "vtree.h"
+
+/* -o options as fuse_opt_parse fills them in (strings malloc'd). */
+struct raw_opts {
+	const char *store;
+	int compress;
+	char *cache_size;
+	char *buf_reserve;
+	int verify_dedup;
+	int inline_compress;
+	int nobackground;
+	char *log_level;
+	char *tp_rules;
+	unsigned workers;
+	unsigned readahead_kb;
+	unsigned ra_workers;
+	unsigned drop_behind;
+	char *direct_read;
+	unsigned view_cache;
+};
+
+#define OPT(t, p) { t, offsetof(struct raw_opts, p), 1 }
+static const struct fuse_opt opt_spec[] = {
+	OPT("compress=%d", compress),
+	OPT("cache_size=%s", cache_size),
+	OPT("buf_reserve=%s", buf_reserve),
+	OPT("verify_dedup", verify_dedup),
+	OPT("inline_compress", inline_compress),
+	OPT("nobackground", nobackground),
+	OPT("log_level=%s", log_level),
+	OPT("workers=%u", workers),
+	OPT("tp_rules=%s", tp_rules),
+	OPT("readahead_kb=%u", readahead_kb),
+	OPT("ra_workers=%u", ra_workers),
+	OPT("view_cache=%u", view_cache),
+	OPT("drop_behind=%u", drop_behind),
+	OPT("direct_read=%s", direct_read),
+	FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+	struct raw_opts *o = data;
+
+	(void)outargs;
+	if (key == FUSE_OPT_KEY_NONOPT && !o->store) {
+		o->store = strdup(arg);
+		return 0; /* consumed: STORE */
+	}
+	return 1;
+}
+
+static int parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s)
+		return -EINVAL;
+	switch (*end) {
+	case 'k': case 'K': v <<= 10; end++; break;
+	case 'm': case 'M': v <<= 20; end++; break;
+	case 'g': case 'G': v <<= 30; end++; break;
+	default: break;
+	}
+	if (*end && strcmp(end, "iB") && strcmp(end, "B"))
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
+static void usage(const char *prog)
+{
+	printf("usage: %s STORE MOUNTPOINT [-f] [-d] [-o opt[,opt...]]\n"
+	       "\n"
+	       "ckptfs options:\n"
+	       "  -o compress=N        zstd level 0..19 (0: store raw), default 1\n"
+	       "  -o cache_size=SIZE   decompressed chunk cache, e.g. 512M (default 256M)\n"
+	       "  -o buf_reserve=SIZE  chunk buffers mapped and touched at mount and kept,\n"
+	       "                       so that reads do not fault memory in (default: the\n"
+	       "                       cache's stream budget, a quarter of cache_size up\n"
+	       "                       to 64M, plus 32M; at most cache_size; 0: none,\n"
+	       "                       and read-ahead's buffers mapped at first use)\n"
+	       "  -o verify_dedup      compare bytes on every dedup hit\n"
+	       "  -o inline_compress   compress while writing (default: write raw, compress\n"
+	       "                       in the background once writes pause)\n"
+	       "  -o nobackground      no background work at all: compress inline and\n"
+	       "                       leave space reclaiming to `ckpt gc`\n"
+	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
+	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
+	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
+	       "  -o readahead_kb=N    read-ahead of the mount in KiB (default 1024; 0 keeps\n"
+	       "                       the kernel's)\n"
+	       "  -o ra_workers=N      threads loading chunks ahead of sequential readers\n"
+	       "                       (default: two per CPU; 0, or cache_size=0, turns\n"
+	       "                       chunk read-ahead off)\n"
+	       "  -o view_cache=N      resharded views kept built, most recently used\n"
+	       "                       (1-4096, default 8)\n"
+	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
+	       "                       behind a sequential reader that has it open alone\n"
+	       "                       (default 1)\n"
+	       "  -o direct_read=views|all|none\n"
+	       "                       read-only files that bypass the kernel's page\n"
+	       "                       cache (direct_io): view files (default), also\n"
+	       "                       stored files, or none; only where the kernel can\n"
+	       "                       still map such files shared (Linux 6.6 and later)\n"
+	       "  -f                   stay in the foreground, log to stderr\n"
+	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
+	       "\n"
+	       "Without -f the daemon detaches once the mount is ready and logs to\n"
+	       "STORE/ckptfs.log.  Unmount with: fusermount3 -u MOUNTPOINT\n\n",
+	       prog);
+	fuse_cmdline_help();
+	fuse_lowlevel_help();
+}
+
+/* The store's path made absolute: the daemon changes to / once detached. */
+static int absolute_store(const char *store, char **ret)
+{
+	char cwd[PATH_MAX];
+
+	if (store[0] == '/') {
+		*ret = strdup(store);
+	} else if (!getcwd(cwd, sizeof(cwd)) || asprintf(ret, "%s/%s", cwd, store) < 0) {
+		fprintf(stderr, "ckptfs: cannot resolve %s: %s\n", store, strerror(errno));
+		return -1;
+	}
+	return *ret ? 0 : -1;
+}
+
+/* Check raw and turn it into ret; -1 with a message on a bad value. */
+static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
+{
+	struct ckpt_store_opts *so = &ret->sopts;
+
+	ckpt_store_opts_init(so);
+	so->create = true;
+	if (raw->compress != INT_MIN) {
+		if (raw->compress < 0 || raw->compress > 19) {
+			fprintf(stderr, "ckptfs: compress=%d: level must be 0 (off) to 19\n",
+				raw->compress);
+			return -1;
+		}
+		so->compress_level = raw->compress;
+	}
+	so->verify_dedup = raw->verify_dedup;
+	so->inline_compress = raw->inline_compress;
+	so->background = !raw->nobackground;
+	if (raw->cache_size && parse_size(raw->cache_size, &so->cache_size) < 0) {
+		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", raw->cache_size);
+		return -1;
+	}
+	so->buf_reserve = CKPT_BUF_RESERVE_AUTO;
+	if (raw->buf_reserve && parse_size(raw->buf_reserve, &so->buf_reserve) < 0) {
+		fprintf(stderr, "ckptfs: invalid buf_reserve '%s'\n", raw->buf_reserve);
+		return -1;
+	}
+	if (raw->view_cache < 1 || raw->view_cache > 4096) {
+		fprintf(stderr, "ckptfs: invalid view_cache %u: between 1 and 4096 views\n",
+			raw->view_cache);
+		return -1;
+	}
+	ret->view_cache = raw->view_cache;
+	ret->direct_read = DIRECT_READ_VIEWS;
+	if (raw->direct_read) {
+		ret->direct_read_given = true;
+		if (strcmp(raw->direct_read, "views") == 0) {
+			ret->direct_read = DIRECT_READ_VIEWS;
+		} else if (strcmp(raw->direct_read, "all") == 0) {
+			ret->direct_read = DIRECT_READ_ALL;
+		} else if (strcmp(raw->direct_read, "none") == 0) {
+			ret->direct_read = DIRECT_READ_NONE;
+		} else {
+			fprintf(stderr, "ckptfs: invalid direct_read '%s' (views, all or none)\n",
+				raw->direct_read);
+			return -1;
+		}
+	}
+	if (raw->log_level) {
+		static const char *const names[] = { "error", "warn", "info", "debug" };
+		size_t i;
+		for (i = 0; i < CKPT_ARRAY_SIZE(names); i++)
+			if (!strcmp(raw->log_level, names[i]))
+				break;
+		if (i == CKPT_ARRAY_SIZE(names)) {
+			fprintf(stderr, "ckptfs: invalid log_level '%s'\n", raw->log_level);
+			return -1;
+		}
+		ckpt_log_set_level((enum ckpt_log_level)i);
+	}
+	ret->workers = raw->workers;
+	ret->ra_workers = raw->ra_workers;
+	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
+	ret->drop_behind = raw->drop_behind != 0;
+	return 0;
+}
+
+int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
+		  struct ckptfs_opts *ret)
+{
+	const char *prog = args->argc > 0 ? args->argv[0] : "ckptfs";
+	struct raw_opts raw;
+	int r = -1;
+
+	memset(&raw, 0, sizeof(raw));
+	memset(ret, 0, sizeof(*ret));
+	memset(cmd, 0, sizeof(*cmd));
+	raw.compress = INT_MIN;      /* unset */
+	raw.readahead_kb = UINT_MAX; /* unset */
+	raw.ra_workers = UINT_MAX;   /* unset */
+	raw.view_cache = VTREE_VIEW_CACHE_DEFAULT;
+	raw.drop_behind = 1;
+	if (fuse_opt_parse(args, &raw, opt_spec, opt_proc) < 0)
+		goto out;
+	if (fuse_parse_cmdline(args, cmd) != 0)
+		goto out;
+	if (cmd->show_help) {
+		usage(prog);
+		r = 1;
+		goto out;
+	}
+	if (cmd->show_version) {
+		printf("ckptfs %s, libfuse %s\n", PACKAGE_VERSION, fuse_pkgversion());
+		r = 1;
+		goto out;
+	}
+	if (!raw.store || !cmd->mountpoint) {
+		fprintf(stderr, "usage: %s STORE MOUNTPOINT [-f] [-o opt,...]  (--help for more)\n",
+			prog);
+		goto out;
+	}
+	if (absolute_store(raw.store, &ret->store) < 0)
+		goto out;
+	if (cmd->debug)
+		ckpt_log_set_level(CKPT_LOG_DEBUG);
+	if (convert(&raw, ret) < 0)
+		goto out;
+	ret->tp_rules = raw.tp_rules;
+	raw.tp_rules = NULL;
+	r = 0;
+out:
+	free((char *)raw.store);
+	free(raw.cache_size);
+	free(raw.buf_reserve);
+	free(raw.log_level);
+	free(raw.tp_rules);
+	free(raw.direct_read);
+	return r;
+}
+
+void options_free(struct ckptfs_opts *o)
+{
+	if (!o)
+		return;
+	free(o->store);
+	free(o->tp_rules);
+	o->store = NULL;
+	o->tp_rules = NULL;
+}
