@@ -153,7 +153,7 @@ void ckpt_threads_stop(pthread_mutex_t *lock, pthread_cond_t *cond, bool *stop, 
  * CKPT_HUGE_ALIGN bytes; NULL without memory.  ckpt_mem_populate(): fault
  * p[0..len) in for writing now (MADV_POPULATE_WRITE, or a write per 4 KiB
  * page where the kernel lacks it), so that later use takes no page fault
- * and no zeroing; p and len page aligned.
+ * and no zeroing; p and len page aligned; the contents do not change.
  */
 #define CKPT_HUGE_ALIGN (2u << 20)
 uint8_t *ckpt_map_huge(size_t len, void **ret_map);
