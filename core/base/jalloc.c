@@ -8,7 +8,7 @@
 #define TAG_ARENA UINT64_C(0x61726e6131636b70)  /* "ckp1arna" */
 #define TAG_MALLOC UINT64_C(0x6d6c6f6331636b70) /* "ckp1colm" */
 #define HDR 16u                                 /* keeps 16-byte alignment */
-#define BLOCK (1u << 20)
+#define BLOCK CKPT_JSON_BLOCK
 
 struct block {
 	struct block *next;
@@ -16,7 +16,7 @@ struct block {
 	_Alignas(16) unsigned char data[];
 };
 
-#define KEEP_BLOCKS 8 /* retained per thread between scopes: no page faults on reuse */
+#define KEEP_BLOCKS CKPT_JSON_KEEP_BLOCKS
 
 static _Thread_local struct {
 	unsigned depth;
@@ -28,7 +28,11 @@ static _Thread_local struct {
 static void *jmalloc(size_t n)
 {
 	unsigned char *p;
-	size_t need = (HDR + n + 15) & ~(size_t)15;
+	size_t need;
+
+	if (n > SIZE_MAX - HDR - 15)
+		return NULL; /* the header and the rounding would wrap */
+	need = (HDR + n + 15) & ~(size_t)15;
 
 	if (arena.depth > 0) {
 		struct block *b = arena.blocks;
@@ -39,6 +43,8 @@ static void *jmalloc(size_t n)
 				arena.spare = b->next;
 				arena.nspare--;
 			} else {
+				if (size > SIZE_MAX - sizeof(*b))
+					return NULL;
 				b = malloc(sizeof(*b) + size);
 				if (!b)
 					return NULL;

@@ -17,6 +17,14 @@
 #ifndef CKPT_JALLOC_H
 #define CKPT_JALLOC_H
 
+/* The arena grows by blocks of CKPT_JSON_BLOCK bytes (an allocation larger
+ * than that gets a block of its own).  At the end of the outermost scope up
+ * to CKPT_JSON_KEEP_BLOCKS whole blocks stay with the thread for its next
+ * scope (no page faults on reuse); the others are freed.  A size that
+ * cannot be allocated, with its header, gets NULL. */
+#define CKPT_JSON_BLOCK (1u << 20)
+#define CKPT_JSON_KEEP_BLOCKS 8
+
 void ckpt_json_scope_begin(void);
 void ckpt_json_scope_end(void);
 
