@@ -2,6 +2,8 @@
 #include "base/jalloc.h"
 
 #include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -18,12 +20,39 @@ struct block {
 
 #define KEEP_BLOCKS CKPT_JSON_KEEP_BLOCKS
 
-static _Thread_local struct {
+struct arena {
 	unsigned depth;
 	struct block *blocks; /* in use, newest first */
 	struct block *spare;  /* retained, empty */
 	unsigned nspare;
-} arena;
+	bool at_exit;         /* exit_key set: arena_exit() frees the blocks */
+};
+
+static _Thread_local struct arena arena;
+
+/* Its destructor frees a thread's blocks when the thread exits; set for a
+ * thread once it makes its first block.  key_ok: created (by the
+ * constructor, before main()); without it blocks outlive their thread. */
+static pthread_key_t exit_key;
+static bool key_ok;
+
+static void free_blocks(struct block *b)
+{
+	while (b) {
+		struct block *next = b->next;
+		free(b);
+		b = next;
+	}
+}
+
+static void arena_exit(void *p)
+{
+	struct arena *a = p;
+
+	free_blocks(a->blocks);
+	free_blocks(a->spare);
+	*a = (struct arena){ 0 };
+}
 
 static void *jmalloc(size_t n)
 {
@@ -49,6 +78,8 @@ static void *jmalloc(size_t n)
 				if (!b)
 					return NULL;
 				b->size = size;
+				if (!arena.at_exit && key_ok)
+					arena.at_exit = pthread_setspecific(exit_key, &arena) == 0;
 			}
 			b->used = 0;
 			b->next = arena.blocks;
@@ -80,6 +111,7 @@ static void jfree(void *ptr)
 
 __attribute__((constructor)) static void jalloc_install(void)
 {
+	key_ok = pthread_key_create(&exit_key, arena_exit) == 0;
 	json_set_alloc_funcs(jmalloc, jfree);
 }
 

@@ -20,8 +20,9 @@
 /* The arena grows by blocks of CKPT_JSON_BLOCK bytes (an allocation larger
  * than that gets a block of its own).  At the end of the outermost scope up
  * to CKPT_JSON_KEEP_BLOCKS whole blocks stay with the thread for its next
- * scope (no page faults on reuse); the others are freed.  A size that
- * cannot be allocated, with its header, gets NULL. */
+ * scope (no page faults on reuse); the others are freed.  A thread's blocks
+ * are freed when it exits (inside a scope too).  A size that cannot be
+ * allocated, with its header, gets NULL. */
 #define CKPT_JSON_BLOCK (1u << 20)
 #define CKPT_JSON_KEEP_BLOCKS 8
 
