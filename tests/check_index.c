@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "chunk/pack_backend.h"
 #include "meta/index.h"
 #include "testlib.h"
 #include "base/util.h"
@@ -522,8 +523,6 @@ END_TEST
 START_TEST(test_chunk_rec_layout)
 {
 	struct ckpt_chunk_loc loc = {
-		.pack_id = 0x0102030405060708ull,
-		.offset = 0x1000,
 		.stored_len = 0xa1b2c3d4,
 		.raw_len = 0x00100000,
 		.codec = 3,
@@ -532,6 +531,8 @@ START_TEST(test_chunk_rec_layout)
 	uint64_t refs = 0;
 	static const uint8_t zero[4];
 
+	/* the pack backend's where: the pack id and offset fields of format 1 */
+	ckpt_pack_loc_set(&loc, 0x0102030405060708ull, 0x1000);
 	ck_assert_int_eq(CKPT_CHUNK_REC_LEN, 40);
 	memset(buf, 0xcc, sizeof(buf));
 	ckpt_chunk_rec_encode(&loc, 0x8877665544332211ull, buf);
@@ -547,8 +548,8 @@ START_TEST(test_chunk_rec_layout)
 
 	memset(&out, 0, sizeof(out));
 	ck_assert_int_eq(ckpt_chunk_rec_decode(buf, sizeof(buf), &out, &refs), 0);
-	ck_assert_uint_eq(out.pack_id, loc.pack_id);
-	ck_assert_uint_eq(out.offset, loc.offset);
+	ck_assert_uint_eq(ckpt_pack_loc_id(&out), 0x0102030405060708ull);
+	ck_assert_uint_eq(ckpt_pack_loc_offset(&out), 0x1000);
 	ck_assert_uint_eq(out.stored_len, loc.stored_len);
 	ck_assert_uint_eq(out.raw_len, loc.raw_len);
 	ck_assert_uint_eq(out.codec, loc.codec);

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "chunk/pack.h"
+#include "chunk/pack_backend.h"
 #include "store/store.h"
 #include "testlib.h"
 #include "base/util.h"
@@ -850,8 +851,8 @@ START_TEST(test_chunk_roundtrip)
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d, &loc, &refs), 0);
 	ck_assert_uint_eq(refs, 0);
 	ck_assert_uint_eq(loc.raw_len, n);
-	ck_assert_uint_eq(loc.pack_id, 1);
-	ck_assert_uint_eq(loc.offset, CKPT_PACK_HDR_SIZE);
+	ck_assert_uint_eq(ckpt_pack_loc_id(&loc), 1);
+	ck_assert_uint_eq(ckpt_pack_loc_offset(&loc), CKPT_PACK_HDR_SIZE);
 	/* bad lengths */
 	ck_assert_int_eq(ckpt_store_put_chunk(s, data, 0, 0, &d), -EINVAL);
 	ck_assert_int_eq(ckpt_store_put_chunk(s, data, CKPT_CHUNK_MAX + 1, 0, &d), -EINVAL);
@@ -951,12 +952,12 @@ START_TEST(test_prefetch_chunks)
 	memset(&d[7], 0x3c, sizeof(d[7])); /* unknown */
 	/* damage chunk 4's stored bytes on the disk */
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d[4], &loc, NULL), 0);
-	snprintf(path, sizeof(path), "%s/packs/pack-%016" PRIx64 ".ckpk", spath, loc.pack_id);
+	snprintf(path, sizeof(path), "%s/packs/pack-%016" PRIx64 ".ckpk", spath, ckpt_pack_loc_id(&loc));
 	fd = open(path, O_RDWR);
 	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(pread(fd, &byte, 1, (off_t)(loc.offset + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
+	ck_assert_int_eq(pread(fd, &byte, 1, (off_t)(ckpt_pack_loc_offset(&loc) + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
 	byte ^= 0x40;
-	ck_assert_int_eq(pwrite(fd, &byte, 1, (off_t)(loc.offset + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
+	ck_assert_int_eq(pwrite(fd, &byte, 1, (off_t)(ckpt_pack_loc_offset(&loc) + CKPT_PACK_REC_HDR_SIZE + 777)), 1);
 	close(fd);
 
 	ck_assert_int_eq(ckpt_store_prefetch_chunks(s, d, 8, &loaded, &skipped), 2);
@@ -1242,7 +1243,7 @@ START_TEST(test_dedup)
 	ck_assert_uint_eq(file_size(pack), size1);
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &da, &la, NULL), 0);
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &da2, &la2, NULL), 0);
-	ck_assert_uint_eq(la.offset, la2.offset);
+	ck_assert(ckpt_chunk_loc_same(&la, &la2));
 	/* different bytes: different digest */
 	ck_assert_int_eq(ckpt_store_put_chunk(s, b, n, 0, &db), 0);
 	ck_assert_mem_ne(da.bytes, db.bytes, 16);
@@ -1752,7 +1753,7 @@ START_TEST(test_fsck_clean_and_corrupt)
 	ck_assert_int_eq(fsck(s, &p), 0);
 	ck_assert_int_eq(p.n, 0);
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &d[0], &loc, NULL), 0);
-	ck_assert_uint_eq(loc.offset, CKPT_PACK_HDR_SIZE); /* a is the first record */
+	ck_assert_uint_eq(ckpt_pack_loc_offset(&loc), CKPT_PACK_HDR_SIZE); /* a is the first record */
 	ckpt_store_free(s);
 
 	/* flip one byte of a's stored data */
@@ -1950,7 +1951,7 @@ START_TEST(test_gc_keeps_damaged_pack)
 		commit_chunks(s, fx, b3, l3, 1, NULL);
 	}
 	ck_assert_int_eq(ckpt_store_chunk_loc(s, &dd, &loc, NULL), 0);
-	ck_assert_uint_eq(loc.offset, CKPT_PACK_HDR_SIZE);
+	ck_assert_uint_eq(ckpt_pack_loc_offset(&loc), CKPT_PACK_HDR_SIZE);
 	ck_assert_int_eq(ckpt_store_unlink(s, CKPT_ROOT_INO, "dead", false), 0);
 	ck_assert_int_eq(ckpt_store_reap(s, fx), 0);
 	ckpt_store_free(s);

@@ -436,8 +436,7 @@ void ckpt_chunk_rec_encode(const struct ckpt_chunk_loc *loc, uint64_t refcount,
 	out[3] = loc->elem;
 	ckpt_put_le32(out + 4, loc->stored_len);
 	ckpt_put_le32(out + 8, loc->raw_len);
-	ckpt_put_le64(out + 16, loc->pack_id);
-	ckpt_put_le64(out + 24, loc->offset);
+	memcpy(out + 16, loc->where, CKPT_CHUNK_WHERE_LEN);
 	ckpt_put_le64(out + 32, refcount);
 }
 
@@ -451,8 +450,7 @@ int ckpt_chunk_rec_decode(const uint8_t *buf, size_t len, struct ckpt_chunk_loc 
 	ret_loc->elem = buf[3];
 	ret_loc->stored_len = ckpt_get_le32(buf + 4);
 	ret_loc->raw_len = ckpt_get_le32(buf + 8);
-	ret_loc->pack_id = ckpt_get_le64(buf + 16);
-	ret_loc->offset = ckpt_get_le64(buf + 24);
+	memcpy(ret_loc->where, buf + 16, CKPT_CHUNK_WHERE_LEN);
 	if (ret_refcount)
 		*ret_refcount = ckpt_get_le64(buf + 32);
 	return 0;

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "base/hash.h"
+#include "chunk/backend.h"
 
 #define CKPT_REC_VERSION 1
 
@@ -112,15 +113,8 @@ void ckpt_dentry_encode(uint64_t ino, uint32_t mode, uint8_t out[CKPT_DENTRY_REC
 int ckpt_dentry_decode(const uint8_t *buf, size_t len, uint64_t *ret_ino, uint32_t *ret_mode);
 
 #define CKPT_CHUNK_REC_LEN 40
-#define CKPT_CHUNK_F_DEFERRED 0x1u /* stored raw; compression not tried yet */
-struct ckpt_chunk_loc {
-	uint64_t pack_id;
-	uint64_t offset; /* of the record header in the pack */
-	uint32_t stored_len, raw_len;
-	uint8_t codec;
-	uint8_t flags; /* CKPT_CHUNK_F_* */
-	uint8_t elem;  /* compression hint (element size) for deferred chunks */
-};
+/* struct ckpt_chunk_loc is the chunk backend's (chunk/backend.h); its
+ * where bytes are stored as they are, opaque to the index. */
 void ckpt_chunk_rec_encode(const struct ckpt_chunk_loc *loc, uint64_t refcount,
 			   uint8_t out[CKPT_CHUNK_REC_LEN]);
 int ckpt_chunk_rec_decode(const uint8_t *buf, size_t len, struct ckpt_chunk_loc *ret_loc,

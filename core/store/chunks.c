@@ -21,21 +21,12 @@ int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_
 	return ckpt_chunk_rec_decode(val, sizeof(val), ret_loc, ret_refcount);
 }
 
-int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
-			void *dst, bool rec_csum);
-
-int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
-			    const struct ckpt_chunk_loc *loc, void *dst)
-{
-	return st_verify_chunk(s, d, loc, dst, true);
-}
-
 /* Decode the record rec (stored bytes at src) of chunk d into dst (loc->raw_len
  * bytes) and check it against the index entry and the keyed digest.  NULL,
  * or what is wrong. */
 const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
-				const struct ckpt_chunk_loc *loc, const struct ckpt_pack_rec *rec,
-				const uint8_t *src, void *dst)
+			    const struct ckpt_chunk_loc *loc, const struct ckpt_chunk_rec *rec,
+			    const uint8_t *src, void *dst)
 {
 	ckpt_digest check;
 
@@ -51,73 +42,45 @@ const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_dig
 }
 
 /*
- * rec_csum false (reads through the mount): skip the pack record's checksum
- * of the stored bytes.  The decoded bytes are still checked against the
- * keyed digest, which detects any damage the checksum would; only the
- * message differs ("decompression failed" or "content does not match").
- * fsck and background work keep the full check for precise diagnostics.
+ * rec_csum false (reads through the mount): skip the record's checksum of
+ * the stored bytes.  The decoded bytes are still checked against the keyed
+ * digest, which detects any damage the checksum would; only the message
+ * differs ("decompression failed" or "content does not match").  fsck and
+ * background work keep the full check for precise diagnostics.
  */
 int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
-			void *dst, bool rec_csum)
+		    void *dst, bool rec_csum)
 {
 	struct rctx *x = st_rctx_get(s);
-	struct ckpt_pack_rec rec;
-	ckpt_pack *p;
+	struct ckpt_chunk_rec rec;
 	uint8_t *buf;
 	const uint8_t *src = NULL;
 	void *mem = NULL;
-	char hex[2 * CKPT_DIGEST_LEN + 1];
 	const char *why = NULL;
 	size_t need;
 	int r;
 
 	if (!x)
 		return -ENOMEM;
-	need = ckpt_pack_direct_len(loc->offset, loc->stored_len);
-	/* the context's buffer; a record larger than any chunker makes by
-	 * default gets its own */
-	buf = need <= SPAN_BUF ? st_rctx_rec(x, need) : NULL;
-	if (!buf && need > SPAN_BUF && posix_memalign(&mem, CKPT_PACK_DIRECT_ALIGN, need) == 0)
-		buf = mem;
+	need = ckpt_cb_get_len(s->cb, loc);
+	buf = st_rec_buf(x, need, &mem);
 	if (!buf) {
 		r = -ENOMEM;
 		goto out;
 	}
-	pthread_rwlock_rdlock(&s->pack_rw);
-	r = st_get_pack(s, loc->pack_id, &p);
-	/* O_DIRECT: no copy out of the page cache, and packs do not fill it */
+	r = ckpt_cb_get(s->cb, loc, rec_csum, buf, need, &rec, &src, &why);
 	if (r == 0) {
-		r = ckpt_pack_read_direct(p, loc->offset, loc->stored_len, rec_csum, buf, need,
-					  &rec, &src);
-		if (r == -EOPNOTSUPP)
-			r = 1; /* no O_DIRECT here (tmpfs): through the page cache */
+		why = st_decode_chunk(s, x->dc, d, loc, &rec, src, dst);
+		if (why)
+			r = -EIO;
 	}
-	if (r == 1) {
-		/* the same buffer: it holds at least the stored bytes */
-		if (rec_csum)
-			r = ckpt_pack_read(p, loc->offset, loc->stored_len, &rec, buf);
-		else
-			r = ckpt_pack_read_trusting(p, loc->offset, loc->stored_len, &rec, buf);
-		src = buf;
-	}
-	pthread_rwlock_unlock(&s->pack_rw);
-	if (r == -ENOENT) {
-		r = -EIO;
-		why = "pack file missing";
-		goto out;
-	}
-	if (r < 0) {
-		why = "record header or stored-bytes checksum mismatch";
-		goto out;
-	}
-	why = st_decode_chunk(s, x->dc, d, loc, &rec, src, dst);
-	if (why)
-		r = -EIO;
 out:
-	if (why) {
+	if (r < 0 && why) {
+		char hex[2 * CKPT_DIGEST_LEN + 1], at[CKPT_CHUNK_DESC_MAX];
+
 		ckpt_digest_to_hex(d, hex);
-		ckpt_err("%s: chunk %s in pack %" PRIu64 " at offset %" PRIu64 " is damaged: %s",
-			 s->path, hex, loc->pack_id, loc->offset, why);
+		ckpt_cb_describe(s->cb, loc, at, sizeof(at));
+		ckpt_err("%s: chunk %s (%s) is damaged: %s", s->path, hex, at, why);
 	}
 	free(mem);
 	st_rctx_put(s, x);
@@ -149,7 +112,7 @@ int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_l
 		 * its old pack) between the lookup and the read */
 		struct ckpt_chunk_loc now;
 		if (ckpt_store_chunk_loc(s, d, &now, NULL) == 0 &&
-		    (now.pack_id != loc.pack_id || now.offset != loc.offset) &&
+		    !ckpt_chunk_loc_same(&now, &loc) &&
 		    now.raw_len == loc.raw_len) {
 			loc = now;
 			r = st_verify_chunk(s, d, &loc, buf, false);

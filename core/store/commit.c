@@ -76,56 +76,25 @@ int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n
 	return 0;
 }
 
-/* Sync the packs holding pending chunks that l references (I1). */
+/* Make the records of the pending chunks that l references durable (I1):
+ * the backend syncs each of their units once, up to the last of them. */
 static int sync_pending_of(ckpt_store *s, const struct ckpt_extent_list *l)
 {
-	struct {
-		uint64_t id, end;
-	} need[8];
-	size_t nneed = 0;
+	struct ckpt_chunk_loc locs[64];
+	size_t n = 0;
 	int r;
 
 	for (size_t i = 0; i < l->n; i++) {
-		struct ckpt_chunk_loc loc;
-		uint64_t end;
-		size_t j;
-
-		if (l->v[i].kind != CKPT_EXT_CHUNK || !st_pending_find(s, &l->v[i].digest, &loc))
+		if (l->v[i].kind != CKPT_EXT_CHUNK || !st_pending_find(s, &l->v[i].digest, &locs[n]))
 			continue;
-		end = loc.offset + ckpt_pack_rec_span(loc.stored_len);
-		for (j = 0; j < nneed; j++)
-			if (need[j].id == loc.pack_id)
-				break;
-		if (j == nneed) {
-			if (nneed == CKPT_ARRAY_SIZE(need)) {
-				/* Unusual: many packs; flush what we have. */
-				for (size_t k = 0; k < nneed; k++) {
-					ckpt_pack *p;
-					r = st_get_pack(s, need[k].id, &p);
-					if (r == 0)
-						r = ckpt_pack_sync(p, need[k].end);
-					if (r < 0)
-						return r;
-				}
-				nneed = 0;
-				j = 0;
-			}
-			need[j].id = loc.pack_id;
-			need[j].end = 0;
-			nneed++;
+		if (++n == CKPT_ARRAY_SIZE(locs)) {
+			r = ckpt_cb_sync(s->cb, locs, n);
+			if (r < 0)
+				return r;
+			n = 0;
 		}
-		if (end > need[j].end)
-			need[j].end = end;
 	}
-	for (size_t k = 0; k < nneed; k++) {
-		ckpt_pack *p;
-		r = st_get_pack(s, need[k].id, &p);
-		if (r == 0)
-			r = ckpt_pack_sync(p, need[k].end);
-		if (r < 0)
-			return r;
-	}
-	return 0;
+	return n ? ckpt_cb_sync(s->cb, locs, n) : 0;
 }
 
 

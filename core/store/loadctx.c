@@ -12,12 +12,6 @@ void st_tls_free(void *p)
 		return;
 	ckpt_compressor_free(t->cc);
 	ckpt_decompressor_free(t->dc);
-	/* every batch was finished: no read is in flight */
-	if (t->aio_state == 1)
-		(void)syscall(SYS_io_destroy, t->aio);
-	for (int i = 0; i < PF_INFLIGHT; i++)
-		if (t->span_map[i])
-			munmap(t->span_map[i], SPAN_BUF + SPAN_ALIGN);
 	free(t);
 }
 
@@ -27,7 +21,7 @@ void st_rctx_free(struct rctx *x)
 		return;
 	ckpt_decompressor_free(x->dc);
 	if (x->rec_map)
-		munmap(x->rec_map, x->rec_cap + SPAN_ALIGN);
+		munmap(x->rec_map, x->rec_cap + CKPT_HUGE_ALIGN);
 	free(x);
 }
 
@@ -50,11 +44,11 @@ static struct rctx *rctx_new(ckpt_store *s)
 	return x;
 }
 
-/* x's record buffer, at least need bytes (need <= SPAN_BUF); NULL without
- * memory (x keeps its old buffer). */
+/* x's record buffer, at least need bytes (need <= RCTX_REC_MAX); NULL
+ * without memory (x keeps its old buffer). */
 uint8_t *st_rctx_rec(struct rctx *x, size_t need)
 {
-	size_t cap = (need + SPAN_ALIGN - 1) / SPAN_ALIGN * SPAN_ALIGN;
+	size_t cap = (need + CKPT_HUGE_ALIGN - 1) / CKPT_HUGE_ALIGN * CKPT_HUGE_ALIGN;
 	void *m;
 	uint8_t *a;
 
@@ -64,11 +58,24 @@ uint8_t *st_rctx_rec(struct rctx *x, size_t need)
 	if (!a)
 		return NULL;
 	if (x->rec_map)
-		munmap(x->rec_map, x->rec_cap + SPAN_ALIGN);
+		munmap(x->rec_map, x->rec_cap + CKPT_HUGE_ALIGN);
 	x->rec_map = m;
 	x->rec = a;
 	x->rec_cap = cap;
 	return a;
+}
+
+/* A buffer for a record the backend's get needs need bytes for: x's, or
+ * for a record larger than any chunker makes by default one of its own
+ * (*ret_own, the caller frees it).  NULL without memory. */
+uint8_t *st_rec_buf(struct rctx *x, size_t need, void **ret_own)
+{
+	*ret_own = NULL;
+	if (need <= RCTX_REC_MAX)
+		return st_rctx_rec(x, need);
+	if (posix_memalign(ret_own, CKPT_CHUNK_BUF_ALIGN, need) != 0)
+		*ret_own = NULL;
+	return *ret_own;
 }
 
 /* A read context off the free list, or a new one; NULL without memory. */
@@ -104,7 +111,10 @@ void st_rctx_put(ckpt_store *s, struct rctx *x)
  * then make their own. */
 void st_rctx_warm(ckpt_store *s)
 {
-	size_t need = ckpt_pack_direct_len(CKPT_PACK_DIRECT_ALIGN - 1, CKPT_CDC_DEFAULT_MAX);
+	size_t need = ckpt_cb_get_len_max(s->cb, CKPT_CDC_DEFAULT_MAX);
+
+	if (need > RCTX_REC_MAX)
+		return;
 
 	for (int i = 0; i < RCTX_WARM; i++) {
 		struct rctx *x = rctx_new(s);
@@ -121,51 +131,6 @@ void st_rctx_warm(ckpt_store *s)
 		pthread_mutex_unlock(&s->rctx_lock);
 		st_rctx_put(s, x);
 	}
-}
-
-/* The thread's span buffer i, mapped on first use; NULL without memory. */
-static uint8_t *tls_span(struct tls_ctx *t, int i)
-{
-	if (!t->span[i])
-		t->span[i] = ckpt_map_huge(SPAN_BUF, &t->span_map[i]);
-	return t->span[i];
-}
-
-/* A free span buffer of the thread, marked busy: its index, or -1 when
- * both are held or there is no memory. */
-int st_tls_span_take(struct tls_ctx *t)
-{
-	for (int i = 0; i < PF_INFLIGHT; i++) {
-		if (t->span_busy[i])
-			continue;
-		if (!tls_span(t, i))
-			return -1;
-		t->span_busy[i] = true;
-		return i;
-	}
-	return -1;
-}
-
-/*
- * The thread's AIO context, set up on first use: true when it has one.
- * Without one (the kernel lacks AIO, or fs.aio-max-nr is reached) the
- * thread reads its spans with pread; that is logged once per thread.
- */
-bool st_tls_aio(ckpt_store *s, struct tls_ctx *t)
-{
-	if (t->aio_state == 0) {
-		t->aio = 0;
-		if (s->opts.sync_readahead) {
-			t->aio_state = -1;
-		} else if (syscall(SYS_io_setup, PF_INFLIGHT * PF_SPANS, &t->aio) == 0) {
-			t->aio_state = 1;
-		} else {
-			ckpt_warn("%s: no kernel AIO (%s): read-ahead reads with pread", s->path,
-				  strerror(errno));
-			t->aio_state = -1;
-		}
-	}
-	return t->aio_state == 1;
 }
 
 struct tls_ctx *st_tls_get(ckpt_store *s)
@@ -202,14 +167,8 @@ int ckpt_store_prefetch_warm(ckpt_store *s)
 	if (!st_touch_at_open(&s->opts))
 		return 0; /* nothing touched ahead of use (buf_reserve=0) */
 	t = st_tls_get(s);
-	if (!t)
+	if (!t || ckpt_cb_span_warm(s->cb) < 0)
 		return -ENOMEM;
-	(void)st_tls_aio(s, t);
-	for (int i = 0; i < PF_INFLIGHT; i++) {
-		if (!tls_span(t, i))
-			return -ENOMEM;
-		ckpt_mem_populate(t->span[i], SPAN_BUF);
-	}
 	/* the planes of a shuffled chunk, before they are interleaved */
 	return ckpt_decompressor_reserve(t->dc, CKPT_CDC_DEFAULT_MAX);
 }

@@ -59,50 +59,25 @@ static struct chunk_info *find_chunk(struct chunk_info *arr, size_t n, const ckp
 	return bsearch(&key, arr, n, sizeof(*arr), chunk_info_cmp);
 }
 
-int st_list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes)
+/* The backend's units: how many, and their bytes. */
+static int units_size(ckpt_store *s, uint64_t *ret_n, uint64_t *ret_bytes, uint64_t *ret_payload)
 {
-	int fd = dup(s->packs_fd);
-	DIR *d;
-	struct dirent *de;
-	uint64_t *ids = NULL, bytes = 0;
-	size_t n = 0, cap = 0;
+	struct ckpt_chunk_unit *u;
+	size_t n;
+	int r = ckpt_cb_units(s->cb, &u, &n);
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
-	while ((de = readdir(d))) {
-		uint64_t id;
-		char tail[8];
-		struct stat st;
-
-		if (sscanf(de->d_name, "pack-%16" SCNx64 ".%7s", &id, tail) != 2 ||
-		    strcmp(tail, "ckpk") != 0)
-			continue;
-		if (n == cap) {
-			size_t nc = cap ? cap * 2 : 16;
-			uint64_t *ni = realloc(ids, nc * sizeof(*ni));
-			if (!ni) {
-				closedir(d);
-				free(ids);
-				return -ENOMEM;
-			}
-			ids = ni;
-			cap = nc;
-		}
-		ids[n++] = id;
-		if (fstatat(s->packs_fd, de->d_name, &st, 0) == 0)
-			bytes += (uint64_t)st.st_size;
-	}
-	closedir(d);
-	*ret_ids = ids;
+	if (r < 0)
+		return r;
 	*ret_n = n;
-	if (ret_bytes)
-		*ret_bytes = bytes;
+	*ret_bytes = 0;
+	if (ret_payload)
+		*ret_payload = 0;
+	for (size_t i = 0; i < n; i++) {
+		*ret_bytes += u[i].bytes;
+		if (ret_payload)
+			*ret_payload += u[i].payload;
+	}
+	free(u);
 	return 0;
 }
 
@@ -112,7 +87,7 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	const uint8_t *k, *v;
 	size_t kl, vl, n;
 	struct chunk_info *arr = NULL;
-	uint64_t *ids = NULL, indexed = 0;
+	uint64_t indexed = 0, payload = 0;
 	ckpt_iter *it;
 	int r;
 
@@ -144,7 +119,7 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < n; i++) {
-		indexed += ckpt_pack_rec_span(arr[i].loc.stored_len);
+		indexed += ckpt_cb_rec_bytes(s->cb, &arr[i].loc);
 		if (arr[i].loc.flags & CKPT_CHUNK_F_DEFERRED)
 			ret->deferred_chunks++;
 		if (arr[i].refs > 0) {
@@ -157,15 +132,12 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 		}
 	}
 	free(arr);
-	r = st_list_packs(s, &ids, &n, &ret->pack_bytes);
+	r = units_size(s, &ret->pack_files, &ret->pack_bytes, &payload);
 	if (r < 0)
 		return r;
-	ret->pack_files = n;
-	indexed += n * CKPT_PACK_HDR_SIZE;
 	/* records no index entry names: content of files deleted before it was
 	 * indexed, writes abandoned by a crash, failed appends */
-	ret->unindexed_bytes = ret->pack_bytes > indexed ? ret->pack_bytes - indexed : 0;
-	free(ids);
+	ret->unindexed_bytes = payload > indexed ? payload - indexed : 0;
 	return 0;
 }
 
@@ -280,13 +252,12 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	/* 1. every indexed chunk reads back and matches its digest */
 	for (size_t i = 0; i < nchunks; i++) {
 		if (chunks[i].loc.raw_len > CKPT_CHUNK_MAX ||
-		    ckpt_store_verify_chunk(s, &chunks[i].d, &chunks[i].loc, buf) < 0) {
-			char hex[33];
+		    st_verify_chunk(s, &chunks[i].d, &chunks[i].loc, buf, true) < 0) {
+			char hex[33], at[CKPT_CHUNK_DESC_MAX];
 			chunks[i].damaged = true;
 			ckpt_digest_to_hex(&chunks[i].d, hex);
-			snprintf(msg, sizeof(msg),
-				 "chunk %s (pack %" PRIu64 ", offset %" PRIu64 ") is damaged", hex,
-				 chunks[i].loc.pack_id, chunks[i].loc.offset);
+			ckpt_cb_describe(s->cb, &chunks[i].loc, at, sizeof(at));
+			snprintf(msg, sizeof(msg), "chunk %s (%s) is damaged", hex, at);
 			cb(ud, NULL, msg);
 			problems++;
 		}
@@ -382,53 +353,26 @@ out:
 	return r;
 }
 
-struct pack_usage {
-	uint64_t id;
-	uint64_t live_bytes; /* record spans of referenced chunks */
-	uint64_t size;
-};
-
-static int pack_usage_find(struct pack_usage *u, size_t n, uint64_t id)
-{
-	for (size_t i = 0; i < n; i++)
-		if (u[i].id == id)
-			return (int)i;
-	return -1;
-}
-
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 {
+	struct st_compact_stats cs = { 0 };
 	struct chunk_info *chunks = NULL;
-	struct pack_usage *use = NULL;
-	uint64_t *ids = NULL;
-	size_t nchunks = 0, nids = 0;
+	size_t nchunks = 0;
+	uint64_t n;
 	ckpt_batch *b = NULL;
-	uint8_t *buf = NULL;
 	int r;
 
 	memset(ret, 0, sizeof(*ret));
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
-	r = st_load_chunks(s, &chunks, &nchunks);
+	/* closed files first: their chunks are pending and pin their units */
+	r = ckpt_store_flush(s);
+	if (r == 0)
+		r = st_load_chunks(s, &chunks, &nchunks);
+	if (r == 0)
+		r = units_size(s, &n, &ret->bytes_before, NULL);
 	if (r < 0)
 		goto out;
-	r = st_list_packs(s, &ids, &nids, &ret->bytes_before);
-	if (r < 0)
-		goto out;
-	use = calloc(nids ? nids : 1, sizeof(*use));
-	buf = malloc(CKPT_CHUNK_MAX + 64);
-	if (!use || !buf) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < nids; i++) {
-		char name[64];
-		struct stat st;
-		use[i].id = ids[i];
-		ckpt_pack_name(ids[i], name, sizeof(name));
-		if (fstatat(s->packs_fd, name, &st, 0) == 0)
-			use[i].size = (uint64_t)st.st_size;
-	}
 	/* 1. drop index entries of unreferenced chunks */
 	b = ckpt_batch_new();
 	if (!b) {
@@ -437,123 +381,25 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 	}
 	for (size_t i = 0; i < nchunks; i++) {
 		uint8_t key[32];
-		int p;
-		if (chunks[i].refs == 0) {
-			ckpt_batch_delete(b, key, ckpt_key_chunk(key, &chunks[i].d));
-			ret->chunks_dropped++;
-			ret->bytes_dropped += chunks[i].loc.stored_len;
+
+		if (chunks[i].refs > 0)
 			continue;
-		}
-		p = pack_usage_find(use, nids, chunks[i].loc.pack_id);
-		if (p >= 0)
-			use[p].live_bytes += ckpt_pack_rec_span(chunks[i].loc.stored_len);
+		ckpt_batch_delete(b, key, ckpt_key_chunk(key, &chunks[i].d));
+		ret->chunks_dropped++;
+		ret->bytes_dropped += chunks[i].loc.stored_len;
 	}
 	r = ckpt_index_write(s->ix, b, true);
 	if (r < 0)
 		goto out;
-	/* 2. per pack: delete if nothing live, rewrite if mostly dead */
-	for (size_t pi = 0; pi < nids; pi++) {
-		struct pack_usage *u = &use[pi];
-		uint64_t payload = u->size > CKPT_PACK_HDR_SIZE ? u->size - CKPT_PACK_HDR_SIZE : 0;
-		char name[64];
-		ckpt_pack *src = NULL;
-		bool keep = false; /* a damaged chunk stays where it is */
-
-		ckpt_pack_name(u->id, name, sizeof(name));
-		if (u->live_bytes > 0 && u->live_bytes * 10 >= payload * 8)
-			continue; /* >= 80% live: not worth copying */
-		if (u->live_bytes > 0) {
-			ckpt_batch_free(b);
-			b = ckpt_batch_new();
-			if (!b) {
-				r = -ENOMEM;
-				goto out;
-			}
-			r = st_get_pack(s, u->id, &src);
-			if (r < 0)
-				goto out;
-			pthread_mutex_lock(&s->pack_lock);
-			if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max ||
-			    ckpt_pack_id(s->wpack) == u->id)
-				r = st_roll_pack_locked(s); /* never copy a pack into itself */
-			pthread_mutex_unlock(&s->pack_lock);
-			if (r < 0)
-				goto out;
-			for (size_t i = 0; i < nchunks; i++) {
-				struct ckpt_pack_rec rec;
-				struct ckpt_chunk_loc nl;
-				uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
-				if (chunks[i].refs == 0 || chunks[i].loc.pack_id != u->id)
-					continue;
-				r = ckpt_pack_read(src, chunks[i].loc.offset, chunks[i].loc.stored_len,
-						   &rec, buf);
-				if (r == -EIO) {
-					char hex[33];
-					ckpt_digest_to_hex(&chunks[i].d, hex);
-					ckpt_err("%s: gc: chunk %s in pack %" PRIu64
-						 " is damaged; pack kept, run ckpt fsck",
-						 s->path, hex, u->id);
-					keep = true;
-					r = 0;
-					continue;
-				}
-				if (r < 0)
-					break;
-				if (ckpt_pack_size(s->wpack) >= s->opts.pack_max) {
-					pthread_mutex_lock(&s->pack_lock);
-					r = st_roll_pack_locked(s);
-					pthread_mutex_unlock(&s->pack_lock);
-					if (r < 0)
-						break;
-				}
-				nl = chunks[i].loc;
-				r = ckpt_pack_append(s->wpack, &rec, buf, &nl.offset);
-				if (r < 0)
-					break;
-				nl.pack_id = ckpt_pack_id(s->wpack);
-				r = ckpt_pack_sync(s->wpack, nl.offset + ckpt_pack_rec_span(nl.stored_len));
-				if (r < 0)
-					break;
-				ckpt_chunk_rec_encode(&nl, chunks[i].refs, val);
-				ckpt_batch_put(b, key, ckpt_key_chunk(key, &chunks[i].d), val,
-					       sizeof(val));
-				chunks[i].loc = nl;
-			}
-			if (r < 0)
-				goto out;
-			/* new copies are durable; switch the index, then drop the old pack */
-			r = ckpt_index_write(s->ix, b, true);
-			if (r < 0)
-				goto out;
-			ret->packs_rewritten++;
-		}
-		if (keep || (s->wpack && ckpt_pack_id(s->wpack) == u->id))
-			continue;
-		pthread_mutex_lock(&s->pack_lock);
-		for (size_t i = 0; i < s->npacks; i++) {
-			if (ckpt_pack_id(s->packs[i]) == u->id) {
-				ckpt_pack_free(s->packs[i]);
-				s->packs[i] = s->packs[--s->npacks];
-				break;
-			}
-		}
-		pthread_mutex_unlock(&s->pack_lock);
-		if (unlinkat(s->packs_fd, name, 0) < 0) {
-			r = -errno;
-			goto out;
-		}
-		ret->packs_deleted++;
-	}
-	fsync(s->packs_fd);
-	free(ids);
-	ids = NULL;
-	r = st_list_packs(s, &ids, &nids, &ret->bytes_after);
+	/* 2. the units that are now mostly dead: rewritten or deleted */
+	r = st_compact(s, SIZE_MAX, false, &cs);
+	if (r < 0)
+		goto out;
+	ret->packs_rewritten = cs.units_rewritten;
+	ret->packs_deleted = cs.units_deleted;
+	r = units_size(s, &n, &ret->bytes_after, NULL);
 out:
 	ckpt_batch_free(b);
 	free(chunks);
-	free(use);
-	free(ids);
-	free(buf);
 	return r;
 }
-

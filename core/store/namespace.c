@@ -675,8 +675,10 @@ int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ent
 
 int ckpt_store_statfs(ckpt_store *s, struct statvfs *ret)
 {
-	if (fstatvfs(s->packs_fd, ret) < 0)
-		return -errno;
+	int r = ckpt_cb_statfs(s->cb, ret);
+
+	if (r < 0)
+		return r;
 	ret->f_namemax = CKPT_NAME_MAX;
 	return 0;
 }

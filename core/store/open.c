@@ -230,12 +230,9 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		goto fail;
 	}
 	s->lock_fd = -1;
-	s->packs_fd = -1;
 	s->opts = *o;
 	s->path = strdup(path);
 	pthread_mutex_init(&s->ns_lock, NULL);
-	pthread_mutex_init(&s->pack_lock, NULL);
-	pthread_rwlock_init(&s->pack_rw, NULL);
 	pthread_mutex_init(&s->pending_lock, NULL);
 	pthread_mutex_init(&s->commit_lock, NULL);
 	pthread_mutex_init(&s->overlay_lock, NULL);
@@ -279,19 +276,9 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			goto fail;
 		}
 	}
-	if (fresh) {
-		if ((mkdirat(dfd, "packs", 0755) < 0 && errno != EEXIST) ||
-		    (mkdirat(dfd, "staging", 0700) < 0 && errno != EEXIST)) {
-			r = -errno;
-			snprintf(err, errlen, "%s: cannot create store layout: %s", path,
-				 strerror(errno));
-			goto fail;
-		}
-	}
-	s->packs_fd = openat(dfd, "packs", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (s->packs_fd < 0) {
+	if (fresh && mkdirat(dfd, "staging", 0700) < 0 && errno != EEXIST) {
 		r = -errno;
-		snprintf(err, errlen, "%s: missing packs directory: %s", path, strerror(errno));
+		snprintf(err, errlen, "%s: cannot create store layout: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (asprintf(&ixdir, "%s/index", path) < 0) {
@@ -304,8 +291,6 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		goto fail;
 	if (fresh) {
 		r = init_index(s);
-		if (r == 0)
-			r = write_marker(dfd); /* last: a half-created store has no marker */
 		if (r < 0) {
 			snprintf(err, errlen, "%s: cannot initialize store: %s", path, strerror(-r));
 			goto fail;
@@ -314,6 +299,16 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	r = load_meta(s, err, errlen);
 	if (r < 0)
 		goto fail;
+	r = st_backend_open(s, dfd, fresh, err, errlen);
+	if (r < 0)
+		goto fail;
+	if (fresh) {
+		r = write_marker(dfd); /* last: a half-created store has no marker */
+		if (r < 0) {
+			snprintf(err, errlen, "%s: cannot initialize store: %s", path, strerror(-r));
+			goto fail;
+		}
+	}
 	r = ckpt_cache_new(o->cache_size, &s->cache);
 	if (r < 0)
 		goto fail;
@@ -394,15 +389,11 @@ void ckpt_store_free(ckpt_store *s)
 	if (s->ix && s->opts.mode == CKPT_STORE_RW) {
 		if (ckpt_store_flush(s) < 0)
 			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
-		pthread_mutex_lock(&s->pack_lock);
-		for (size_t i = 0; i < s->npacks; i++)
-			ckpt_pack_sync(s->packs[i], UINT64_MAX);
-		pthread_mutex_unlock(&s->pack_lock);
+		if (s->cb)
+			(void)ckpt_cb_sync_all(s->cb);
 		ckpt_index_flush(s->ix);
 	}
-	for (size_t i = 0; i < s->npacks; i++)
-		ckpt_pack_free(s->packs[i]);
-	free(s->packs);
+	ckpt_cb_free(s->cb);
 	for (size_t i = 0; i < PENDING_BUCKETS; i++) {
 		struct pending *p = s->pending[i], *n;
 		for (; p; p = n) {
@@ -424,13 +415,9 @@ void ckpt_store_free(ckpt_store *s)
 	ckpt_index_free(s->ix);
 	ckpt_cache_free(s->cache);
 	ckpt_hasher_free(s->hasher);
-	if (s->packs_fd >= 0)
-		close(s->packs_fd);
 	if (s->lock_fd >= 0)
 		close(s->lock_fd);
 	pthread_mutex_destroy(&s->ns_lock);
-	pthread_mutex_destroy(&s->pack_lock);
-	pthread_rwlock_destroy(&s->pack_rw);
 	pthread_mutex_destroy(&s->pending_lock);
 	for (size_t i = 0; i < COMMIT_BUCKETS; i++) {
 		struct commit *c = s->overlay[i], *n;

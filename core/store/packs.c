@@ -1,78 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * packs.c - the pack set and the pending table.
+ * packs.c - opening the chunk backend, and the pending table (chunks put
+ * but not yet indexed: their locations, for readers and commits).
  */
 #include "store/store_int.h"
 
-/* Caller holds pack_lock. */
-static ckpt_pack *find_pack_locked(ckpt_store *s, uint64_t id)
+/* The backend's next_id: a new unit id, persisted first so that an id is
+ * never reused after a crash.  The backend serialises the calls. */
+static int next_unit_id(void *ud, uint64_t *ret_id)
 {
-	for (size_t i = 0; i < s->npacks; i++)
-		if (ckpt_pack_id(s->packs[i]) == id)
-			return s->packs[i];
-	return NULL;
-}
-
-static int add_pack_locked(ckpt_store *s, ckpt_pack *p)
-{
-	if (s->npacks == s->cap_packs) {
-		size_t cap = s->cap_packs ? s->cap_packs * 2 : 16;
-		ckpt_pack **v = realloc(s->packs, cap * sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		s->packs = v;
-		s->cap_packs = cap;
-	}
-	s->packs[s->npacks++] = p;
-	return 0;
-}
-
-int st_get_pack(ckpt_store *s, uint64_t id, ckpt_pack **ret)
-{
-	ckpt_pack *p;
-	int r = 0;
-
-	pthread_mutex_lock(&s->pack_lock);
-	p = find_pack_locked(s, id);
-	if (!p) {
-		r = ckpt_pack_open(s->packs_fd, id, s->uuid, false, &p);
-		if (r == 0) {
-			r = add_pack_locked(s, p);
-			if (r < 0)
-				ckpt_pack_free(p);
-		} else {
-			ckpt_err("%s: cannot open pack %" PRIu64 ": %s", s->path, id, strerror(-r));
-		}
-	}
-	pthread_mutex_unlock(&s->pack_lock);
-	if (r == 0)
-		*ret = p;
-	return r;
-}
-
-int st_new_pack_locked(ckpt_store *s, ckpt_pack **ret);
-
-/* Start a new write pack.  Caller holds pack_lock. */
-int st_roll_pack_locked(ckpt_store *s)
-{
-	ckpt_pack *p;
-	int r = st_new_pack_locked(s, &p);
-
-	if (r == 0)
-		s->wpack = p;
-	return r;
-}
-
-/* Create and register a new pack.  Caller holds pack_lock. */
-int st_new_pack_locked(ckpt_store *s, ckpt_pack **ret)
-{
-	ckpt_batch *b;
-	ckpt_pack *p = NULL;
+	ckpt_store *s = ud;
 	uint64_t id = s->next_pack;
+	ckpt_batch *b = ckpt_batch_new();
 	int r;
 
-	/* Persist the counter first so an id is never reused after a crash. */
-	b = ckpt_batch_new();
 	if (!b)
 		return -ENOMEM;
 	st_batch_meta_u64(b, "next_pack", id + 1);
@@ -81,20 +22,33 @@ int st_new_pack_locked(ckpt_store *s, ckpt_pack **ret)
 	if (r < 0)
 		return r;
 	s->next_pack = id + 1;
-	r = ckpt_pack_create(s->packs_fd, id, s->uuid, &p);
-	if (r < 0) {
-		ckpt_err("%s: cannot create pack %" PRIu64 ": %s", s->path, id, strerror(-r));
-		return r;
-	}
-	r = add_pack_locked(s, p);
-	if (r < 0) {
-		ckpt_pack_free(p);
-		return r;
-	}
-	*ret = p;
+	*ret_id = id;
 	return 0;
 }
 
+/* Open the chunk backend the options name, in the store directory dfd
+ * (create: a new store's layout), once the uuid and counters are loaded. */
+int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen)
+{
+	const struct ckpt_chunk_backend_ops *ops = ckpt_chunk_backend_find(s->opts.chunk_backend);
+	struct ckpt_chunk_backend_conf conf = {
+		.store_path = s->path,
+		.store_fd = dfd,
+		.uuid = s->uuid,
+		.writable = s->opts.mode == CKPT_STORE_RW,
+		.create = create,
+		.unit_max = s->opts.pack_max,
+		.sync_readahead = s->opts.sync_readahead,
+		.next_id = next_unit_id,
+		.ud = s,
+	};
+
+	if (!ops) {
+		snprintf(err, errlen, "%s: unknown chunk backend '%s'", s->path, s->opts.chunk_backend);
+		return -EINVAL;
+	}
+	return ops->open(&conf, &s->cb, err, errlen);
+}
 
 unsigned st_pending_bucket(const ckpt_digest *d)
 {

@@ -19,7 +19,7 @@ static int verify_same(ckpt_store *s, const ckpt_digest *d, const struct iovec *
 	buf = malloc(len ? len : 1);
 	if (!buf)
 		return -ENOMEM;
-	r = ckpt_store_verify_chunk(s, d, &loc, buf);
+	r = st_verify_chunk(s, d, &loc, buf, true);
 	for (int i = 0; r == 0 && i < cnt; i++) {
 		if (memcmp(buf + at, iov[i].iov_base, iov[i].iov_len) != 0)
 			r = -EIO;
@@ -36,76 +36,38 @@ static int verify_same(ckpt_store *s, const ckpt_digest *d, const struct iovec *
 }
 
 /* Keep free space for the index: RocksDB cannot be relied on to survive
- * running out of disk (it may assert, and recovery needs space), so pack
- * appends fail with ENOSPC while free space is below the reserve:
- * min(CKPT_RESERVE_MAX, 1/8 of the filesystem). */
+ * running out of disk (it may assert, and recovery needs space), so chunk
+ * puts fail with ENOSPC while the backend's free space is below the
+ * reserve: min(CKPT_RESERVE_MAX, 1/8 of the filesystem).  reserve false:
+ * only the space the record takes (compaction in a store nothing else
+ * writes to, which frees more than it copies). */
 #define CKPT_RESERVE_MAX (256ull << 20)
-int st_check_space(ckpt_store *s, size_t need)
+int st_check_space(ckpt_store *s, size_t need, bool reserve)
 {
 	struct statvfs st;
-	uint64_t avail, total, reserve;
+	uint64_t avail, total, keep;
 
-	if (fstatvfs(s->packs_fd, &st) < 0)
+	if (ckpt_cb_statfs(s->cb, &st) < 0)
 		return 0; /* cannot tell: let the write itself fail */
 	avail = (uint64_t)st.f_bavail * st.f_frsize;
 	total = (uint64_t)st.f_blocks * st.f_frsize;
-	reserve = CKPT_MIN(CKPT_RESERVE_MAX, total / 8);
-	if (avail < reserve + need + CKPT_PACK_REC_HDR_SIZE) {
+	keep = reserve ? CKPT_MIN(CKPT_RESERVE_MAX, total / 8) : 0;
+	/* the record's header and padding: at most one block */
+	if (avail < keep + need + CKPT_CHUNK_BUF_ALIGN) {
 		ckpt_warn("%s: backing filesystem nearly full (%" PRIu64 " bytes free, %" PRIu64
-			  " reserved for the index): ENOSPC", s->path, avail, reserve);
+			  " reserved for the index): ENOSPC", s->path, avail, keep);
 		return -ENOSPC;
 	}
 	return 0;
 }
 
-
-/* Append a record to pack p (thread-safe; packs are never freed while they
- * are append targets). */
-static int append_to(ckpt_pack *p, const struct ckpt_pack_rec *rec, const struct iovec *iov,
-		     int cnt, struct ckpt_chunk_loc *ret_loc)
-{
-	int r;
-
-	memset(ret_loc, 0, sizeof(*ret_loc));
-	r = ckpt_pack_appendv(p, rec, iov, cnt, &ret_loc->offset);
-	if (r < 0)
-		return r;
-	ret_loc->pack_id = ckpt_pack_id(p);
-	ret_loc->stored_len = rec->stored_len;
-	ret_loc->raw_len = rec->raw_len;
-	ret_loc->codec = rec->codec;
-	return 0;
-}
-
-/* Append a record to the current write pack (rolling it when full). */
-static int append_record(ckpt_store *s, const struct ckpt_pack_rec *rec, const struct iovec *iov,
-			 int cnt, struct ckpt_chunk_loc *ret_loc)
-{
-	ckpt_pack *p;
-	int r = 0;
-
-	pthread_mutex_lock(&s->pack_lock);
-	if (!s->wpack || ckpt_pack_size(s->wpack) >= s->opts.pack_max)
-		r = st_roll_pack_locked(s);
-	p = s->wpack;
-	pthread_mutex_unlock(&s->pack_lock);
-	return r < 0 ? r : append_to(p, rec, iov, cnt, ret_loc);
-}
-
-/* Append for the background thread (to bgpack). */
-int st_append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
-			    struct ckpt_chunk_loc *ret_loc)
+/* Append for background work (kept apart from fresh chunks). */
+int st_append_record_bg(ckpt_store *s, const struct ckpt_chunk_rec *rec, const void *data,
+			struct ckpt_chunk_loc *ret_loc)
 {
 	struct iovec one = { (void *)data, rec->stored_len };
-	ckpt_pack *p;
-	int r = 0;
 
-	pthread_mutex_lock(&s->pack_lock);
-	if (!s->bgpack || ckpt_pack_size(s->bgpack) >= s->opts.pack_max)
-		r = st_new_pack_locked(s, &s->bgpack);
-	p = s->bgpack;
-	pthread_mutex_unlock(&s->pack_lock);
-	return r < 0 ? r : append_to(p, rec, &one, 1, ret_loc);
+	return ckpt_cb_put(s->cb, rec, &one, 1, CKPT_CHUNK_MOVED, ret_loc);
 }
 
 void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
@@ -158,7 +120,7 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	struct tls_ctx *t;
 	bool deferred;
 	struct ckpt_chunk_loc loc;
-	struct ckpt_pack_rec rec;
+	struct ckpt_chunk_rec rec;
 	struct iovec outv;
 	const struct iovec *stored = iov;
 	int nstored = cnt;
@@ -170,7 +132,7 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	size_t vlen;
 	int r;
 
-	if (!iov || cnt < 1 || cnt > CKPT_PACK_MAX_IOV)
+	if (!iov || cnt < 1 || cnt > CKPT_CHUNK_PUT_IOV)
 		return -EINVAL;
 	for (int i = 0; i < cnt; i++) {
 		if (!iov[i].iov_base)
@@ -231,14 +193,14 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		nstored = 1;
 		rec.stored_len = (uint32_t)out_len;
 	}
-	r = st_check_space(s, rec.stored_len);
+	r = st_check_space(s, rec.stored_len, true);
 	if (r < 0)
 		goto out;
 	rec.raw_len = (uint32_t)len;
 	memcpy(rec.digest, d.bytes, CKPT_DIGEST_LEN);
 	atomic_fetch_add(&s->puts_inflight, 1);
 	atomic_store(&s->last_put_ns, ckpt_mono_ns());
-	r = append_record(s, &rec, stored, nstored, &loc);
+	r = ckpt_cb_put(s->cb, &rec, stored, nstored, CKPT_CHUNK_FRESH, &loc);
 	if (r == 0) {
 		if (deferred) {
 			loc.flags = CKPT_CHUNK_F_DEFERRED;

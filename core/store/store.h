@@ -77,6 +77,10 @@ struct ckpt_store_opts {
 	bool inline_compress; /* compress on the write path instead of in the background */
 	bool background;      /* run background compression/compaction (the daemon);
 			       * off: chunks are compressed inline */
+	const char *chunk_backend; /* registered name (chunk/backend.h); NULL: "pack" */
+	unsigned compact_live; /* compaction (background and gc) reclaims units
+				* whose live records fill less than this % of
+				* them (1..100); 0: CKPT_COMPACT_LIVE_DEFAULT */
 	bool sync_readahead;  /* read-ahead reads with pread, not kernel AIO (tests,
 			       * A/B runs; AIO missing from the kernel does the same) */
 	uint64_t buf_reserve; /* chunk buffers mapped and touched at open and kept
@@ -87,6 +91,7 @@ struct ckpt_store_opts {
 			       * (24 MiB: verify_chunk's read contexts) */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
+#define CKPT_COMPACT_LIVE_DEFAULT 80
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
 
 /* Open (and with o->create, create) the store at path.  Errors: -ENOENT
@@ -115,7 +120,7 @@ bool ckpt_store_put_is_cheap(const ckpt_store *s);
 int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned elem_size,
 			 ckpt_digest *ret_digest);
 /* ckpt_store_put_chunk() of the concatenation of iov[0..cnt) (cnt 1..
- * CKPT_PACK_MAX_IOV): hashed and, when compression is deferred, written
+ * CKPT_CHUNK_PUT_IOV): hashed and, when compression is deferred, written
  * without joining the pieces. */
 int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsigned elem_size,
 			  ckpt_digest *ret_digest);
@@ -160,7 +165,7 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
  * opts.sync_readahead) submitted spans are read in _finish too.
  */
 typedef struct ckpt_prefetch ckpt_prefetch;
-#define CKPT_PREFETCH_INFLIGHT 2 /* span buffers per thread */
+#define CKPT_PREFETCH_INFLIGHT CKPT_CHUNK_SPAN_INFLIGHT /* span buffers per thread */
 int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, bool submit,
 			      ckpt_prefetch **ret_pf);
 int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,
@@ -205,13 +210,10 @@ void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret);
  * len) (accepts NULL). */
 uint8_t *ckpt_store_buf_alloc(ckpt_store *s, size_t len);
 void ckpt_store_buf_free(ckpt_store *s, uint8_t *buf, size_t len);
-/* Location of a chunk (pending or indexed). */
+/* Location of a chunk (pending or indexed): its where bytes are the chunk
+ * backend's, opaque here (tests of a backend decode them). */
 int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
 			 uint64_t *ret_refcount);
-/* Read and fully verify a chunk bypassing the cache (record checksum,
- * decompression, keyed digest).  dst receives loc->raw_len bytes. */
-int ckpt_store_verify_chunk(ckpt_store *s, const ckpt_digest *d,
-			    const struct ckpt_chunk_loc *loc, void *dst);
 
 /* ---- files ---- */
 

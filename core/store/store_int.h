@@ -21,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <linux/aio_abi.h>
-#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -32,7 +30,7 @@
 #include "chunk/cache.h"
 #include "chunk/chunker.h"
 #include "chunk/compress.h"
-#include "chunk/pack.h"
+#include "chunk/backend.h"
 #include "base/util.h"
 
 
@@ -72,7 +70,7 @@ struct ckpt_store {
 	char *path;
 	struct ckpt_store_opts opts;
 	int lock_fd;
-	int packs_fd;
+	ckpt_chunk_backend *cb; /* where chunk records live (chunk/backend.h) */
 	ckpt_index *ix;
 	ckpt_hasher *hasher;
 	ckpt_cache *cache;
@@ -82,33 +80,21 @@ struct ckpt_store {
 	struct rctx *rctx_free; /* read contexts not in use (rctx_get), rctx_lock */
 	unsigned rctx_nfree;    /* their number, rctx_lock */
 	uint64_t rctx_made, rctx_warm; /* made in all, made at open (rctx_lock) */
-	struct ckpt_prefetch_stats pf_stats; /* read-ahead's requests (atomic adds) */
 
 	pthread_mutex_t ns_lock;
 	/* Protected by ns_lock: */
 	uint64_t next_ino;
 
-	/* Readers hold pack_rw (read) while they use a sealed pack's object;
-	 * compaction takes it (write) to free the object of a deleted pack, so
-	 * that its disk space is released without waiting for unmount.
-	 * Read-ahead holds it while it submits reads (pf_submit), not until
-	 * they complete: a submitted read holds its own reference to the file. */
-	pthread_rwlock_t pack_rw;
-	pthread_mutex_t pack_lock;
-	/* Protected by pack_lock: */
-	ckpt_pack **packs; /* opened packs, any order */
-	size_t npacks, cap_packs;
-	ckpt_pack *wpack;  /* current append target (also in packs[]) */
-	ckpt_pack *bgpack; /* append target of background work: compressed and
-			    * moved chunks stay apart from fresh raw ones, so
-			    * packs of raw data die whole and need no copying */
+	/* The backend's unit id counter ("next_pack" in the index): only the
+	 * backend's next_id callback touches it, and the backend serialises
+	 * those calls. */
 	uint64_t next_pack;
 
 	pthread_mutex_t pending_lock;
 	/* Protected by pending_lock: */
 	struct pending *pending[PENDING_BUCKETS];
 
-	/* Lock order: commit_lock -> ns_lock -> {pack,pending,overlay}_lock. */
+	/* Lock order: commit_lock -> ns_lock -> {pending,overlay}_lock. */
 	pthread_mutex_t commit_lock; /* serializes writers of file content to the index */
 	pthread_mutex_t overlay_lock;
 	/* Protected by overlay_lock: */
@@ -133,7 +119,7 @@ struct ckpt_store {
 	/* Atomic: */
 	atomic_llong last_put_ns;
 	atomic_int puts_inflight;
-	uint64_t *bg_skip; /* background thread only */
+	uint64_t *bg_skip; /* units compaction leaves alone (st_compact's caller) */
 	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
@@ -145,58 +131,38 @@ struct bg_item {
 };
 
 
-
-/*
- * Span buffers of read-ahead (ckpt_store_prefetch_begin): SPAN_BUF bytes
- * each, aligned to 2 MiB and advised MADV_HUGEPAGE.  This virtio disk
- * serves O_DIRECT reads into huge pages about twice as fast as into 4 KiB
- * pages, at any request size from 512 KiB to 4 MiB (docs/performance.md
- * 6d, 6e).  A thread has PF_INFLIGHT of them: one per batch it has begun
- * and not finished.
- */
-#define SPAN_MAX (4u << 20) /* one request */
-#define SPAN_BUF (8u << 20) /* the spans of one batch */
-#define SPAN_ALIGN CKPT_HUGE_ALIGN
-#define SPAN_GAP (64u << 10) /* records this far apart still share a span */
-#define PF_INFLIGHT CKPT_PREFETCH_INFLIGHT /* batches begun and not finished */
-#define PF_SPANS 16         /* requests of one batch; the rest load alone */
-
+/* A thread's compressor and decompressor (put path, background work and
+ * read-ahead decoding). */
 struct tls_ctx {
 	ckpt_compressor *cc;
 	ckpt_decompressor *dc;
-	void *span_map[PF_INFLIGHT]; /* SPAN_BUF + SPAN_ALIGN bytes each, or NULL */
-	uint8_t *span[PF_INFLIGHT];  /* SPAN_BUF bytes inside, 2 MiB aligned */
-	bool span_busy[PF_INFLIGHT]; /* held by a batch begun and not finished */
-	aio_context_t aio; /* the thread's kernel AIO context (aio_state 1) */
-	int aio_state;     /* 0 not set up yet, 1 set up, -1 unavailable */
 };
 
 
 /*
- * Read contexts: what one chunk load by verify_chunk() works in (a record
- * buffer for its O_DIRECT read and a decompressor), borrowed from the
- * store's free list for that one load by whatever thread loads it.  They
- * used to be per thread; but libfuse starts and ends worker threads as the
- * load changes (eight started during one cold four-reader view read), and
- * a new thread's first load faulted in and zeroed a new record buffer and
- * decompressor: 7.5% of the daemon's CPU time in that read
- * (docs/performance.md 6l).  The free list outlives the threads, and when
- * the store opens with touch_at_open() RCTX_WARM of them are made and
- * touched for chunks of the default chunker's maximum size.  At most
- * RCTX_KEEP are kept free; a load finding none makes one.
+ * Read contexts: what one chunk load by st_verify_chunk() works in (a
+ * record buffer for the backend's get and a decompressor), borrowed from
+ * the store's free list for that one load by whatever thread loads it.
+ * Not per thread: libfuse starts and ends worker threads as the load
+ * changes, and a new thread's first load would fault in and zero a new
+ * record buffer and decompressor on the read path.  The free list outlives
+ * the threads, and when the store opens with touch_at_open() RCTX_WARM of
+ * them are made and touched for chunks of the default chunker's maximum
+ * size.  At most RCTX_KEEP are kept free; a load finding none makes one.
  *
- * The record buffer: huge pages, since this virtio disk serves O_DIRECT
- * reads into huge pages at 2.2-2.6 GB/s and into 4 KiB pages at 1.05-1.08
- * whatever the request size (docs/performance.md 6e).
+ * The record buffer is in huge pages (ckpt_map_huge): the pack backend
+ * reads into it with O_DIRECT, which costs the kernel less per byte into
+ * huge pages than into 4 KiB pages (docs/performance.md has the figures).
  */
 #define RCTX_WARM 4
 #define RCTX_KEEP 16
+#define RCTX_REC_MAX (8u << 20) /* larger records get a buffer of their own */
 
 struct rctx {
 	ckpt_decompressor *dc;
-	void *rec_map;  /* rec_cap + SPAN_ALIGN bytes, or NULL */
-	uint8_t *rec;   /* rec_cap bytes, 2 MiB aligned */
-	size_t rec_cap; /* a multiple of SPAN_ALIGN, at most SPAN_BUF */
+	void *rec_map;  /* rec_cap + CKPT_HUGE_ALIGN bytes, or NULL */
+	uint8_t *rec;   /* rec_cap bytes, huge-page aligned */
+	size_t rec_cap; /* a multiple of CKPT_HUGE_ALIGN, at most RCTX_REC_MAX */
 	struct rctx *next; /* on the free list */
 };
 
@@ -223,11 +189,10 @@ struct delta {
 void st_tls_free(void *p);
 void st_rctx_free(struct rctx *x);
 uint8_t *st_rctx_rec(struct rctx *x, size_t need);
+uint8_t *st_rec_buf(struct rctx *x, size_t need, void **ret_own);
 struct rctx *st_rctx_get(ckpt_store *s);
 void st_rctx_put(ckpt_store *s, struct rctx *x);
 void st_rctx_warm(ckpt_store *s);
-int st_tls_span_take(struct tls_ctx *t);
-bool st_tls_aio(ckpt_store *s, struct tls_ctx *t);
 struct tls_ctx *st_tls_get(ckpt_store *s);
 bool st_touch_at_open(const struct ckpt_store_opts *o);
 
@@ -238,9 +203,7 @@ void st_batch_meta_bytes(ckpt_batch *b, const char *name, const void *v, size_t 
 void st_batch_inode(ckpt_batch *b, const struct ckpt_inode *in);
 
 /* packs.c */
-int st_get_pack(ckpt_store *s, uint64_t id, ckpt_pack **ret);
-int st_roll_pack_locked(ckpt_store *s);
-int st_new_pack_locked(ckpt_store *s, ckpt_pack **ret);
+int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen);
 unsigned st_pending_bucket(const ckpt_digest *d);
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
@@ -248,17 +211,17 @@ void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
 
 /* chunks.c */
 const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
-				const struct ckpt_chunk_loc *loc, const struct ckpt_pack_rec *rec,
-				const uint8_t *src, void *dst);
+			    const struct ckpt_chunk_loc *loc, const struct ckpt_chunk_rec *rec,
+			    const uint8_t *src, void *dst);
 int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 			void *dst, bool rec_csum);
 int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *known,
 		      uint8_t **ret_buf, size_t *ret_len);
 
 /* put.c */
-int st_check_space(ckpt_store *s, size_t need);
-int st_append_record_bg(ckpt_store *s, const struct ckpt_pack_rec *rec, const void *data,
-			    struct ckpt_chunk_loc *ret_loc);
+int st_check_space(ckpt_store *s, size_t need, bool reserve);
+int st_append_record_bg(ckpt_store *s, const struct ckpt_chunk_rec *rec, const void *data,
+			struct ckpt_chunk_loc *ret_loc);
 void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem);
 
 /* background.c */
@@ -280,6 +243,13 @@ void *st_flusher_main(void *arg);
 
 /* maint.c */
 int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
-int st_list_packs(ckpt_store *s, uint64_t **ret_ids, size_t *ret_n, uint64_t *ret_bytes);
+
+/* compact.c */
+struct st_compact_stats {
+	uint64_t moved;           /* chunks copied out of reclaimed units */
+	uint64_t units_rewritten; /* reclaimed units that held indexed chunks */
+	uint64_t units_deleted;   /* units reclaimed */
+};
+int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_stats *res);
 
 #endif
