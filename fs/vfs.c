@@ -400,8 +400,8 @@ static bool read_ahead(struct vfs *v, struct tree_file *f, size_t size, uint64_t
  * keeping every page of a large load in the page cache only pushes out what
  * the node needs, and where the host reclaims memory the guest frees
  * (virtio-balloon free page reporting) each page of fresh page cache costs
- * a host page fault on first touch, so a reader that recycles the pages it
- * drops is faster (docs/performance.md has the measurement).  Not done
+ * a host page fault on first touch, which a reader that recycles the pages
+ * it drops avoids.  Not done
  * while another file of the inode is open (concurrent readers share the
  * page cache); a reopen re-reads from the daemon anyway, since opens drop
  * the cache.  Off with -o drop_behind=0.

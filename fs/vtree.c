@@ -517,9 +517,6 @@ static int vt_getattr(struct tree *t, uint64_t vino, struct ckpt_inode *ret, dou
 /* vnodes are not counted: they live until vtree_free() (T1). */
 static void vt_forget(struct tree *t, uint64_t ino, uint64_t nlookup)
 {
-	(void)t;
-	(void)ino;
-	(void)nlookup;
 }
 
 /* In a virtual directory, or of a view root under the store root. */
@@ -690,50 +687,29 @@ static int refuse_new(uint64_t parent)
 
 static int vt_setattr(struct tree *t, uint64_t ino, unsigned what, const struct ckpt_inode *in)
 {
-	(void)t;
-	(void)ino;
-	(void)what;
-	(void)in;
 	return -EROFS;
 }
 
 static int vt_mknode(struct tree *t, uint64_t parent, const char *name, uint32_t mode,
 		     uint32_t uid, uint32_t gid, const char *target, struct tree_entry *ret)
 {
-	(void)t;
-	(void)name;
-	(void)mode;
-	(void)uid;
-	(void)gid;
-	(void)target;
-	(void)ret;
 	return refuse_new(parent);
 }
 
 static int vt_link(struct tree *t, uint64_t ino, uint64_t newparent, const char *newname,
 		   struct tree_entry *ret)
 {
-	(void)t;
-	(void)newname;
-	(void)ret;
 	return vtree_is_virtual(ino) ? -EROFS : refuse_new(newparent);
 }
 
 static int vt_unlink(struct tree *t, uint64_t parent, const char *name, bool dir)
 {
-	(void)t;
-	(void)parent;
-	(void)name;
-	(void)dir;
 	return -EROFS;
 }
 
 static int vt_rename(struct tree *t, uint64_t parent, const char *name, uint64_t newparent,
 		     const char *newname, unsigned flags)
 {
-	(void)t;
-	(void)newname;
-	(void)flags;
 	if (vtree_is_virtual(parent) || vtree_is_view_name(parent, name))
 		return -EROFS; /* the old name is in a view tree */
 	return refuse_new(newparent);
@@ -839,8 +815,6 @@ static bool vt_shared(struct tree_file *tf)
 /* Nothing to commit: view files are never open for writing. */
 static int vt_commit(struct tree_file *tf, bool durable)
 {
-	(void)tf;
-	(void)durable;
 	return 0;
 }
 
