@@ -934,11 +934,5 @@ static Suite *compress_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(compress_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(compress_suite());
 }

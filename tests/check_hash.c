@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "base/hash.h"
+#include "testlib.h"
 
 static const char kat_str[] = "ckptfs checkpoint filesystem"; /* 28 bytes */
 
@@ -325,11 +326,5 @@ static Suite *hash_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(hash_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(hash_suite());
 }

@@ -946,11 +946,5 @@ static Suite *index_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(index_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(index_suite());
 }

@@ -27,6 +27,7 @@
 
 #include "base/jalloc.h"
 #include "base/util.h"
+#include "testlib.h"
 
 /* ---- wrapped malloc and free ------------------------------------------- */
 
@@ -55,7 +56,7 @@ static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *big[MAX_BIG]; /* live allocations >= CKPT_JSON_BLOCK; guarded by big_lock */
 static size_t big_size[MAX_BIG]; /* their sizes */
 static int nbig;           /* live ones */
-static long big_made, big_freed; /* ever */
+static long big_made; /* ever */
 
 void *__wrap_malloc(size_t n)
 {
@@ -92,43 +93,30 @@ void __wrap_free(void *p)
 		if (big[i] == p) {
 			big[i] = big[--nbig];
 			big_size[i] = big_size[nbig];
-			big_freed++;
 			break;
 		}
 	pthread_mutex_unlock(&big_lock);
 	__real_free(p);
 }
 
-static int live_blocks(void)
+/* The live allocations >= CKPT_JSON_BLOCK now. */
+struct big_now {
+	int live;     /* how many */
+	size_t bytes; /* their bytes */
+	long made;    /* made since the process started */
+};
+
+static struct big_now big_now(void)
 {
-	int n;
+	struct big_now r = { 0, 0, 0 };
 
 	pthread_mutex_lock(&big_lock);
-	n = nbig;
-	pthread_mutex_unlock(&big_lock);
-	return n;
-}
-
-/* Bytes of the live allocations >= CKPT_JSON_BLOCK. */
-static size_t live_bytes(void)
-{
-	size_t n = 0;
-
-	pthread_mutex_lock(&big_lock);
+	r.live = nbig;
 	for (int i = 0; i < nbig; i++)
-		n += big_size[i];
+		r.bytes += big_size[i];
+	r.made = big_made;
 	pthread_mutex_unlock(&big_lock);
-	return n;
-}
-
-static long blocks_made(void)
-{
-	long n;
-
-	pthread_mutex_lock(&big_lock);
-	n = big_made;
-	pthread_mutex_unlock(&big_lock);
-	return n;
+	return r;
 }
 
 /* jansson's allocation functions, as installed. */
@@ -197,7 +185,7 @@ START_TEST(test_installed_before_main)
 	ck_assert_int_eq(calls.frees, 0);
 	COUNTED(json_decref(v));
 	ck_assert_int_eq(calls.frees, calls.mallocs);
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 }
 END_TEST
 
@@ -216,15 +204,15 @@ START_TEST(test_scope_parse_arena)
 	/* no malloc per object: only arena blocks were allocated */
 	blocks = calls.mallocs;
 	ck_assert_int_gt(blocks, CKPT_JSON_KEEP_BLOCKS);
-	ck_assert_int_eq(live_blocks(), blocks);
-	ck_assert_int_eq(blocks_made(), blocks);
+	ck_assert_int_eq(big_now().live, blocks);
+	ck_assert_int_eq(big_now().made, blocks);
 	/* frees inside the scope are no-ops */
 	COUNTED(json_decref(h));
 	ck_assert_int_eq(calls.frees, 0);
-	ck_assert_int_eq(live_blocks(), blocks);
+	ck_assert_int_eq(big_now().live, blocks);
 	COUNTED(ckpt_json_scope_end());
 	/* released at the end: CKPT_JSON_KEEP_BLOCKS stay with the thread */
-	ck_assert_int_eq(live_blocks(), CKPT_JSON_KEEP_BLOCKS);
+	ck_assert_int_eq(big_now().live, CKPT_JSON_KEEP_BLOCKS);
 	ck_assert_int_eq(calls.frees, blocks - CKPT_JSON_KEEP_BLOCKS);
 	/* and serve the next parse */
 	COUNTED(ckpt_json_scope_begin(); h = json_loads(text, 0, &e));
@@ -249,12 +237,12 @@ START_TEST(test_spare_blocks)
 		ck_assert_ptr_nonnull(first[i]);
 		memset(first[i], i, whole);
 	}
-	ck_assert_int_eq(blocks_made(), n);
+	ck_assert_int_eq(big_now().made, n);
 	ckpt_json_scope_end();
-	ck_assert_int_eq(live_blocks(), CKPT_JSON_KEEP_BLOCKS);
+	ck_assert_int_eq(big_now().live, CKPT_JSON_KEEP_BLOCKS);
 
 	/* the next scope takes the spare blocks before it makes new ones */
-	made = blocks_made();
+	made = big_now().made;
 	ckpt_json_scope_begin();
 	for (int i = 0; i < CKPT_JSON_KEEP_BLOCKS; i++) {
 		void *p = jm(whole);
@@ -265,17 +253,17 @@ START_TEST(test_spare_blocks)
 			reused |= p == first[j];
 		ck_assert_msg(reused, "allocation %d is not in a retained block", i);
 	}
-	ck_assert_int_eq(blocks_made(), made);
+	ck_assert_int_eq(big_now().made, made);
 	ck_assert_ptr_nonnull(jm(100));
-	ck_assert_int_eq(blocks_made(), made + 1);
+	ck_assert_int_eq(big_now().made, made + 1);
 	/* an allocation larger than a block gets a block of its own, which is
 	 * not retained */
 	ck_assert_ptr_nonnull(jm(3 * CKPT_JSON_BLOCK));
-	ck_assert_int_eq(blocks_made(), made + 2);
+	ck_assert_int_eq(big_now().made, made + 2);
 	ckpt_json_scope_end();
-	ck_assert_int_eq(live_blocks(), CKPT_JSON_KEEP_BLOCKS);
+	ck_assert_int_eq(big_now().live, CKPT_JSON_KEEP_BLOCKS);
 	/* only whole blocks are kept: the large one was freed */
-	ck_assert_uint_lt(live_bytes(), (size_t)CKPT_JSON_KEEP_BLOCKS * (CKPT_JSON_BLOCK + 4096));
+	ck_assert_uint_lt(big_now().bytes, (size_t)CKPT_JSON_KEEP_BLOCKS * (CKPT_JSON_BLOCK + 4096));
 }
 END_TEST
 
@@ -293,7 +281,7 @@ START_TEST(test_small_allocations_share_a_block)
 		ck_assert_uint_eq((uintptr_t)p[i] % 16, 0);
 		memset(p[i], (int)(i & 0xff), len[i]);
 	}
-	ck_assert_int_eq(blocks_made(), 1);
+	ck_assert_int_eq(big_now().made, 1);
 	/* no two allocations overlap */
 	for (int i = 0; i < 1000; i++)
 		for (size_t k = 0; k < len[i]; k++)
@@ -326,7 +314,7 @@ START_TEST(test_nested_scopes)
 	COUNTED(ckpt_json_scope_end());
 	/* the inner end released nothing: the outer scope's values live */
 	ck_assert_int_eq(calls.frees, 0);
-	ck_assert_int_eq(live_blocks(), 1);
+	ck_assert_int_eq(big_now().live, 1);
 	ck_assert_str_eq(json_string_value(json_object_get(outer, "name")), "outer");
 	ck_assert_int_eq(json_integer_value(json_object_get(outer, "n")), 7);
 	ck_assert_str_eq(json_string_value(inner), "inner");
@@ -342,11 +330,11 @@ START_TEST(test_nested_scopes)
 	ck_assert_int_eq(json_integer_value(json_object_get(outer, "n")), 7);
 	ck_assert_str_eq(json_string_value(inner), "inner");
 	ck_assert_str_eq(json_string_value(later), "later");
-	ck_assert_int_eq(blocks_made(), 1);
+	ck_assert_int_eq(big_now().made, 1);
 	COUNTED(ckpt_json_scope_end());
 	/* the block is kept for the next scope, not freed */
 	ck_assert_int_eq(calls.frees, 0);
-	ck_assert_int_eq(live_blocks(), 1);
+	ck_assert_int_eq(big_now().live, 1);
 }
 END_TEST
 
@@ -408,24 +396,24 @@ START_TEST(test_no_memory)
 	atomic_store(&fail_mallocs, 1000);
 	COUNTED(v = json_loads(text, 0, &e));
 	ck_assert_ptr_null(v);
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 	atomic_store(&fail_mallocs, 0);
 	COUNTED(v = json_loads(text, 0, &e));
 	ck_assert_ptr_nonnull(v);
 	ck_assert_str_eq(json_string_value(json_array_get(v, 0)), "a string");
-	ck_assert_int_eq(live_blocks(), 1);
+	ck_assert_int_eq(big_now().live, 1);
 
 	/* what fits the current block still works without memory */
-	made = blocks_made();
+	made = big_now().made;
 	atomic_store(&fail_mallocs, 1000);
 	COUNTED(p = jm(CKPT_JSON_BLOCK / 2); q = jm(CKPT_JSON_BLOCK); r = jm(100));
 	atomic_store(&fail_mallocs, 0);
 	ck_assert_ptr_nonnull(p);
 	ck_assert_ptr_null(q);
 	ck_assert_ptr_nonnull(r);
-	ck_assert_int_eq(blocks_made(), made);
+	ck_assert_int_eq(big_now().made, made);
 	ck_assert_ptr_nonnull(jm(CKPT_JSON_BLOCK));
-	ck_assert_int_eq(blocks_made(), made + 1);
+	ck_assert_int_eq(big_now().made, made + 1);
 	ckpt_json_scope_end();
 }
 END_TEST
@@ -551,7 +539,7 @@ START_TEST(test_concurrent_scopes)
 		ck_assert_msg(r == (void *)(i + 1), "thread %d parsed wrong", (int)i);
 	}
 	/* the threads are gone, and so are their blocks */
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 }
 END_TEST
 
@@ -565,7 +553,7 @@ static void *scoped_then_exit(void *arg)
 		if (!jm(CKPT_JSON_BLOCK - 16))
 			return NULL;
 	ckpt_json_scope_end();
-	return (void *)(intptr_t)live_blocks();
+	return (void *)(intptr_t)big_now().live;
 }
 
 /* A thread that exits inside its scope (a caller's bug): its blocks go too. */
@@ -593,24 +581,24 @@ START_TEST(test_thread_exit_frees_blocks)
 	ck_assert_int_eq(pthread_create(&t, NULL, scoped_then_exit, (void *)(intptr_t)3), 0);
 	ck_assert_int_eq(pthread_join(t, &r), 0);
 	ck_assert_int_eq((int)(intptr_t)r, 3); /* retained while the thread lived */
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 
 	ck_assert_int_eq(pthread_create(&t, NULL, scoped_then_exit,
 					(void *)(intptr_t)(CKPT_JSON_KEEP_BLOCKS + 2)),
 			 0);
 	ck_assert_int_eq(pthread_join(t, &r), 0);
 	ck_assert_int_eq((int)(intptr_t)r, CKPT_JSON_KEEP_BLOCKS);
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 
 	ck_assert_int_eq(pthread_create(&t, NULL, exit_in_scope, &token), 0);
 	ck_assert_int_eq(pthread_join(t, &r), 0);
 	ck_assert_ptr_eq(r, &token);
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 
 	/* a thread that never entered a scope has nothing to free */
 	ck_assert_int_eq(pthread_create(&t, NULL, unscoped, NULL), 0);
 	ck_assert_int_eq(pthread_join(t, NULL), 0);
-	ck_assert_int_eq(live_blocks(), 0);
+	ck_assert_int_eq(big_now().live, 0);
 }
 END_TEST
 
@@ -639,11 +627,5 @@ static Suite *jalloc_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(jalloc_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(jalloc_suite());
 }

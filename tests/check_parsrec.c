@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "views/parsrec.h"
+#include "testlib.h"
 
 /* Three tensors in name order, sharing name prefixes: a TP-split box, a
  * flat FSDP piece with an explicit pp, a replicated whole tensor. */
@@ -263,11 +264,5 @@ static Suite *parsrec_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(parsrec_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(parsrec_suite());
 }

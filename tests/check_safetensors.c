@@ -11,6 +11,7 @@
  */
 #include "views/safetensors.h"
 #include "base/util.h"
+#include "testlib.h"
 
 #include <check.h>
 #include <errno.h>
@@ -1020,11 +1021,5 @@ static Suite *safetensors_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(safetensors_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(safetensors_suite());
 }

@@ -8,6 +8,7 @@
  */
 #include "views/shardmeta.h"
 #include "base/util.h"
+#include "testlib.h"
 
 #include <check.h>
 #include <errno.h>
@@ -1038,11 +1039,5 @@ static Suite *shardmeta_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(shardmeta_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(shardmeta_suite());
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 
 #include "views/vcache.h"
+#include "testlib.h"
 
 struct entry {
 	struct vcache_node node;
@@ -163,11 +164,5 @@ static Suite *vcache_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(vcache_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(vcache_suite());
 }

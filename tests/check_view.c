@@ -2227,11 +2227,5 @@ static Suite *view_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(view_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(view_suite());
 }

@@ -9,6 +9,17 @@
 #include <string.h>
 #include <sys/stat.h>
 
+int tl_run(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
 /* ---- directories ------------------------------------------------------- */
 
 void tl_dir_make(char *buf, size_t len, const char *parent, const char *prefix)

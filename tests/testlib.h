@@ -29,6 +29,9 @@
 #include "store/file.h"
 #include "store/store.h"
 
+/* Run suite s with Check's normal output: main()'s exit status. */
+int tl_run(Suite *s);
+
 /* ---- directories ------------------------------------------------------- */
 
 /* mkdtemp() of "<parent>/<prefix>XXXXXX" into buf. */
