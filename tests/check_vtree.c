@@ -597,11 +597,5 @@ static Suite *vtree_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(vtree_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(vtree_suite());
 }
