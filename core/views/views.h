@@ -18,8 +18,8 @@
  * (runs and checks of each tensor), vfile.c (open files and reads), view.c
  * (the view object).
  *
- * Ownership: objects come from *_new/*_parse/*_build and go with the
- * matching *_free/*_unref, which accept NULL.  Strings and arrays returned
+ * Ownership: objects come from the calls named new, parse or build and go
+ * with the matching free or unref, which accept NULL.  Strings and arrays returned
  * by accessors belong to the object they came from and live as long as it.
  * A view holds a reference on its model (shared by the views of every
  * layout of one unchanged directory, through a cache), the model one on
