@@ -407,11 +407,5 @@ static Suite *vcheck_suite(void)
 
 int main(void)
 {
-	SRunner *sr = srunner_create(vcheck_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return tl_run(vcheck_suite());
 }
