@@ -26,6 +26,7 @@ struct raw_opts {
 	int verify_dedup;
 	int inline_compress;
 	int nobackground;
+	unsigned compact_live;
 	char *log_level;
 	char *tp_rules;
 	unsigned workers;
@@ -44,6 +45,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("verify_dedup", verify_dedup),
 	OPT("inline_compress", inline_compress),
 	OPT("nobackground", nobackground),
+	OPT("compact_live=%u", compact_live),
 	OPT("log_level=%s", log_level),
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
@@ -105,6 +107,9 @@ static void usage(const char *prog)
 	       "                       in the background once writes pause)\n"
 	       "  -o nobackground      no background work at all: compress inline and\n"
 	       "                       leave space reclaiming to `ckpt gc`\n"
+	       "  -o compact_live=N    background compaction rewrites packs whose live\n"
+	       "                       chunks fill less than N%% of them (1-100, default\n"
+	       "                       80, as `ckpt gc`)\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
@@ -163,8 +168,14 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		so->compress_level = raw->compress;
 	}
 	so->verify_dedup = raw->verify_dedup;
-	so->inline_compress = raw->inline_compress;
-	so->background = !raw->nobackground;
+	so->bg = raw->nobackground ? CKPT_BG_OFF :
+		 raw->inline_compress ? CKPT_BG_COMPACT : CKPT_BG_ALL;
+	if (raw->compact_live > 100) {
+		fprintf(stderr, "ckptfs: invalid compact_live %u: a percentage, 1 to 100\n",
+			raw->compact_live);
+		return -1;
+	}
+	so->compact_live = raw->compact_live;
 	if (raw->cache_size && parse_size(raw->cache_size, &so->cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", raw->cache_size);
 		return -1;

@@ -682,7 +682,7 @@ START_TEST(test_safetensors_write_sizes)
 
 		ckpt_store_free(st);
 		ckpt_store_opts_init(&o);
-		o.background = true;
+		o.bg = CKPT_BG_ALL;
 		ck_assert_int_eq(ckpt_store_open(spath, &o, &st, err, sizeof(err)), 0);
 		ck_assert(ckpt_store_put_is_cheap(st));
 	}

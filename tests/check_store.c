@@ -2156,7 +2156,7 @@ START_TEST(test_background_compression)
 
 	ckpt_store_opts_init(&o);
 	o.create = true;
-	o.background = true;
+	o.bg = CKPT_BG_ALL;
 	o.pack_max = 4u << 20; /* several packs: compaction has sealed packs to work on */
 	s = open_opts(&o);
 	ino = mkfile(s, CKPT_ROOT_INO, "f");
@@ -2222,7 +2222,7 @@ START_TEST(test_background_requeue_after_reopen)
 	 * and flagged, and the next background-enabled open compresses it */
 	ckpt_store_opts_init(&o);
 	o.create = true;
-	o.background = true;
+	o.bg = CKPT_BG_ALL;
 	s = open_opts(&o);
 	ino = mkfile(s, CKPT_ROOT_INO, "f");
 	commit_chunks(s, ino, &buf, &len, 1, &d);

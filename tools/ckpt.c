@@ -42,19 +42,18 @@ static double ratio(uint64_t a, uint64_t b)
 	return b ? (double)a / (double)b : 1.0;
 }
 
-static int open_store(const char *path, enum ckpt_store_mode mode, ckpt_store **ret)
+/* Open with the options in *o (mode and compaction threshold set by the
+ * caller; no chunk cache). */
+static int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_store **ret)
 {
-	struct ckpt_store_opts o;
 	char err[512];
 	int r;
 
-	ckpt_store_opts_init(&o);
-	o.mode = mode;
-	o.cache_size = 0;
+	o->cache_size = 0;
 	/* A daemon that was just unmounted may still be flushing: give it a
 	 * few seconds to let go of the store before calling it busy. */
 	for (int tries = 0;; tries++) {
-		r = ckpt_store_open(path, &o, ret, err, sizeof(err));
+		r = ckpt_store_open(path, o, ret, err, sizeof(err));
 		if (r != -EBUSY || tries >= 30)
 			break;
 		usleep(100 * 1000);
@@ -67,6 +66,15 @@ static int open_store(const char *path, enum ckpt_store_mode mode, ckpt_store **
 			fprintf(stderr, "ckpt: %s\n", err);
 	}
 	return r;
+}
+
+static int open_store(const char *path, enum ckpt_store_mode mode, ckpt_store **ret)
+{
+	struct ckpt_store_opts o;
+
+	ckpt_store_opts_init(&o);
+	o.mode = mode;
+	return open_store_opts(path, &o, ret);
 }
 
 static int cmd_stat(const char *path)
@@ -133,11 +141,17 @@ static int cmd_fsck(const char *path)
 	return 0;
 }
 
-static int cmd_gc(const char *path)
+static int cmd_gc(const char *path, unsigned live)
 {
+	struct ckpt_store_opts o;
 	struct ckpt_gc_stats g;
 	ckpt_store *s;
-	int r = open_store(path, CKPT_STORE_RW, &s);
+	int r;
+
+	ckpt_store_opts_init(&o);
+	o.mode = CKPT_STORE_RW;
+	o.compact_live = live;
+	r = open_store_opts(path, &o, &s);
 
 	if (r < 0)
 		return 1;
@@ -482,7 +496,7 @@ out:
 
 /* ------------------------------------------------------------ command line */
 
-enum { OPT_LAYOUT = 1u << 0, OPT_TP_RULES = 1u << 1 };
+enum { OPT_LAYOUT = 1u << 0, OPT_TP_RULES = 1u << 1, OPT_LIVE = 1u << 2 };
 
 /* One command's arguments after parsing: positionals in order, options by name. */
 struct args {
@@ -490,6 +504,7 @@ struct args {
 	int npos;
 	const char *layout;
 	const char *tp_rules;
+	const char *live;
 };
 
 struct command {
@@ -519,7 +534,17 @@ static int run_fsck(const struct command *c, const struct args *a)
 
 static int run_gc(const struct command *c, const struct args *a)
 {
-	return cmd_gc(a->pos[0]);
+	char *end;
+	unsigned long live = 0;
+
+	if (a->live) {
+		errno = 0;
+		live = strtoul(a->live, &end, 10);
+		if (errno || end == a->live || *end || live < 1 || live > 100)
+			return usage_error(c, "invalid --live '%s' (a percentage, 1 to 100)",
+					   a->live);
+	}
+	return cmd_gc(a->pos[0], (unsigned)live);
 }
 
 static int run_ls(const struct command *c, const struct args *a)
@@ -558,11 +583,14 @@ static const struct command commands[] = {
 	  "Read and verify every chunk and reference; name each damaged file.  The\n"
 	  "store must be unmounted.  Exit status 1 if anything is damaged.\n",
 	  1, 1, 0, 0, run_fsck },
-	{ "gc", "STORE", { "STORE" },
+	{ "gc", "STORE [--live N]", { "STORE" },
 	  "reclaim the space of unreferenced chunks (store unmounted)",
 	  "Reclaim the space of unreferenced chunks (deleted or overwritten data).\n"
-	  "The store must be unmounted.  Safe to run again after a failure.\n",
-	  1, 1, 0, 0, run_gc },
+	  "The store must be unmounted.  Safe to run again after a failure.\n"
+	  "\n"
+	  "  --live N          rewrite the packs whose live chunks fill less than N% of\n"
+	  "                    them (1-100, default 80; packs with none are deleted)\n",
+	  1, 1, OPT_LIVE, 0, run_gc },
 	{ "ls", "STORE [PATH]", { "STORE", "PATH" },
 	  "checkpoint directories, their groups and saved layouts",
 	  "List the checkpoint directories under PATH (default /) with their groups,\n"
@@ -691,6 +719,11 @@ static int run_command(const struct command *c, int argc, char **argv)
 				if (missing)
 					return usage_error(c, "option '--tp-rules' needs a value");
 				a.tp_rules = v;
+			} else if ((c->opts & OPT_LIVE) &&
+				   ((v = option_value(argc, argv, &i, "--live", &missing)) || missing)) {
+				if (missing)
+					return usage_error(c, "option '--live' needs a value");
+				a.live = v;
 			} else {
 				return usage_error(c, "unknown option '%s'", arg);
 			}

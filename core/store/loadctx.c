@@ -200,7 +200,7 @@ bool ckpt_store_writable(const ckpt_store *s)
 
 bool ckpt_store_put_is_cheap(const ckpt_store *s)
 {
-	return s->opts.compress_level == 0 || (s->bg_started && !s->opts.inline_compress);
+	return s->opts.compress_level == 0 || (s->bg_started && s->opts.bg == CKPT_BG_ALL);
 }
 
 int ckpt_store_compress_level(const ckpt_store *s)

@@ -343,7 +343,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			goto fail;
 		s->flusher_started = true;
 	}
-	if (o->mode == CKPT_STORE_RW && o->background) {
+	if (o->mode == CKPT_STORE_RW && o->bg != CKPT_BG_OFF) {
 		r = st_requeue_deferred(s);
 		if (r < 0)
 			goto fail;

@@ -159,7 +159,7 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		return r;
 
 	memset(&rec, 0, sizeof(rec));
-	deferred = s->bg_started && !s->opts.inline_compress && s->opts.compress_level > 0;
+	deferred = s->bg_started && s->opts.bg == CKPT_BG_ALL && s->opts.compress_level > 0;
 	if (deferred) {
 		/* the save path runs at disk speed; st_bg_main compresses later */
 		rec.codec = CKPT_CODEC_RAW;

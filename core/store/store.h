@@ -67,6 +67,15 @@ enum ckpt_store_mode {
 	CKPT_STORE_RO_SHARED /* no lock, RocksDB read-only: `ckpt stat` while mounted */
 };
 
+/* What a background thread does in a RW store. */
+enum ckpt_bg_mode {
+	CKPT_BG_OFF,     /* no thread: chunks are compressed on the write path and
+			  * space is reclaimed by ckpt_store_gc (tools, tests) */
+	CKPT_BG_COMPACT, /* compress on the write path; compact in the background */
+	CKPT_BG_ALL,     /* write chunks raw; compress and compact in the
+			  * background once writes pause (the daemon) */
+};
+
 struct ckpt_store_opts {
 	enum ckpt_store_mode mode;
 	bool create;          /* create the store if STORE is missing or empty */
@@ -74,9 +83,7 @@ struct ckpt_store_opts {
 	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
 	bool verify_dedup;    /* compare bytes on a dedup hit */
 	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
-	bool inline_compress; /* compress on the write path instead of in the background */
-	bool background;      /* run background compression/compaction (the daemon);
-			       * off: chunks are compressed inline */
+	enum ckpt_bg_mode bg; /* background work (RW stores); default CKPT_BG_OFF */
 	const char *chunk_backend; /* registered name (chunk/backend.h); NULL: "pack" */
 	unsigned compact_live; /* compaction (background and gc) reclaims units
 				* whose live records fill less than this % of
