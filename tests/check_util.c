@@ -2,7 +2,8 @@
 /*
  * check_util.c - unit tests for core/base/util.c: byte-order helpers,
  * clocks, the pread/pwrite loops, decimal formatting, the duplicate-name
- * check, one-line strings, worker threads, and huge/populated mappings.
+ * check, one-line strings, error messages and the log, worker threads, and
+ * huge/populated mappings.
  *
  * Test-only instrumentation: this suite is linked with --wrap for
  * pread64, pwrite64, malloc, pthread_create, mmap64 and madvise (see
@@ -570,6 +571,99 @@ START_TEST(test_str_one_line)
 }
 END_TEST
 
+/* ---- error messages and the log ---------------------------------------- */
+
+START_TEST(test_errf)
+{
+	char err[32], big[300];
+
+	ckpt_errf(err, sizeof(err), "%s: %d", "file.safetensors", -22);
+	ck_assert_str_eq(err, "file.safetensors: -22");
+	/* names from files become one printable line */
+	ckpt_errf(err, sizeof(err), "bad name '%s'", "a\nb\tc\x7f");
+	ck_assert_str_eq(err, "bad name 'a?b?c?'");
+	/* truncated to fit, still terminated */
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	ckpt_errf(err, sizeof(err), "%s", big);
+	ck_assert_uint_eq(strlen(err), sizeof(err) - 1);
+	ckpt_errf(err, 1, "%s", "anything");
+	ck_assert_str_eq(err, "");
+	/* nowhere to write: nothing written, no crash */
+	err[0] = 'k';
+	ckpt_errf(err, 0, "%s", "anything");
+	ck_assert_int_eq(err[0], 'k');
+	ckpt_errf(NULL, 10, "%s", "anything");
+}
+END_TEST
+
+/* Run the log calls with stderr going to a file; what they wrote. */
+static void log_capture(void (*fn)(void), char *out, size_t outlen)
+{
+	char path[128];
+	int fd, saved = dup(2);
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "%s/stderr", tdir);
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_ge(saved, 0);
+	fflush(stderr);
+	ck_assert_int_eq(dup2(fd, 2), 2);
+	fn();
+	fflush(stderr);
+	ck_assert_int_eq(dup2(saved, 2), 2);
+	close(saved);
+	n = pread(fd, out, outlen - 1, 0);
+	ck_assert_int_ge(n, 0);
+	out[n] = '\0';
+	close(fd);
+}
+
+static void log_levels(void)
+{
+	ckpt_err("e%d", 1);
+	ckpt_warn("w%d", 2);
+	ckpt_info("i%d", 3); /* below the default level */
+	ckpt_debug("d%d", 4);
+	ckpt_log_set_level(CKPT_LOG_DEBUG);
+	ckpt_info("i%d", 5);
+	ckpt_debug("d%d", 6);
+	ckpt_log_set_level(CKPT_LOG_ERR);
+	ckpt_warn("w%d", 7);
+	ckpt_err("e%d", 8);
+}
+
+static void log_long(void)
+{
+	static char msg[5000];
+
+	memset(msg, 'y', sizeof(msg) - 1);
+	ckpt_err("%s", msg);
+}
+
+START_TEST(test_log)
+{
+	static char out[8192];
+	const char *nl;
+
+	log_capture(log_levels, out, sizeof(out));
+	ck_assert_str_eq(out, "ckptfs: error: e1\n"
+			      "ckptfs: warning: w2\n"
+			      "ckptfs: info: i5\n"
+			      "ckptfs: debug: d6\n"
+			      "ckptfs: error: e8\n");
+	/* a long message is cut, still one line */
+	log_capture(log_long, out, sizeof(out));
+	nl = strchr(out, '\n');
+	ck_assert_ptr_nonnull(nl);
+	ck_assert_int_eq(nl[1], '\0');
+	ck_assert_uint_gt(strlen(out), 1000);
+	ck_assert_uint_lt(strlen(out), 5000);
+	ck_assert_int_eq(strncmp(out, "ckptfs: error: yyy", 18), 0);
+}
+END_TEST
+
 /* ---- worker threads --------------------------------------------------- */
 
 struct workers {
@@ -775,6 +869,8 @@ static Suite *util_suite(void)
 	tcase_add_test(tc, test_unique_strs_stride);
 	tcase_add_test(tc, test_unique_strs_nomem);
 	tcase_add_test(tc, test_str_one_line);
+	tcase_add_test(tc, test_errf);
+	tcase_add_test(tc, test_log);
 	tcase_add_test(tc, test_threads_start_stop);
 	tcase_add_test(tc, test_threads_start_fails);
 	tcase_add_test(tc, test_map_huge);
