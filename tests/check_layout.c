@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * check_layout.c - unit tests for core/layout.c
+ * check_layout.c - unit tests for core/views/layout.c
  */
 #include <check.h>
 #include <errno.h>

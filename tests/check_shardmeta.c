@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_shardmeta.c - unit tests for core/shardmeta.{c,h}.
+ * check_shardmeta.c - unit tests for core/views/shardmeta.[ch].
  *
  * Shard headers are built with ckpt_st_serialize() and parsed with
  * ckpt_st_parse(), so the metadata travels exactly as in a real file.  JSON
