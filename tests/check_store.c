@@ -227,7 +227,7 @@ START_TEST(test_create_layout)
 	ck_assert_uint_eq(root.size, 0);
 	ck_assert_str_eq(ckpt_store_path(s), spath);
 	ck_assert_int_eq(ckpt_store_compress_level(s), 1);
-	ck_assert_ptr_nonnull(ckpt_store_index(s));
+	ck_assert_ptr_nonnull(ckpt_store_engine(s));
 	ckpt_store_free(s);
 	ckpt_store_free(NULL);
 
@@ -1407,8 +1407,8 @@ static bool index_has_file(ckpt_store *s, uint64_t ino)
 {
 	uint8_t key[16], *v;
 	size_t vl;
-	int r = ckpt_index_get(ckpt_store_index(s), key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &v,
-			       &vl);
+	int r = ckpt_engine_get(ckpt_store_engine(s), key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &v,
+				&vl);
 
 	ck_assert(r == 0 || r == -ENOENT);
 	if (r == 0)
@@ -1568,7 +1568,6 @@ START_TEST(test_flush_isolates_damaged_file)
 	ckpt_digest da, db;
 	uint64_t f, g;
 	uint8_t key[16];
-	ckpt_batch *bt;
 
 	f = mkfile(s, CKPT_ROOT_INO, "damaged");
 	g = mkfile(s, CKPT_ROOT_INO, "healthy");
@@ -1576,10 +1575,8 @@ START_TEST(test_flush_isolates_damaged_file)
 	lb = one_chunk_list(s, b, 20000, &db);
 	ck_assert_int_eq(ckpt_store_commit_file(s, f, la, 0, 1, true), 0);
 	/* damage f's extent list in the index */
-	bt = ckpt_batch_new();
-	ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_FILE, f), "\x01garbage", 8);
-	ck_assert_int_eq(ckpt_index_write(ckpt_store_index(s), bt, false), 0);
-	ckpt_batch_free(bt);
+	tl_engine_put(ckpt_store_engine(s), key, ckpt_key_ino(key, CKPT_KEY_FILE, f), "\x01garbage",
+			8);
 	/* close both: g's new content must still reach the index */
 	ck_assert_int_eq(ckpt_store_commit_file(s, f, lb, 0, 2, false), 0);
 	ck_assert_int_eq(ckpt_store_commit_file(s, g, lb, 0, 3, false), 0);
@@ -1793,7 +1790,6 @@ START_TEST(test_fsck_other_damage)
 	struct problems p;
 	char pack[512];
 	uint8_t key[16];
-	ckpt_batch *b;
 
 	f = mkfile(s, CKPT_ROOT_INO, "f");
 	{
@@ -1803,10 +1799,8 @@ START_TEST(test_fsck_other_damage)
 	}
 	ck_assert_int_eq(fsck(s, &p), 0);
 	/* an extent list that does not decode */
-	b = ckpt_batch_new();
-	ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_FILE, f), "\x01garbage", 8);
-	ck_assert_int_eq(ckpt_index_write(ckpt_store_index(s), b, false), 0);
-	ckpt_batch_free(b);
+	tl_engine_put(ckpt_store_engine(s), key, ckpt_key_ino(key, CKPT_KEY_FILE, f), "\x01garbage",
+			8);
 	ck_assert_int_gt(fsck(s, &p), 0);
 	ck_assert_msg(strstr(p.all, "/f: extent list is damaged") != NULL, "%s", p.all);
 	ckpt_store_free(s);

@@ -193,7 +193,7 @@ START_TEST(test_persisted_parse)
 	struct tpfix x;
 	struct vbuf a = { 0 }, b = { 0 }, c = { 0 };
 	struct ckpt_store_opts o;
-	uint8_t key[16], *val = NULL;
+	uint8_t *val = NULL;
 	size_t vlen;
 	char err[512] = "";
 	ckpt_view *v;
@@ -202,8 +202,7 @@ START_TEST(test_persisted_parse)
 	v = build(x.dir, 2, 1, NULL);
 	vread(v, "model_tp1_pp0.safetensors", 4097, &a);
 	ckpt_view_unref(v);
-	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
-					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val, &vlen), 0);
+	ck_assert_int_eq(ckpt_store_parsed_get(st, x.ino[0], &val, &vlen), 0);
 	/* tensors in name order (c, e, w), not data order (w, c, e) */
 	prec_expect_sorted(val, vlen);
 	/* a record whose tensors are not in name order (as version-1 records
@@ -213,7 +212,6 @@ START_TEST(test_persisted_parse)
 		const uint8_t *rest[16];
 		size_t lens[16], hl, nt = prec_split(val, vlen, &hl, names, rest, lens, 16), pos;
 		uint8_t *old = malloc(2 * vlen + 64);
-		ckpt_batch *bt = ckpt_batch_new();
 		struct vbuf d = { 0 };
 
 		ck_assert_uint_eq(nt, 3);
@@ -228,9 +226,7 @@ START_TEST(test_persisted_parse)
 			memcpy(old + pos, rest[k], lens[k]);
 			pos += lens[k];
 		}
-		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), old, pos);
-		ck_assert_int_eq(ckpt_index_write(ckpt_store_index(st), bt, false), 0);
-		ckpt_batch_free(bt);
+		ck_assert_int_eq(ckpt_store_parsed_put(st, x.ino[0], old, pos), 0);
 		free(old);
 		ckpt_view_forget_store(st);
 		v = build(x.dir, 2, 1, NULL);
@@ -240,10 +236,7 @@ START_TEST(test_persisted_parse)
 		ckpt_view_unref(v);
 		vbuf_free(&d);
 		free(val);
-		ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
-						ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[0]), &val,
-						&vlen),
-				 0);
+		ck_assert_int_eq(ckpt_store_parsed_get(st, x.ino[0], &val, &vlen), 0);
 		prec_expect_sorted(val, vlen);
 	}
 	free(val);
@@ -260,12 +253,7 @@ START_TEST(test_persisted_parse)
 	ck_assert_mem_eq(a.b, b.b, a.size);
 	ckpt_view_unref(v);
 	/* a damaged record is ignored (the JSON is parsed again) */
-	{
-		ckpt_batch *bt = ckpt_batch_new();
-		ckpt_batch_put(bt, key, ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[1]), "\x01junk", 5);
-		ck_assert_int_eq(ckpt_index_write(ckpt_store_index(st), bt, false), 0);
-		ckpt_batch_free(bt);
-	}
+	ck_assert_int_eq(ckpt_store_parsed_put(st, x.ino[1], "\x01junk", 5), 0);
 	ckpt_view_forget_store(st);
 	v = build(x.dir, 2, 1, NULL);
 	vread(v, "model_tp1_pp0.safetensors", 1 << 20, &c);
@@ -273,8 +261,7 @@ START_TEST(test_persisted_parse)
 	ckpt_view_unref(v);
 	/* ... and replaced by a current one (version 1 records are ignored the
 	 * same way) */
-	ck_assert_int_eq(ckpt_index_get(ckpt_store_index(st), key,
-					ckpt_key_ino(key, CKPT_KEY_PARSED, x.ino[1]), &val, &vlen), 0);
+	ck_assert_int_eq(ckpt_store_parsed_get(st, x.ino[1], &val, &vlen), 0);
 	prec_expect_sorted(val, vlen);
 	free(val);
 	vbuf_free(&a);

@@ -95,15 +95,25 @@ ckpt_store *tl_store_create(const char *path)
 	return tl_store_open(path, &o);
 }
 
-ckpt_index *tl_index_open(const char *dir)
+ckpt_engine *tl_engine_open(const char *name, const char *dir)
 {
-	ckpt_index *ix = NULL;
+	struct ckpt_engine_opts o = { .create = true };
+	ckpt_engine *e = NULL;
 	char err[256] = "";
-	int r = ckpt_index_open(dir, true, false, 0, &ix, err, sizeof(err));
+	int r = ckpt_engine_open(name, dir, &o, &e, err, sizeof(err));
 
-	ck_assert_msg(r == 0, "index %s: %d %s", dir, r, err);
-	ck_assert_ptr_nonnull(ix);
-	return ix;
+	ck_assert_msg(r == 0, "engine %s at %s: %d %s", name ? name : "(default)", dir, r, err);
+	ck_assert_ptr_nonnull(e);
+	return e;
+}
+
+void tl_engine_put(ckpt_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
+{
+	ckpt_txn *t;
+
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, key, klen, val, vlen), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
 }
 
 uint64_t tl_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode)

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "meta/index.h"
+#include "meta/engine.h"
 #include "store/file.h"
 #include "store/store.h"
 
@@ -58,8 +58,17 @@ ckpt_store *tl_store_open(const char *path, const struct ckpt_store_opts *o);
 /* A read-write store at path with default options, created if missing. */
 ckpt_store *tl_store_create(const char *path);
 
-/* ckpt_index_open(dir, create=true, read_only=false, 0). */
-ckpt_index *tl_index_open(const char *dir);
+/* ckpt_engine_open(name, dir, create=true, read_only=false, default
+ * cache); name NULL: the default engine. */
+ckpt_engine *tl_engine_open(const char *name, const char *dir);
+
+/* Write one record in its own transaction. */
+void tl_engine_put(ckpt_engine *e, const void *key, size_t klen, const void *val, size_t vlen);
+
+/* The store's metadata engine, to read and damage records below the
+ * store's API: a test-only accessor (core/store/loadctx.c), deliberately
+ * not declared in store.h. */
+ckpt_engine *ckpt_store_engine(ckpt_store *s);
 
 /* ckpt_store_mknode() in parent: returns the new inode number. */
 uint64_t tl_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode);

@@ -8,53 +8,69 @@
 #define BG_IDLE_NS (1000 * 1000000ll) /* writes paused this long: background may run */
 #define BG_BATCH 32
 
+/* A chunk still in the pending table is moved there (if it is still at
+ * v->old); true if it was found there. */
+static bool pending_relocate(ckpt_store *s, const struct reloc *v)
+{
+	struct pending *p;
+	bool found = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (p = s->pending[st_pending_bucket(&v->d)]; p; p = p->next) {
+		if (!memcmp(p->digest.bytes, v->d.bytes, CKPT_DIGEST_LEN)) {
+			if (ckpt_chunk_loc_same(&p->loc, &v->old))
+				p->loc = v->new;
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return found;
+}
+
+struct publish_arg {
+	const struct reloc *v;
+	size_t n;
+};
+
+/* The index part of st_publish: each chunk still at its old location in
+ * the index is pointed at its new one, read for update. */
+static int publish_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct publish_arg *a = arg;
+	size_t nput = 0;
+
+	for (size_t i = 0; i < a->n; i++) {
+		const struct reloc *v = &a->v[i];
+		struct ckpt_chunk_loc cur;
+		uint64_t refs;
+		int r;
+
+		if (pending_relocate(s, v))
+			continue;
+		r = st_get_chunk(s, t, &v->d, &cur, &refs);
+		if (r == -ENOENT)
+			continue;
+		if (r < 0)
+			return r;
+		if (!ckpt_chunk_loc_same(&cur, &v->old))
+			continue;
+		st_put_chunk(t, &v->d, &v->new, refs);
+		nput++;
+	}
+	return nput > 0 ? 0 : 1;
+}
+
 /* Point chunks at their new records.  Each new record must already be
  * durable.  A chunk whose location changed meanwhile is left alone. */
 int st_publish(ckpt_store *s, const struct reloc *v, size_t n)
 {
-	ckpt_batch *b = ckpt_batch_new();
-	int r = 0;
+	struct publish_arg a = { v, n };
+	int r;
 
-	if (!b)
-		return -ENOMEM;
 	pthread_mutex_lock(&s->ns_lock);
-	for (size_t i = 0; i < n; i++) {
-		uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
-		struct ckpt_chunk_loc cur;
-		struct pending *p;
-		uint64_t refs;
-		bool done = false;
-
-		pthread_mutex_lock(&s->pending_lock);
-		for (p = s->pending[st_pending_bucket(&v[i].d)]; p; p = p->next) {
-			if (!memcmp(p->digest.bytes, v[i].d.bytes, CKPT_DIGEST_LEN)) {
-				if (ckpt_chunk_loc_same(&p->loc, &v[i].old))
-					p->loc = v[i].new;
-				done = true;
-				break;
-			}
-		}
-		pthread_mutex_unlock(&s->pending_lock);
-		if (done)
-			continue;
-		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_chunk(key, &v[i].d), val, sizeof(val));
-		if (r == -ENOENT) {
-			r = 0;
-			continue;
-		}
-		if (r == 0)
-			r = ckpt_chunk_rec_decode(val, sizeof(val), &cur, &refs);
-		if (r < 0)
-			break;
-		if (!ckpt_chunk_loc_same(&cur, &v[i].old))
-			continue;
-		ckpt_chunk_rec_encode(&v[i].new, refs, val);
-		ckpt_batch_put(b, key, ckpt_key_chunk(key, &v[i].d), val, sizeof(val));
-	}
-	if (r == 0 && ckpt_batch_count(b) > 0)
-		r = ckpt_index_write(s->ix, b, false);
+	r = st_txn_run(s, publish_txn, &a, false);
 	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
 }
 
@@ -224,12 +240,12 @@ int st_requeue_deferred(ckpt_store *s)
 	uint8_t prefix[1] = { CKPT_KEY_CHUNK };
 	const uint8_t *k, *v;
 	size_t kl, vl;
-	ckpt_iter *it;
-	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	ckpt_scan *it;
+	int r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		struct ckpt_chunk_loc loc;
 		ckpt_digest d;
 		if (kl != 1 + CKPT_DIGEST_LEN || ckpt_chunk_rec_decode(v, vl, &loc, NULL) < 0)
@@ -239,7 +255,7 @@ int st_requeue_deferred(ckpt_store *s)
 		memcpy(d.bytes, k + 1, CKPT_DIGEST_LEN);
 		st_bg_enqueue(s, &d, loc.elem);
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	return r;
 }
 

@@ -7,18 +7,12 @@
 int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
 			 uint64_t *ret_refcount)
 {
-	uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
-	int r;
-
 	if (st_pending_find(s, d, ret_loc)) {
 		if (ret_refcount)
 			*ret_refcount = 0;
 		return 0;
 	}
-	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_chunk(key, d), val, sizeof(val));
-	if (r < 0)
-		return r;
-	return ckpt_chunk_rec_decode(val, sizeof(val), ret_loc, ret_refcount);
+	return st_get_chunk(s, NULL, d, ret_loc, ret_refcount);
 }
 
 /* Decode the record rec (stored bytes at src) of chunk d into dst (loc->raw_len

@@ -35,30 +35,24 @@ int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_
 	return 0;
 }
 
-/* Add refcount changes to b.  Caller holds ns_lock.  New entries come from
- * the pending table (their packs were synced by the caller).  On success
- * *ret_new lists digests that left the pending table's responsibility. */
-int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n)
+/* Add refcount changes to t, reading each chunk record in t for update.
+ * Caller holds ns_lock.  New entries come from the pending table (their
+ * packs were synced by the caller). */
+int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		uint8_t key[32], val[CKPT_CHUNK_REC_LEN];
 		struct ckpt_chunk_loc loc;
 		uint64_t refs = 0;
-		size_t klen = ckpt_key_chunk(key, &v[i].d);
-		int r = ckpt_index_get_fixed(s->ix, key, klen, val, sizeof(val));
+		int r = st_get_chunk(s, t, &v[i].d, &loc, &refs);
 
-		if (r == 0) {
-			r = ckpt_chunk_rec_decode(val, sizeof(val), &loc, &refs);
-			if (r < 0)
-				return r;
-		} else if (r == -ENOENT) {
+		if (r == -ENOENT) {
 			if (v[i].n < 0 || !st_pending_find(s, &v[i].d, &loc)) {
 				char hex[33];
 				ckpt_digest_to_hex(&v[i].d, hex);
 				ckpt_err("%s: chunk %s referenced but unknown", s->path, hex);
 				return -EIO;
 			}
-		} else {
+		} else if (r < 0) {
 			return r;
 		}
 		if (v[i].n < 0 && refs < (uint64_t)-v[i].n) {
@@ -70,8 +64,7 @@ int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n
 		} else {
 			refs = (uint64_t)((int64_t)refs + v[i].n);
 		}
-		ckpt_chunk_rec_encode(&loc, refs, val);
-		ckpt_batch_put(b, key, klen, val, sizeof(val));
+		st_put_chunk(t, &v[i].d, &loc, refs);
 	}
 	return 0;
 }
@@ -136,23 +129,23 @@ static size_t delta_merge(struct delta *v, size_t n)
 	return k;
 }
 
-int st_db_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+int st_db_getattr(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *ret)
 {
 	uint8_t key[16], val[CKPT_INODE_REC_LEN];
-	int r = ckpt_index_get_fixed(s->ix, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val,
-				     sizeof(val));
+	int r = st_get_fixed(s, t, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val, sizeof(val));
 
 	if (r < 0)
 		return r;
 	return ckpt_inode_decode(ino, val, sizeof(val), ret);
 }
 
-int st_db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list)
+int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
+		       struct ckpt_extent_list **ret_list)
 {
 	uint8_t key[16];
 	uint8_t *val;
 	size_t vlen;
-	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+	int r = st_get(s, t, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
 
 	if (r == -ENOENT) {
 		*ret_list = ckpt_extent_list_new();
@@ -167,73 +160,88 @@ int st_db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **re
 	return r;
 }
 
-/* Write the content of n files into the index in one batch.  Caller holds
- * commit_lock.  Files that no longer exist are skipped. */
-static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
+/* One attempt of commit_many: in one transaction, replace the extent lists
+ * of the n files and apply the refcount changes, reading every record the
+ * result depends on (inode, old extent list, chunk records) for update.
+ * The merged delta is left in *dv / *ndv (the caller frees *dv). */
+static int commit_txn(ckpt_store *s, struct commit *const *v, size_t n, bool durable,
+		      struct delta **dv, size_t *ndv, size_t *cap)
 {
-	struct delta *dv = NULL;
-	size_t ndv = 0, cap = 0;
-	ckpt_batch *b = NULL;
-	int r = 0;
+	ckpt_txn *t;
+	int r = ckpt_txn_begin(s->eng, &t);
 
-	for (size_t i = 0; i < n && r == 0; i++)
-		r = sync_pending_of(s, v[i]->list);
+	*ndv = 0;
 	if (r < 0)
 		return r;
-	b = ckpt_batch_new();
-	if (!b)
-		return -ENOMEM;
-	pthread_mutex_lock(&s->ns_lock);
 	for (size_t i = 0; i < n; i++) {
 		struct ckpt_extent_list *old = NULL;
 		struct ckpt_inode in;
 		uint8_t key[16], *enc = NULL;
 		size_t enclen;
 
-		r = st_db_getattr(s, v[i]->ino, &in);
+		r = st_db_getattr(s, t, v[i]->ino, &in);
 		if (r == -ENOENT || (r == 0 && !S_ISREG(in.mode))) {
 			r = 0; /* deleted meanwhile */
 			continue;
 		}
 		if (r == 0)
-			r = st_db_load_extents(s, v[i]->ino, &old);
+			r = st_db_load_extents(s, t, v[i]->ino, &old);
 		if (r == 0)
-			r = delta_add(&dv, &ndv, &cap, v[i]->list, 1);
+			r = delta_add(dv, ndv, cap, v[i]->list, 1);
 		if (r == 0)
-			r = delta_add(&dv, &ndv, &cap, old, -1);
+			r = delta_add(dv, ndv, cap, old, -1);
 		ckpt_extent_list_free(old);
 		if (r < 0)
-			goto out;
+			goto fail;
 		ckpt_key_ino(key, CKPT_KEY_FILE, v[i]->ino);
 		if (v[i]->list->n > 0) {
 			r = ckpt_extent_list_encode(v[i]->list, &enc, &enclen);
 			if (r < 0)
-				goto out;
-			ckpt_batch_put(b, key, 9, enc, enclen);
+				goto fail;
+			ckpt_txn_put(t, key, 9, enc, enclen);
 			free(enc);
 		} else {
-			ckpt_batch_delete(b, key, 9);
+			ckpt_txn_delete(t, key, 9);
 		}
 		in.size = v[i]->list->size;
 		in.flags = v[i]->flags;
 		in.mtime_ns = v[i]->mtime_ns;
 		in.ctime_ns = v[i]->mtime_ns;
-		st_batch_inode(b, &in);
+		st_put_inode(t, &in);
 	}
-	ndv = delta_merge(dv, ndv);
-	r = st_apply_delta(s, b, dv, ndv);
+	*ndv = delta_merge(*dv, *ndv);
+	r = st_apply_delta(s, t, *dv, *ndv);
 	if (r < 0)
-		goto out;
-	r = ckpt_index_write(s->ix, b, durable);
+		goto fail;
+	return ckpt_txn_commit(t, durable);
+fail:
+	ckpt_txn_abort(t);
+	return r;
+}
+
+/* Write the content of n files into the index in one transaction.  Caller
+ * holds commit_lock.  Files that no longer exist are skipped. */
+static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
+{
+	struct delta *dv = NULL;
+	size_t ndv = 0, cap = 0;
+	unsigned attempt = 0;
+	int r = 0;
+
+	for (size_t i = 0; i < n && r == 0; i++)
+		r = sync_pending_of(s, v[i]->list);
 	if (r < 0)
-		goto out;
-	for (size_t i = 0; i < ndv; i++)
-		if (dv[i].n > 0)
-			st_pending_remove(s, &dv[i].d);
-out:
+		return r;
+	pthread_mutex_lock(&s->ns_lock);
+	do
+		r = commit_txn(s, v, n, durable, &dv, &ndv, &cap);
+	while (ckpt_txn_retry(r, &attempt));
+	if (r == 0)
+		for (size_t i = 0; i < ndv; i++)
+			if (dv[i].n > 0)
+				st_pending_remove(s, &dv[i].d);
 	pthread_mutex_unlock(&s->ns_lock);
 	free(dv);
-	ckpt_batch_free(b);
 	return r;
 }
 
@@ -453,7 +461,7 @@ int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
 	if (c)
 		r = commit_many(s, &c, 1, true);
 	else
-		r = ckpt_index_sync_wal(s->ix);
+		r = ckpt_engine_sync(s->eng);
 	if (r < 0 && c) {
 		overlay_put_back(s, c); /* keep it for the background flush */
 		c = NULL;

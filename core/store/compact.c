@@ -164,7 +164,7 @@ static int compact_one(ckpt_store *s, struct rctx *x, const struct victim *v,
 	if (pending_in_unit(s, v->id))
 		keep = true;
 	else
-		r = ckpt_index_sync_wal(s->ix);
+		r = ckpt_engine_sync(s->eng);
 	pthread_mutex_unlock(&s->commit_lock);
 	if (r < 0 || keep)
 		goto out;

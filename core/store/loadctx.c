@@ -183,9 +183,12 @@ void ckpt_store_opts_init(struct ckpt_store_opts *o)
 	o->pack_max = 1ull << 30;
 }
 
-ckpt_index *ckpt_store_index(ckpt_store *s)
+/* For unit tests only (declared in tests/, not in store.h): the store's
+ * metadata engine, to damage records on purpose. */
+ckpt_engine *ckpt_store_engine(ckpt_store *s);
+ckpt_engine *ckpt_store_engine(ckpt_store *s)
 {
-	return s->ix;
+	return s->eng;
 }
 
 const char *ckpt_store_path(const ckpt_store *s)

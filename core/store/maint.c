@@ -16,12 +16,12 @@ int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n)
 	const uint8_t *k, *v;
 	size_t kl, vl, n = 0, cap = 0;
 	struct chunk_info *arr = NULL;
-	ckpt_iter *it;
-	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	ckpt_scan *it;
+	int r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 1024;
 			struct chunk_info *na = realloc(arr, nc * sizeof(*na));
@@ -41,7 +41,7 @@ int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n)
 		memcpy(arr[n].d.bytes, k + 1, CKPT_DIGEST_LEN);
 		n++;
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	if (r < 0) {
 		free(arr);
 		return r;
@@ -88,14 +88,14 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	size_t kl, vl, n;
 	struct chunk_info *arr = NULL;
 	uint64_t indexed = 0, payload = 0;
-	ckpt_iter *it;
+	ckpt_scan *it;
 	int r;
 
 	memset(ret, 0, sizeof(*ret));
-	r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		struct ckpt_inode in;
 		if (kl != 9 || ckpt_inode_decode(ckpt_get_be64(k + 1), v, vl, &in) < 0) {
 			r = -EIO;
@@ -112,7 +112,7 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 			ret->symlinks++;
 		}
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	if (r < 0)
 		return r;
 	r = st_load_chunks(s, &arr, &n);
@@ -160,12 +160,12 @@ static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 	const uint8_t *k, *v;
 	size_t kl, vl, n = 0, cap = 0;
 	struct name_ent *arr = NULL;
-	ckpt_iter *it;
-	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	ckpt_scan *it;
+	int r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		uint32_t mode;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 1024;
@@ -185,7 +185,7 @@ static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 		arr[n].name = strndup((const char *)k + 9, kl - 9);
 		n++;
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	if (r < 0) {
 		for (size_t i = 0; i < n; i++)
 			free(arr[i].name);
@@ -234,7 +234,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	struct chunk_info *chunks = NULL;
 	struct name_ent *names = NULL;
 	uint8_t *buf = NULL;
-	ckpt_iter *it = NULL;
+	ckpt_scan *it = NULL;
 	char msg[512];
 	int problems = 0, r;
 
@@ -263,10 +263,10 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 		}
 	}
 	/* 2. every file's extents name known, intact chunks; count references */
-	r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 	if (r < 0)
 		goto out;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		struct ckpt_extent_list *l = NULL;
 		uint64_t ino = kl == 9 ? ckpt_get_be64(k + 1) : 0;
 		char *path = name_path(names, nnames, ino);
@@ -278,7 +278,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 			free(path);
 			continue;
 		}
-		if (st_db_getattr(s, ino, &in) < 0) {
+		if (st_db_getattr(s, NULL, ino, &in) < 0) {
 			cb(ud, path, "extent list without inode");
 			problems++;
 		} else if (in.size != l->size) {
@@ -316,7 +316,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 		ckpt_extent_list_free(l);
 		free(path);
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	it = NULL;
 	if (r < 0)
 		goto out;
@@ -335,7 +335,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	/* 4. every name points at a live inode */
 	for (size_t i = 0; i < nnames; i++) {
 		struct ckpt_inode in;
-		if (st_db_getattr(s, names[i].ino, &in) < 0 || in.nlink == 0) {
+		if (st_db_getattr(s, NULL, names[i].ino, &in) < 0 || in.nlink == 0) {
 			char *path = name_path(names, nnames, names[i].ino);
 			cb(ud, path, "directory entry points at a missing inode");
 			problems++;
@@ -344,7 +344,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	}
 	r = problems;
 out:
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	for (size_t i = 0; i < nnames; i++)
 		free(names[i].name);
 	free(names);
@@ -353,13 +353,46 @@ out:
 	return r;
 }
 
+struct drop_arg {
+	struct chunk_info *chunks;
+	size_t n;
+	struct ckpt_gc_stats *st;
+};
+
+/* Delete the chunk records that no file references: those with refcount 0
+ * when read again in t (a commit since st_load_chunks may have taken one). */
+static int drop_unreferenced(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct drop_arg *a = arg;
+
+	a->st->chunks_dropped = a->st->bytes_dropped = 0;
+	for (size_t i = 0; i < a->n; i++) {
+		struct chunk_info *c = &a->chunks[i];
+		uint8_t key[32];
+		int r;
+
+		if (c->refs != 0)
+			continue;
+		r = st_get_chunk(s, t, &c->d, &c->loc, &c->refs);
+		if (r == -ENOENT)
+			continue;
+		if (r < 0)
+			return r;
+		if (c->refs != 0)
+			continue;
+		ckpt_txn_delete(t, key, ckpt_key_chunk(key, &c->d));
+		a->st->chunks_dropped++;
+		a->st->bytes_dropped += c->loc.stored_len;
+	}
+	return 0;
+}
+
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 {
 	struct st_compact_stats cs = { 0 };
 	struct chunk_info *chunks = NULL;
 	size_t nchunks = 0;
 	uint64_t n;
-	ckpt_batch *b = NULL;
 	int r;
 
 	memset(ret, 0, sizeof(*ret));
@@ -374,23 +407,15 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 	if (r < 0)
 		goto out;
 	/* 1. drop index entries of unreferenced chunks */
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	for (size_t i = 0; i < nchunks; i++) {
-		uint8_t key[32];
+	{
+		struct drop_arg a = { chunks, nchunks, ret };
 
-		if (chunks[i].refs > 0)
-			continue;
-		ckpt_batch_delete(b, key, ckpt_key_chunk(key, &chunks[i].d));
-		ret->chunks_dropped++;
-		ret->bytes_dropped += chunks[i].loc.stored_len;
+		pthread_mutex_lock(&s->ns_lock);
+		r = st_txn_run(s, drop_unreferenced, &a, true);
+		pthread_mutex_unlock(&s->ns_lock);
+		if (r < 0)
+			goto out;
 	}
-	r = ckpt_index_write(s->ix, b, true);
-	if (r < 0)
-		goto out;
 	/* 2. the units that are now mostly dead: rewritten or deleted */
 	r = st_compact(s, SIZE_MAX, false, &cs);
 	if (r < 0)
@@ -399,7 +424,6 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 	ret->packs_deleted = cs.units_deleted;
 	r = units_size(s, &n, &ret->bytes_after, NULL);
 out:
-	ckpt_batch_free(b);
 	free(chunks);
 	return r;
 }

@@ -7,7 +7,7 @@
 int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 {
 	struct commit *c;
-	int r = st_db_getattr(s, ino, ret);
+	int r = st_db_getattr(s, NULL, ino, ret);
 
 	if (r < 0 || !S_ISREG(ret->mode))
 		return r;
@@ -35,12 +35,13 @@ static int check_name(const char *name)
 	return 0;
 }
 
-static int get_dentry(ckpt_store *s, uint64_t parent, const char *name, uint64_t *ret_ino,
-		      uint32_t *ret_mode)
+/* t == NULL: committed state; otherwise read in t for update (meta.c). */
+static int get_dentry(ckpt_store *s, ckpt_txn *t, uint64_t parent, const char *name,
+		      uint64_t *ret_ino, uint32_t *ret_mode)
 {
 	uint8_t key[CKPT_KEY_MAX], val[CKPT_DENTRY_REC_LEN];
 	size_t klen = ckpt_key_dentry(key, parent, name, strlen(name));
-	int r = ckpt_index_get_fixed(s->ix, key, klen, val, sizeof(val));
+	int r = st_get_fixed(s, t, key, klen, val, sizeof(val));
 
 	if (r < 0)
 		return r;
@@ -55,42 +56,45 @@ int ckpt_store_lookup(ckpt_store *s, uint64_t parent, const char *name, struct c
 
 	if (r < 0)
 		return r;
-	r = get_dentry(s, parent, name, &ino, &mode);
+	r = get_dentry(s, NULL, parent, name, &ino, &mode);
 	if (r < 0)
 		return r;
 	return ckpt_store_getattr(s, ino, ret);
 }
 
-static void batch_dentry(ckpt_batch *b, uint64_t parent, const char *name, uint64_t ino,
-			 uint32_t mode)
+static void put_dentry(ckpt_txn *t, uint64_t parent, const char *name, uint64_t ino,
+		       uint32_t mode)
 {
 	uint8_t key[CKPT_KEY_MAX], val[CKPT_DENTRY_REC_LEN];
 
 	ckpt_dentry_encode(ino, mode & S_IFMT, val);
-	ckpt_batch_put(b, key, ckpt_key_dentry(key, parent, name, strlen(name)), val, sizeof(val));
+	ckpt_txn_put(t, key, ckpt_key_dentry(key, parent, name, strlen(name)), val, sizeof(val));
 }
 
-static void batch_dentry_delete(ckpt_batch *b, uint64_t parent, const char *name)
+static void delete_dentry(ckpt_txn *t, uint64_t parent, const char *name)
 {
 	uint8_t key[CKPT_KEY_MAX];
 
-	ckpt_batch_delete(b, key, ckpt_key_dentry(key, parent, name, strlen(name)));
+	ckpt_txn_delete(t, key, ckpt_key_dentry(key, parent, name, strlen(name)));
 }
 
-static void batch_orphan(ckpt_batch *b, uint64_t ino, bool set)
+static void put_orphan(ckpt_txn *t, uint64_t ino, bool set)
 {
 	uint8_t key[16];
 
 	ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino);
 	if (set)
-		ckpt_batch_put(b, key, 9, "", 0);
+		ckpt_txn_put(t, key, 9, "", 0);
 	else
-		ckpt_batch_delete(b, key, 9);
+		ckpt_txn_delete(t, key, 9);
 }
 
-static int get_dir(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
+/* The directory ino, read in t for update: every operation that adds or
+ * removes one of its names also writes it, so two such operations on one
+ * directory conflict (engine.h). */
+static int get_dir(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *ret)
 {
-	int r = st_db_getattr(s, ino, ret);
+	int r = st_db_getattr(s, t, ino, ret);
 
 	if (r < 0)
 		return r;
@@ -101,14 +105,60 @@ static int get_dir(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 	return 0;
 }
 
+struct mknode_arg {
+	uint64_t parent;
+	const char *name, *target;
+	uint32_t mode, uid, gid;
+	struct ckpt_inode *ret;
+};
+
+static int mknode_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct mknode_arg *a = arg;
+	struct ckpt_inode dir, in;
+	uint64_t ino;
+	uint32_t m;
+	int r = get_dir(s, t, a->parent, &dir);
+
+	if (r < 0)
+		return r;
+	r = get_dentry(s, t, a->parent, a->name, &ino, &m);
+	if (r == 0)
+		return -EEXIST;
+	if (r != -ENOENT)
+		return r;
+	memset(&in, 0, sizeof(in));
+	r = st_meta_get_u64(s, t, "next_ino", &in.ino);
+	if (r < 0)
+		return r;
+	in.mode = a->mode;
+	in.uid = a->uid;
+	in.gid = a->gid;
+	in.nlink = S_ISDIR(a->mode) ? 2 : 1;
+	in.atime_ns = in.mtime_ns = in.ctime_ns = ckpt_now_ns();
+	in.parent = S_ISDIR(a->mode) ? a->parent : 0;
+	in.generation = 1;
+	if (S_ISLNK(a->mode)) {
+		uint8_t key[16];
+		in.size = strlen(a->target);
+		ckpt_txn_put(t, key, ckpt_key_ino(key, CKPT_KEY_LINK, in.ino), a->target, in.size);
+	}
+	st_put_inode(t, &in);
+	put_dentry(t, a->parent, a->name, in.ino, a->mode);
+	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
+	if (S_ISDIR(a->mode))
+		dir.nlink++;
+	st_put_inode(t, &dir);
+	st_put_meta_u64(t, "next_ino", in.ino + 1);
+	*a->ret = in;
+	return 0;
+}
+
 int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
 		      uint32_t uid, uint32_t gid, const char *symlink_target,
 		      struct ckpt_inode *ret)
 {
-	struct ckpt_inode dir, in;
-	ckpt_batch *b = NULL;
-	uint64_t ino;
-	uint32_t m;
+	struct mknode_arg a = { parent, name, symlink_target, mode, uid, gid, ret };
 	int r = check_name(name);
 
 	if (r < 0)
@@ -120,61 +170,53 @@ int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t
 	if (symlink_target && strlen(symlink_target) >= PATH_MAX)
 		return -ENAMETOOLONG;
 	pthread_mutex_lock(&s->ns_lock);
-	r = get_dir(s, parent, &dir);
-	if (r < 0)
-		goto out;
-	r = get_dentry(s, parent, name, &ino, &m);
-	if (r == 0) {
-		r = -EEXIST;
-		goto out;
-	}
-	if (r != -ENOENT)
-		goto out;
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	memset(&in, 0, sizeof(in));
-	in.ino = s->next_ino;
-	in.mode = mode;
-	in.uid = uid;
-	in.gid = gid;
-	in.nlink = S_ISDIR(mode) ? 2 : 1;
-	in.atime_ns = in.mtime_ns = in.ctime_ns = ckpt_now_ns();
-	in.parent = S_ISDIR(mode) ? parent : 0;
-	in.generation = 1;
-	if (S_ISLNK(mode)) {
-		uint8_t key[16];
-		in.size = strlen(symlink_target);
-		ckpt_batch_put(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, in.ino), symlink_target,
-			       in.size);
-	}
-	st_batch_inode(b, &in);
-	batch_dentry(b, parent, name, in.ino, mode);
-	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
-	if (S_ISDIR(mode))
-		dir.nlink++;
-	st_batch_inode(b, &dir);
-	st_batch_meta_u64(b, "next_ino", in.ino + 1);
-	r = ckpt_index_write(s->ix, b, false);
-	if (r < 0)
-		goto out;
-	s->next_ino++;
-	*ret = in;
-out:
+	r = st_txn_run(s, mknode_txn, &a, false);
 	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
+}
+
+struct link_arg {
+	uint64_t ino, newparent;
+	const char *newname;
+	struct ckpt_inode *ret;
+};
+
+static int link_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct link_arg *a = arg;
+	struct ckpt_inode dir, in;
+	uint64_t x;
+	uint32_t m;
+	int r = get_dir(s, t, a->newparent, &dir);
+
+	if (r < 0)
+		return r;
+	r = st_db_getattr(s, t, a->ino, &in);
+	if (r < 0)
+		return r;
+	if (S_ISDIR(in.mode))
+		return -EPERM;
+	r = get_dentry(s, t, a->newparent, a->newname, &x, &m);
+	if (r == 0)
+		return -EEXIST;
+	if (r != -ENOENT)
+		return r;
+	if (in.nlink == 0)
+		put_orphan(t, a->ino, false);
+	in.nlink++;
+	in.ctime_ns = ckpt_now_ns();
+	st_put_inode(t, &in);
+	put_dentry(t, a->newparent, a->newname, a->ino, in.mode);
+	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
+	st_put_inode(t, &dir);
+	*a->ret = in;
+	return 0;
 }
 
 int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char *newname,
 		    struct ckpt_inode *ret)
 {
-	struct ckpt_inode dir, in;
-	ckpt_batch *b = NULL;
-	uint64_t x;
-	uint32_t m;
+	struct link_arg a = { ino, newparent, newname, ret };
 	int r = check_name(newname);
 
 	if (r < 0)
@@ -182,42 +224,8 @@ int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
 	pthread_mutex_lock(&s->ns_lock);
-	r = get_dir(s, newparent, &dir);
-	if (r < 0)
-		goto out;
-	r = st_db_getattr(s, ino, &in);
-	if (r < 0)
-		goto out;
-	if (S_ISDIR(in.mode)) {
-		r = -EPERM;
-		goto out;
-	}
-	r = get_dentry(s, newparent, newname, &x, &m);
-	if (r == 0) {
-		r = -EEXIST;
-		goto out;
-	}
-	if (r != -ENOENT)
-		goto out;
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	if (in.nlink == 0)
-		batch_orphan(b, ino, false);
-	in.nlink++;
-	in.ctime_ns = ckpt_now_ns();
-	st_batch_inode(b, &in);
-	batch_dentry(b, newparent, newname, ino, in.mode);
-	dir.mtime_ns = dir.ctime_ns = in.ctime_ns;
-	st_batch_inode(b, &dir);
-	r = ckpt_index_write(s->ix, b, false);
-	if (r == 0)
-		*ret = in;
-out:
+	r = st_txn_run(s, link_txn, &a, false);
 	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
 }
 
@@ -227,7 +235,7 @@ int ckpt_store_readlink(ckpt_store *s, uint64_t ino, char **ret_target)
 	uint8_t *val;
 	size_t vlen;
 	char *t;
-	int r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino), &val, &vlen);
+	int r = ckpt_engine_get(s->eng, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino), &val, &vlen);
 
 	if (r == -ENOENT)
 		return -EINVAL;
@@ -245,29 +253,31 @@ int ckpt_store_readlink(ckpt_store *s, uint64_t ino, char **ret_target)
 	return 0;
 }
 
-static int dir_is_empty(ckpt_store *s, uint64_t ino)
+/* 1 if directory ino has no entries in t's view, 0 if it has, or -errno.
+ * A scan is not tracked: the caller has read ino's inode for update, which
+ * any change of its entries also writes. */
+static int dir_is_empty(ckpt_store *s, ckpt_txn *t, uint64_t ino)
 {
 	uint8_t prefix[9];
 	const uint8_t *k, *v;
 	size_t kl, vl;
-	ckpt_iter *it;
+	ckpt_scan *it;
 	int r;
 
 	prefix[0] = CKPT_KEY_DENTRY;
 	ckpt_put_be64(prefix + 1, ino);
-	r = ckpt_iter_new(s->ix, prefix, sizeof(prefix), &it);
+	r = ckpt_scan_new(s->eng, t, prefix, sizeof(prefix), NULL, 0, &it);
 	if (r < 0)
 		return r;
-	r = ckpt_iter_next(it, &k, &kl, &v, &vl);
-	ckpt_iter_free(it);
+	r = ckpt_scan_next(it, &k, &kl, &v, &vl);
+	ckpt_scan_free(it);
 	if (r < 0)
 		return r;
 	return r == 0 ? 1 : 0;
 }
 
-/* Drop one name of victim (already removed from its directory by the
- * caller's batch).  Caller holds ns_lock. */
-static void drop_link(ckpt_batch *b, struct ckpt_inode *victim, int64_t now)
+/* Drop one name of victim (already removed from its directory in t). */
+static void drop_link(ckpt_txn *t, struct ckpt_inode *victim, int64_t now)
 {
 	if (S_ISDIR(victim->mode))
 		victim->nlink = 0;
@@ -275,17 +285,55 @@ static void drop_link(ckpt_batch *b, struct ckpt_inode *victim, int64_t now)
 		victim->nlink--;
 	victim->ctime_ns = now;
 	if (victim->nlink == 0)
-		batch_orphan(b, victim->ino, true);
-	st_batch_inode(b, victim);
+		put_orphan(t, victim->ino, true);
+	st_put_inode(t, victim);
+}
+
+struct unlink_arg {
+	uint64_t parent;
+	const char *name;
+	bool rmdir;
+};
+
+static int unlink_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct unlink_arg *a = arg;
+	struct ckpt_inode dir, victim;
+	uint64_t ino;
+	uint32_t m;
+	int64_t now = ckpt_now_ns();
+	int r = get_dir(s, t, a->parent, &dir);
+
+	if (r < 0)
+		return r;
+	r = get_dentry(s, t, a->parent, a->name, &ino, &m);
+	if (r < 0)
+		return r;
+	r = st_db_getattr(s, t, ino, &victim);
+	if (r < 0)
+		return r;
+	if (a->rmdir && !S_ISDIR(victim.mode))
+		return -ENOTDIR;
+	if (!a->rmdir && S_ISDIR(victim.mode))
+		return -EISDIR;
+	if (a->rmdir) {
+		r = dir_is_empty(s, t, ino);
+		if (r < 0)
+			return r;
+		if (r == 0)
+			return -ENOTEMPTY;
+		dir.nlink--;
+	}
+	delete_dentry(t, a->parent, a->name);
+	drop_link(t, &victim, now);
+	dir.mtime_ns = dir.ctime_ns = now;
+	st_put_inode(t, &dir);
+	return 0;
 }
 
 int ckpt_store_unlink(ckpt_store *s, uint64_t parent, const char *name, bool rmdir)
 {
-	struct ckpt_inode dir, victim;
-	ckpt_batch *b = NULL;
-	uint64_t ino;
-	uint32_t m;
-	int64_t now = ckpt_now_ns();
+	struct unlink_arg a = { parent, name, rmdir };
 	int r = check_name(name);
 
 	if (r < 0)
@@ -293,51 +341,13 @@ int ckpt_store_unlink(ckpt_store *s, uint64_t parent, const char *name, bool rmd
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
 	pthread_mutex_lock(&s->ns_lock);
-	r = get_dir(s, parent, &dir);
-	if (r < 0)
-		goto out;
-	r = get_dentry(s, parent, name, &ino, &m);
-	if (r < 0)
-		goto out;
-	r = st_db_getattr(s, ino, &victim);
-	if (r < 0)
-		goto out;
-	if (rmdir && !S_ISDIR(victim.mode)) {
-		r = -ENOTDIR;
-		goto out;
-	}
-	if (!rmdir && S_ISDIR(victim.mode)) {
-		r = -EISDIR;
-		goto out;
-	}
-	if (rmdir) {
-		r = dir_is_empty(s, ino);
-		if (r < 0)
-			goto out;
-		if (r == 0) {
-			r = -ENOTEMPTY;
-			goto out;
-		}
-		dir.nlink--;
-	}
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	batch_dentry_delete(b, parent, name);
-	drop_link(b, &victim, now);
-	dir.mtime_ns = dir.ctime_ns = now;
-	st_batch_inode(b, &dir);
-	r = ckpt_index_write(s->ix, b, false);
-out:
+	r = st_txn_run(s, unlink_txn, &a, false);
 	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
 }
 
-/* Is `anc` an ancestor of (or equal to) dir `ino`?  Caller holds ns_lock. */
-static int is_ancestor(ckpt_store *s, uint64_t anc, uint64_t ino)
+/* Is `anc` an ancestor of (or equal to) dir `ino`?  Reads in t. */
+static int is_ancestor(ckpt_store *s, ckpt_txn *t, uint64_t anc, uint64_t ino)
 {
 	for (int depth = 0; depth < 4096; depth++) {
 		struct ckpt_inode in;
@@ -347,7 +357,7 @@ static int is_ancestor(ckpt_store *s, uint64_t anc, uint64_t ino)
 			return 1;
 		if (ino == CKPT_ROOT_INO)
 			return 0;
-		r = st_db_getattr(s, ino, &in);
+		r = st_db_getattr(s, t, ino, &in);
 		if (r < 0)
 			return r;
 		ino = in.parent;
@@ -355,43 +365,35 @@ static int is_ancestor(ckpt_store *s, uint64_t anc, uint64_t ino)
 	return -ELOOP;
 }
 
-int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t newparent,
-		      const char *newname, unsigned flags)
+struct rename_arg {
+	uint64_t parent, newparent;
+	const char *name, *newname;
+	unsigned flags;
+};
+
+static int rename_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 {
+	struct rename_arg *a = arg;
+	uint64_t parent = a->parent, newparent = a->newparent;
+	const char *name = a->name, *newname = a->newname;
+	unsigned flags = a->flags;
 	struct ckpt_inode pdir, ndir, src, dst;
 	bool have_dst = false, same_dir = parent == newparent;
-	ckpt_batch *b = NULL;
 	uint64_t sino, dino;
 	uint32_t m;
 	int64_t now = ckpt_now_ns();
 	int r;
 
-	if ((r = check_name(name)) < 0 || (r = check_name(newname)) < 0)
-		return r;
-	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE))
-		return -EINVAL;
-	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
-		return -EINVAL;
-	if (s->opts.mode != CKPT_STORE_RW)
-		return -EROFS;
-	/* Publishing by rename (save under a temporary name, then rename) must
-	 * not st_publish a name whose content is only in memory: index the closed
-	 * files first, so that a daemon crash after rename() returned cannot
-	 * leave the new name pointing at old or empty content. */
-	r = st_overlay_flush_if_any(s);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&s->ns_lock);
-	if ((r = get_dir(s, parent, &pdir)) < 0 || (r = get_dir(s, newparent, &ndir)) < 0)
+	if ((r = get_dir(s, t, parent, &pdir)) < 0 || (r = get_dir(s, t, newparent, &ndir)) < 0)
 		goto out;
-	if ((r = get_dentry(s, parent, name, &sino, &m)) < 0)
+	if ((r = get_dentry(s, t, parent, name, &sino, &m)) < 0)
 		goto out;
-	if ((r = st_db_getattr(s, sino, &src)) < 0)
+	if ((r = st_db_getattr(s, t, sino, &src)) < 0)
 		goto out;
-	r = get_dentry(s, newparent, newname, &dino, &m);
+	r = get_dentry(s, t, newparent, newname, &dino, &m);
 	if (r == 0) {
 		have_dst = true;
-		if ((r = st_db_getattr(s, dino, &dst)) < 0)
+		if ((r = st_db_getattr(s, t, dino, &dst)) < 0)
 			goto out;
 	} else if (r != -ENOENT) {
 		goto out;
@@ -405,12 +407,12 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 		goto out;
 	}
 	if (have_dst && dino == sino) {
-		r = 0; /* same inode: POSIX says do nothing */
+		r = 1; /* same inode: POSIX says do nothing */
 		goto out;
 	}
 	/* A directory may not move below itself. */
 	if (S_ISDIR(src.mode) && !same_dir) {
-		r = is_ancestor(s, sino, newparent);
+		r = is_ancestor(s, t, sino, newparent);
 		if (r < 0)
 			goto out;
 		if (r) {
@@ -419,7 +421,7 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 		}
 	}
 	if ((flags & RENAME_EXCHANGE) && S_ISDIR(dst.mode) && !same_dir) {
-		r = is_ancestor(s, dino, parent);
+		r = is_ancestor(s, t, dino, parent);
 		if (r < 0)
 			goto out;
 		if (r) {
@@ -437,7 +439,7 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 			goto out;
 		}
 		if (S_ISDIR(dst.mode)) {
-			r = dir_is_empty(s, dino);
+			r = dir_is_empty(s, t, dino);
 			if (r < 0)
 				goto out;
 			if (r == 0) {
@@ -446,19 +448,14 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 			}
 		}
 	}
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
 	/* Link-count changes of the two parent directories (one inode when
 	 * same_dir: then both deltas apply to it). */
 	{
 		int pdelta = 0, ndelta = 0;
 
 		if (flags & RENAME_EXCHANGE) {
-			batch_dentry(b, parent, name, dino, dst.mode);
-			batch_dentry(b, newparent, newname, sino, src.mode);
+			put_dentry(t, parent, name, dino, dst.mode);
+			put_dentry(t, newparent, newname, sino, src.mode);
 			if (!same_dir) {
 				if (S_ISDIR(src.mode)) {
 					src.parent = newparent;
@@ -472,12 +469,12 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 				}
 			}
 			dst.ctime_ns = now;
-			st_batch_inode(b, &dst);
+			st_put_inode(t, &dst);
 		} else {
-			batch_dentry_delete(b, parent, name);
-			batch_dentry(b, newparent, newname, sino, src.mode);
+			delete_dentry(t, parent, name);
+			put_dentry(t, newparent, newname, sino, src.mode);
 			if (have_dst) {
-				drop_link(b, &dst, now);
+				drop_link(t, &dst, now);
 				if (S_ISDIR(dst.mode))
 					ndelta--;
 			}
@@ -488,134 +485,169 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 			}
 		}
 		src.ctime_ns = now;
-		st_batch_inode(b, &src);
+		st_put_inode(t, &src);
 		if (same_dir) {
 			pdir.nlink = (uint32_t)((int64_t)pdir.nlink + pdelta + ndelta);
 			pdir.mtime_ns = pdir.ctime_ns = now;
-			st_batch_inode(b, &pdir);
+			st_put_inode(t, &pdir);
 		} else {
 			pdir.nlink = (uint32_t)((int64_t)pdir.nlink + pdelta);
 			ndir.nlink = (uint32_t)((int64_t)ndir.nlink + ndelta);
 			pdir.mtime_ns = pdir.ctime_ns = now;
 			ndir.mtime_ns = ndir.ctime_ns = now;
-			st_batch_inode(b, &pdir);
-			st_batch_inode(b, &ndir);
+			st_put_inode(t, &pdir);
+			st_put_inode(t, &ndir);
 		}
 	}
-	r = ckpt_index_write(s->ix, b, false);
+	r = 0;
 out:
-	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
 }
 
-int ckpt_store_reap(ckpt_store *s, uint64_t ino)
+
+int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t newparent,
+		      const char *newname, unsigned flags)
 {
+	struct rename_arg a = { parent, newparent, name, newname, flags };
+	int r;
+
+	if ((r = check_name(name)) < 0 || (r = check_name(newname)) < 0)
+		return r;
+	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		return -EINVAL;
+	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
+		return -EINVAL;
+	if (s->opts.mode != CKPT_STORE_RW)
+		return -EROFS;
+	/* Publishing by rename (save under a temporary name, then rename) must
+	 * not publish a name whose content is only in memory: index the closed
+	 * files first, so that a daemon crash after rename() returned cannot
+	 * leave the new name pointing at old or empty content. */
+	r = st_overlay_flush_if_any(s);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&s->ns_lock);
+	r = st_txn_run(s, rename_txn, &a, false);
+	pthread_mutex_unlock(&s->ns_lock);
+	return r;
+}
+
+/* Delete the records of orphan a->ino if it is still one; *a->gone tells
+ * whether it was. */
+struct reap_arg {
+	uint64_t ino;
+	bool gone;
+};
+
+static int reap_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct reap_arg *a = arg;
 	struct ckpt_extent_list *old = NULL;
 	struct delta *dv = NULL;
 	size_t ndv = 0;
 	struct ckpt_inode in;
-	ckpt_batch *b = NULL;
-	uint8_t key[16], *val;
-	size_t vlen;
+	uint8_t key[16];
+	int r = ckpt_txn_has(t, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, a->ino),
+			     CKPT_TXN_FOR_UPDATE);
+
+	a->gone = false;
+	if (r <= 0)
+		return r < 0 ? r : 1;
+	r = st_db_getattr(s, t, a->ino, &in);
+	if (r == 0 && in.nlink > 0) {
+		put_orphan(t, a->ino, false); /* stale marker */
+		return 0;
+	}
+	if (r == 0 && S_ISREG(in.mode)) {
+		r = st_db_load_extents(s, t, a->ino, &old);
+		if (r == 0)
+			r = st_build_delta(NULL, old, &dv, &ndv);
+		if (r == 0)
+			r = st_apply_delta(s, t, dv, ndv);
+		ckpt_extent_list_free(old);
+		free(dv);
+		if (r < 0)
+			return r;
+	}
+	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_INODE, a->ino));
+	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_FILE, a->ino));
+	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_LINK, a->ino));
+	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_PARSED, a->ino));
+	put_orphan(t, a->ino, false);
+	a->gone = true;
+	return 0;
+}
+
+int ckpt_store_reap(ckpt_store *s, uint64_t ino)
+{
+	struct reap_arg a = { ino, false };
 	int r;
 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return 0;
 	pthread_mutex_lock(&s->commit_lock);
 	pthread_mutex_lock(&s->ns_lock);
-	r = ckpt_index_get(s->ix, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino), &val, &vlen);
-	if (r == -ENOENT) {
-		r = 0;
-		goto out;
-	}
-	if (r < 0)
-		goto out;
-	free(val);
-	r = st_db_getattr(s, ino, &in);
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	if (r == 0 && in.nlink > 0) {
-		batch_orphan(b, ino, false); /* stale marker */
-		r = ckpt_index_write(s->ix, b, false);
-		goto out;
-	}
-	if (r == 0 && S_ISREG(in.mode)) {
-		r = st_db_load_extents(s, ino, &old);
-		if (r < 0)
-			goto out;
-		r = st_build_delta(NULL, old, &dv, &ndv);
-		if (r < 0)
-			goto out;
-		r = st_apply_delta(s, b, dv, ndv);
-		if (r < 0)
-			goto out;
-	}
-	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino));
-	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino));
-	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_LINK, ino));
-	ckpt_batch_delete(b, key, ckpt_key_ino(key, CKPT_KEY_PARSED, ino));
-	batch_orphan(b, ino, false);
-	r = ckpt_index_write(s->ix, b, false);
-	if (r == 0)
+	r = st_txn_run(s, reap_txn, &a, false);
+	if (r == 0 && a.gone)
 		st_commit_free(st_overlay_take(s, ino)); /* content of a deleted file */
-out:
 	pthread_mutex_unlock(&s->ns_lock);
 	pthread_mutex_unlock(&s->commit_lock);
-	ckpt_batch_free(b);
-	ckpt_extent_list_free(old);
-	free(dv);
 	return r;
+}
+
+struct setattr_arg {
+	uint64_t ino;
+	unsigned what;
+	const struct ckpt_inode *in;
+	struct ckpt_inode cur;
+};
+
+static int setattr_txn(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	struct setattr_arg *a = arg;
+	const struct ckpt_inode *in = a->in;
+	unsigned what = a->what;
+	int r = st_db_getattr(s, t, a->ino, &a->cur);
+
+	if (r < 0)
+		return r;
+	if (what & CKPT_SET_MODE)
+		a->cur.mode = (a->cur.mode & S_IFMT) | (in->mode & 07777);
+	if (what & CKPT_SET_UID)
+		a->cur.uid = in->uid;
+	if (what & CKPT_SET_GID)
+		a->cur.gid = in->gid;
+	if (what & CKPT_SET_ATIME)
+		a->cur.atime_ns = in->atime_ns;
+	if (what & CKPT_SET_MTIME)
+		a->cur.mtime_ns = in->mtime_ns;
+	a->cur.ctime_ns = (what & CKPT_SET_CTIME) ? in->ctime_ns : ckpt_now_ns();
+	st_put_inode(t, &a->cur);
+	return 0;
 }
 
 int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct ckpt_inode *in,
 		       struct ckpt_inode *ret)
 {
-	struct ckpt_inode cur;
-	ckpt_batch *b = NULL;
+	struct setattr_arg a = { .ino = ino, .what = what, .in = in };
 	int r;
 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return -EROFS;
 	pthread_mutex_lock(&s->ns_lock);
-	r = st_db_getattr(s, ino, &cur);
-	if (r < 0)
-		goto out;
-	if (what & CKPT_SET_MODE)
-		cur.mode = (cur.mode & S_IFMT) | (in->mode & 07777);
-	if (what & CKPT_SET_UID)
-		cur.uid = in->uid;
-	if (what & CKPT_SET_GID)
-		cur.gid = in->gid;
-	if (what & CKPT_SET_ATIME)
-		cur.atime_ns = in->atime_ns;
-	if (what & CKPT_SET_MTIME)
-		cur.mtime_ns = in->mtime_ns;
-	cur.ctime_ns = (what & CKPT_SET_CTIME) ? in->ctime_ns : ckpt_now_ns();
-	b = ckpt_batch_new();
-	if (!b) {
-		r = -ENOMEM;
-		goto out;
-	}
-	st_batch_inode(b, &cur);
-	r = ckpt_index_write(s->ix, b, false);
+	r = st_txn_run(s, setattr_txn, &a, false);
 	if (r == 0 && (what & CKPT_SET_MTIME)) {
 		/* a closed file's pending content must not undo utimens() */
 		struct commit *c;
 		pthread_mutex_lock(&s->overlay_lock);
 		c = st_overlay_find_locked(s, ino);
 		if (c)
-			c->mtime_ns = cur.mtime_ns;
+			c->mtime_ns = a.cur.mtime_ns;
 		pthread_mutex_unlock(&s->overlay_lock);
 	}
 	if (r == 0 && ret)
-		*ret = cur;
-out:
+		*ret = a.cur;
 	pthread_mutex_unlock(&s->ns_lock);
-	ckpt_batch_free(b);
 	return r;
 }
 
@@ -634,15 +666,15 @@ int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ent
 	uint8_t prefix[9];
 	const uint8_t *k, *val;
 	size_t kl, vl;
-	ckpt_iter *it = NULL;
+	ckpt_scan *it = NULL;
 	int r;
 
 	prefix[0] = CKPT_KEY_DENTRY;
 	ckpt_put_be64(prefix + 1, ino);
-	r = ckpt_iter_new(s->ix, prefix, sizeof(prefix), &it);
+	r = ckpt_scan_new(s->eng, NULL, prefix, sizeof(prefix), NULL, 0, &it);
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &val, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &val, &vl)) > 0) {
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 32;
 			struct ckpt_dirent *nv = realloc(v, nc * sizeof(*nv));
@@ -663,7 +695,7 @@ int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ent
 		}
 		n++;
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	if (r < 0) {
 		ckpt_dirents_free(v, n);
 		return r;
@@ -698,8 +730,8 @@ char *ckpt_store_path_of(ckpt_store *s, uint64_t ino)
 		const char *nm = NULL;
 		char *np;
 
-		if (st_db_getattr(s, cur, &in) < 0 || !S_ISDIR(in.mode) ||
-		    st_db_getattr(s, in.parent, &pin) < 0 ||
+		if (st_db_getattr(s, NULL, cur, &in) < 0 || !S_ISDIR(in.mode) ||
+		    st_db_getattr(s, NULL, in.parent, &pin) < 0 ||
 		    ckpt_store_readdir(s, in.parent, &ents, &n) < 0) {
 			if (asprintf(&np, "<inode %" PRIu64 ">%s", cur, path) < 0)
 				np = NULL;

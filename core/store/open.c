@@ -81,7 +81,7 @@ static int init_index(ckpt_store *s)
 {
 	uint8_t secret[CKPT_SECRET_LEN], buf[4];
 	struct ckpt_inode root;
-	ckpt_batch *b;
+	ckpt_txn *t;
 	int r;
 
 	r = ckpt_secret_generate(secret, sizeof(secret));
@@ -90,15 +90,15 @@ static int init_index(ckpt_store *s)
 	r = ckpt_secret_generate(s->uuid, sizeof(s->uuid));
 	if (r < 0)
 		return r;
-	b = ckpt_batch_new();
-	if (!b)
-		return -ENOMEM;
+	r = ckpt_txn_begin(s->eng, &t);
+	if (r < 0)
+		return r;
 	ckpt_put_le32(buf, CKPT_STORE_FORMAT);
-	st_batch_meta_bytes(b, "format", buf, 4);
-	st_batch_meta_bytes(b, "secret", secret, sizeof(secret));
-	st_batch_meta_bytes(b, "uuid", s->uuid, sizeof(s->uuid));
-	st_batch_meta_u64(b, "next_ino", CKPT_ROOT_INO + 1);
-	st_batch_meta_u64(b, "next_pack", 1);
+	st_put_meta_bytes(t, "format", buf, 4);
+	st_put_meta_bytes(t, "secret", secret, sizeof(secret));
+	st_put_meta_bytes(t, "uuid", s->uuid, sizeof(s->uuid));
+	st_put_meta_u64(t, "next_ino", CKPT_ROOT_INO + 1);
+	st_put_meta_u64(t, "next_pack", 1);
 	memset(&root, 0, sizeof(root));
 	root.ino = CKPT_ROOT_INO;
 	root.mode = S_IFDIR | 0755;
@@ -108,33 +108,33 @@ static int init_index(ckpt_store *s)
 	root.atime_ns = root.mtime_ns = root.ctime_ns = ckpt_now_ns();
 	root.parent = CKPT_ROOT_INO;
 	root.generation = 1;
-	st_batch_inode(b, &root);
-	r = ckpt_index_write(s->ix, b, true);
-	ckpt_batch_free(b);
-	return r;
+	st_put_inode(t, &root);
+	return ckpt_txn_commit(t, true); /* a fresh engine: no one to conflict with */
 }
 
 static int load_meta(ckpt_store *s, char *err, size_t errlen)
 {
 	uint8_t key[64], secret[CKPT_SECRET_LEN], buf[4];
+	uint64_t next_ino, next_pack;
 	int r;
 
-	r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "format"), buf, 4);
+	r = ckpt_engine_get_fixed(s->eng, key, ckpt_key_meta(key, "format"), buf, 4);
 	if (r == 0 && ckpt_get_le32(buf) > CKPT_STORE_FORMAT) {
 		snprintf(err, errlen, "%s: index format %u is newer than supported (%d)", s->path,
 			 ckpt_get_le32(buf), CKPT_STORE_FORMAT);
 		return -EPROTONOSUPPORT;
 	}
 	if (r == 0)
-		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "secret"), secret,
-					 sizeof(secret));
+		r = ckpt_engine_get_fixed(s->eng, key, ckpt_key_meta(key, "secret"), secret,
+					  sizeof(secret));
 	if (r == 0)
-		r = ckpt_index_get_fixed(s->ix, key, ckpt_key_meta(key, "uuid"), s->uuid,
-					 sizeof(s->uuid));
+		r = ckpt_engine_get_fixed(s->eng, key, ckpt_key_meta(key, "uuid"), s->uuid,
+					  sizeof(s->uuid));
+	/* the counters are read where they are used, in its transaction */
 	if (r == 0)
-		r = st_meta_get_u64(s, "next_ino", &s->next_ino);
+		r = st_meta_get_u64(s, NULL, "next_ino", &next_ino);
 	if (r == 0)
-		r = st_meta_get_u64(s, "next_pack", &s->next_pack);
+		r = st_meta_get_u64(s, NULL, "next_pack", &next_pack);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: index metadata missing or damaged (%s)", s->path,
 			 strerror(-r));
@@ -171,12 +171,12 @@ static int reap_orphans(ckpt_store *s)
 	size_t kl, vl;
 	uint64_t *inos = NULL;
 	size_t n = 0, cap = 0;
-	ckpt_iter *it;
-	int r = ckpt_iter_new(s->ix, prefix, 1, &it);
+	ckpt_scan *it;
+	int r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
 
 	if (r < 0)
 		return r;
-	while ((r = ckpt_iter_next(it, &k, &kl, &v, &vl)) > 0) {
+	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		if (kl != 9)
 			continue;
 		if (n == cap) {
@@ -191,7 +191,7 @@ static int reap_orphans(ckpt_store *s)
 		}
 		inos[n++] = ckpt_get_be64(k + 1);
 	}
-	ckpt_iter_free(it);
+	ckpt_scan_free(it);
 	for (size_t i = 0; r >= 0 && i < n; i++)
 		r = ckpt_store_reap(s, inos[i]);
 	free(inos);
@@ -285,8 +285,14 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		r = -ENOMEM;
 		goto fail;
 	}
-	r = ckpt_index_open(ixdir, fresh, o->mode == CKPT_STORE_RO_SHARED, 64u << 20, &s->ix, err,
-			    errlen);
+	{
+		struct ckpt_engine_opts eo = {
+			.create = fresh,
+			.read_only = o->mode == CKPT_STORE_RO_SHARED,
+			.cache_bytes = 64u << 20,
+		};
+		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
+	}
 	if (r < 0)
 		goto fail;
 	if (fresh) {
@@ -386,12 +392,12 @@ void ckpt_store_free(ckpt_store *s)
 		pthread_mutex_unlock(&s->overlay_lock);
 		pthread_join(s->flusher, NULL);
 	}
-	if (s->ix && s->opts.mode == CKPT_STORE_RW) {
+	if (s->eng && s->opts.mode == CKPT_STORE_RW) {
 		if (ckpt_store_flush(s) < 0)
 			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
-		ckpt_index_flush(s->ix);
+		ckpt_engine_flush(s->eng);
 	}
 	ckpt_cb_free(s->cb);
 	for (size_t i = 0; i < PENDING_BUCKETS; i++) {
@@ -412,7 +418,7 @@ void ckpt_store_free(ckpt_store *s)
 		st_rctx_free(x);
 	}
 	pthread_mutex_destroy(&s->rctx_lock);
-	ckpt_index_free(s->ix);
+	ckpt_engine_close(s->eng);
 	ckpt_cache_free(s->cache);
 	ckpt_hasher_free(s->hasher);
 	if (s->lock_fd >= 0)

@@ -5,25 +5,23 @@
  */
 #include "store/store_int.h"
 
-/* The backend's next_id: a new unit id, persisted first so that an id is
- * never reused after a crash.  The backend serialises the calls. */
+/* The backend's next_id: a new unit id from the "next_pack" meta record,
+ * read and advanced in one durable transaction before the unit is made, so
+ * that an id is never reused after a crash, nor by two writers sharing the
+ * engine. */
+static int take_unit_id(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	uint64_t *id = arg;
+	int r = st_meta_get_u64(s, t, "next_pack", id);
+
+	if (r == 0)
+		st_put_meta_u64(t, "next_pack", *id + 1);
+	return r;
+}
+
 static int next_unit_id(void *ud, uint64_t *ret_id)
 {
-	ckpt_store *s = ud;
-	uint64_t id = s->next_pack;
-	ckpt_batch *b = ckpt_batch_new();
-	int r;
-
-	if (!b)
-		return -ENOMEM;
-	st_batch_meta_u64(b, "next_pack", id + 1);
-	r = ckpt_index_write(s->ix, b, true);
-	ckpt_batch_free(b);
-	if (r < 0)
-		return r;
-	s->next_pack = id + 1;
-	*ret_id = id;
-	return 0;
+	return st_txn_run(ud, take_unit_id, ret_id, true);
 }
 
 /* Open the chunk backend the options name, in the store directory dfd

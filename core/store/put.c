@@ -128,8 +128,6 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	size_t len = 0;
 	ckpt_digest d;
 	uint8_t key[32];
-	uint8_t *val;
-	size_t vlen;
 	int r;
 
 	if (!iov || cnt < 1 || cnt > CKPT_CHUNK_PUT_IOV)
@@ -150,12 +148,10 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	/* Dedup: pending first, then the index (see I3). */
 	if (st_pending_find(s, &d, NULL))
 		goto dedup_hit;
-	r = ckpt_index_get(s->ix, key, ckpt_key_chunk(key, &d), &val, &vlen);
-	if (r == 0) {
-		free(val);
+	r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
+	if (r > 0)
 		goto dedup_hit;
-	}
-	if (r != -ENOENT)
+	if (r < 0)
 		return r;
 
 	memset(&rec, 0, sizeof(rec));

@@ -171,6 +171,6 @@ int ckpt_store_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list
 		*ret_list = l;
 		return l ? 0 : -ENOMEM;
 	}
-	return st_db_load_extents(s, ino, ret_list);
+	return st_db_load_extents(s, NULL, ino, ret_list);
 }
 

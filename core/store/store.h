@@ -6,7 +6,8 @@
  * On-disk layout of a store directory STORE (docs/format.md):
  *   STORE/ckptfs-store   format marker: "ckptfs-store <format-version>\n"
  *   STORE/lock           flock()ed by the process that owns the store
- *   STORE/index/         RocksDB (see index.h for the key space)
+ *   STORE/index/         the metadata engine's files: RocksDB (meta/engine.h;
+ *                        meta/records.h for the key space)
  *   STORE/packs/         pack-<id>.ckpk chunk data (see pack.h)
  *   STORE/staging/       scratch files of files being rewritten at random
  *                        offsets; emptied at every open
@@ -14,8 +15,8 @@
  * Ownership and durability contract:
  *  - A chunk is appended to a pack by ckpt_store_put_chunk() and is then
  *    "pending": readable by this process, unknown to the index.
- *  - A file's new extent list reaches the index in one RocksDB batch (chunk
- *    refcounts, extent list, inode) written after the pack data of every
+ *  - A file's new extent list reaches the index in one metadata transaction
+ *    (chunk refcounts, extent list, inode) committed after the pack data of every
  *    pending chunk it references was fdatasync'ed.  ckpt_store_commit_file()
  *    with durable=true does this before returning and fsyncs the batch, so
  *    the file survives a crash of the machine.  With durable=false the new
@@ -38,9 +39,12 @@
  *    immediately.  A daemon crash loses closed-but-unindexed content only;
  *    the store stays consistent (the old content remains).
  *
- * Thread-safety: every function may be called from any thread.  Namespace
- * mutations are serialized by ns_lock, index writes of file content by
- * commit_lock (taken before ns_lock); reads take neither.
+ * Thread-safety: every function may be called from any thread.  Every
+ * change of the index is one transaction of the metadata engine, which
+ * makes it atomic and detects a conflicting writer (then it is retried).
+ * Within this process namespace mutations are also serialized by ns_lock,
+ * index writes of file content by commit_lock (taken before ns_lock), so
+ * that its own writers do not conflict; reads take neither.
  */
 #ifndef CKPT_STORE_H
 #define CKPT_STORE_H
@@ -54,7 +58,7 @@
 
 #include "chunk/cache.h"
 #include "base/hash.h"
-#include "meta/index.h"
+#include "meta/records.h"
 
 #define CKPT_STORE_FORMAT 1
 #define CKPT_ROOT_INO 1
@@ -96,6 +100,8 @@ struct ckpt_store_opts {
 			       * plus 32 MiB; default 0: none.  Not 0: also
 			       * four chunk loads' buffers made and touched
 			       * (24 MiB: verify_chunk's read contexts) */
+	const char *meta_engine; /* metadata engine by name (meta/engine.h);
+				  * NULL: the default, "rocksdb", in STORE/index */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80
@@ -109,7 +115,6 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		    char *err, size_t errlen);
 /* Flushes the index and closes everything.  Accepts NULL. */
 void ckpt_store_free(ckpt_store *s);
-ckpt_index *ckpt_store_index(ckpt_store *s);
 const char *ckpt_store_path(const ckpt_store *s);
 int ckpt_store_compress_level(const ckpt_store *s);
 /* True for a store opened CKPT_STORE_RW. */

@@ -31,6 +31,7 @@
 #include "chunk/chunker.h"
 #include "chunk/compress.h"
 #include "chunk/backend.h"
+#include "meta/engine.h"
 #include "base/util.h"
 
 
@@ -71,7 +72,7 @@ struct ckpt_store {
 	struct ckpt_store_opts opts;
 	int lock_fd;
 	ckpt_chunk_backend *cb; /* where chunk records live (chunk/backend.h) */
-	ckpt_index *ix;
+	ckpt_engine *eng; /* the metadata (meta/engine.h); thread-safe */
 	ckpt_hasher *hasher;
 	ckpt_cache *cache;
 	uint8_t uuid[16];
@@ -81,14 +82,13 @@ struct ckpt_store {
 	unsigned rctx_nfree;    /* their number, rctx_lock */
 	uint64_t rctx_made, rctx_warm; /* made in all, made at open (rctx_lock) */
 
+	/* ns_lock serializes this process's read-modify-write transactions on
+	 * namespace and chunk records.  Atomicity comes from the engine's
+	 * transactions (a second writer sharing the engine conflicts and
+	 * retries); the lock only keeps this process's own writers from
+	 * conflicting with each other needlessly. */
 	pthread_mutex_t ns_lock;
-	/* Protected by ns_lock: */
-	uint64_t next_ino;
 
-	/* The backend's unit id counter ("next_pack" in the index): only the
-	 * backend's next_id callback touches it, and the backend serialises
-	 * those calls. */
-	uint64_t next_pack;
 
 	pthread_mutex_t pending_lock;
 	/* Protected by pending_lock: */
@@ -196,11 +196,29 @@ void st_rctx_warm(ckpt_store *s);
 struct tls_ctx *st_tls_get(ckpt_store *s);
 bool st_touch_at_open(const struct ckpt_store_opts *o);
 
-/* meta.c */
-int st_meta_get_u64(ckpt_store *s, const char *name, uint64_t *ret);
-void st_batch_meta_u64(ckpt_batch *b, const char *name, uint64_t v);
-void st_batch_meta_bytes(ckpt_batch *b, const char *name, const void *v, size_t len);
-void st_batch_inode(ckpt_batch *b, const struct ckpt_inode *in);
+/* meta.c: record reads and writes over the engine.  t == NULL reads
+ * committed state; otherwise the read is made in t for update (tracked for
+ * conflicts).  The st_put_* calls buffer in t: their errors surface at
+ * commit (engine.h). */
+int st_get_fixed(ckpt_store *s, ckpt_txn *t, const void *key, size_t klen, void *buf,
+		 size_t len);
+int st_get(ckpt_store *s, ckpt_txn *t, const void *key, size_t klen, uint8_t **ret_val,
+	   size_t *ret_len);
+int st_meta_get_u64(ckpt_store *s, ckpt_txn *t, const char *name, uint64_t *ret);
+void st_put_meta_u64(ckpt_txn *t, const char *name, uint64_t v);
+void st_put_meta_bytes(ckpt_txn *t, const char *name, const void *v, size_t len);
+void st_put_inode(ckpt_txn *t, const struct ckpt_inode *in);
+int st_get_chunk(ckpt_store *s, ckpt_txn *t, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
+		 uint64_t *ret_refs);
+void st_put_chunk(ckpt_txn *t, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+		  uint64_t refs);
+/* Run fn in a transaction until it commits or fails otherwise than by a
+ * conflict (a conflict runs fn again in a new transaction: fn must read
+ * everything it decides on through t and keep no effects outside t before
+ * the commit).  fn returns 0 to commit, > 0 to end without writing
+ * (st_txn_run then returns 0), < 0 to fail with that error. */
+typedef int (*st_txn_fn)(ckpt_store *s, ckpt_txn *t, void *arg);
+int st_txn_run(ckpt_store *s, st_txn_fn fn, void *arg, bool durable);
 
 /* packs.c */
 int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen);
@@ -232,9 +250,10 @@ int st_requeue_deferred(ckpt_store *s);
 /* commit.c */
 int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
 		       struct delta **ret, size_t *ret_n);
-int st_apply_delta(ckpt_store *s, ckpt_batch *b, const struct delta *v, size_t n);
-int st_db_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret);
-int st_db_load_extents(ckpt_store *s, uint64_t ino, struct ckpt_extent_list **ret_list);
+int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n);
+int st_db_getattr(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *ret);
+int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
+		       struct ckpt_extent_list **ret_list);
 void st_commit_free(struct commit *c);
 struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino);
 struct commit *st_overlay_take(ckpt_store *s, uint64_t ino);

@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * index.h - the RocksDB metadata index: a thin, errno-returning wrapper over
- * the RocksDB C API plus the encoders/decoders of every record kept in it.
+ * records.h - the layout of every metadata record: key builders and the
+ * encoders/decoders of the values, separate from the key-value engine that
+ * stores them (meta/engine.h).  docs/format.md describes each layout byte by
+ * byte; these codecs must stay byte-compatible with existing stores.
  *
- * Key space (one RocksDB column family; the first byte is the record type,
- * integers in keys are big-endian so that they sort numerically):
- *   'M' name              -> meta value (format, uuid, secret, counters)
+ * Key space (the first byte is the record type; integers in keys are
+ * big-endian so that they sort numerically):
+ *   'M' name              -> meta value (format, uuid, secret, counters,
+ *                            hash algorithm id)
  *   'C' digest[16]        -> chunk entry   (struct ckpt_chunk_loc + refcount)
  *   'I' ino(be64)         -> inode record  (struct ckpt_inode)
  *   'D' parent(be64) name -> dentry        (child ino + type bits)
@@ -18,13 +21,14 @@
  * Every 'C', 'I', 'D' and 'F' value starts with a one-byte record version
  * (CKPT_REC_VERSION); 'M' values are raw (their layout is fixed by name),
  * 'L' is the raw target, 'O' is empty.
- * docs/format.md describes each layout byte by byte.
  *
- * Thread-safety: all functions may be called concurrently on one index
- * (RocksDB is thread-safe).  A batch is not thread-safe.
+ * Errors: decoders return -EIO on a value of the wrong length or version
+ * (a damaged record), -ENOMEM when out of memory.  Thread-safety: all
+ * functions are pure or work on caller-owned objects; an extent list is not
+ * safe for concurrent modification.
  */
-#ifndef CKPT_INDEX_H
-#define CKPT_INDEX_H
+#ifndef CKPT_RECORDS_H
+#define CKPT_RECORDS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -47,46 +51,6 @@
 #define CKPT_NAME_MAX 255
 #define CKPT_KEY_MAX (1 + 8 + CKPT_NAME_MAX)
 
-typedef struct ckpt_index ckpt_index;
-typedef struct ckpt_batch ckpt_batch;
-typedef struct ckpt_iter ckpt_iter;
-
-/* Open the RocksDB at dir.  create: create it if missing.  read_only: open
- * without taking RocksDB's lock (a running daemon may hold the store).
- * cache_bytes: block cache size.  On failure writes a reason to err. */
-int ckpt_index_open(const char *dir, bool create, bool read_only, uint64_t cache_bytes,
-		    ckpt_index **ret_index, char *err, size_t errlen);
-void ckpt_index_free(ckpt_index *ix);
-
-/* Get a value.  0 and a malloc'd copy in *ret_val (caller frees) / length;
- * -ENOENT when absent; -EIO/-ENOSPC on RocksDB errors. */
-int ckpt_index_get(ckpt_index *ix, const void *key, size_t klen, uint8_t **ret_val,
-		   size_t *ret_len);
-/* Like get, but copies into buf of exactly len bytes; -EIO if the stored
- * value has another length. */
-int ckpt_index_get_fixed(ckpt_index *ix, const void *key, size_t klen, void *buf, size_t len);
-
-ckpt_batch *ckpt_batch_new(void);
-void ckpt_batch_free(ckpt_batch *b);
-void ckpt_batch_put(ckpt_batch *b, const void *key, size_t klen, const void *val, size_t vlen);
-void ckpt_batch_delete(ckpt_batch *b, const void *key, size_t klen);
-int ckpt_batch_count(ckpt_batch *b);
-/* Apply atomically.  sync: fsync the WAL before returning. */
-int ckpt_index_write(ckpt_index *ix, ckpt_batch *b, bool sync);
-/* Flush memtables and sync the WAL (used before unmount). */
-int ckpt_index_flush(ckpt_index *ix);
-/* fsync the WAL: every batch written so far survives a power loss. */
-int ckpt_index_sync_wal(ckpt_index *ix);
-
-/* Iterate all keys starting with prefix, in key order.  next() returns 1
- * with key/value pointers valid until the next call, 0 at the end, or
- * -errno.  The iterator sees a consistent snapshot. */
-int ckpt_iter_new(ckpt_index *ix, const void *prefix, size_t plen, ckpt_iter **ret_iter);
-int ckpt_iter_next(ckpt_iter *it, const uint8_t **ret_key, size_t *ret_klen,
-		   const uint8_t **ret_val, size_t *ret_vlen);
-void ckpt_iter_free(ckpt_iter *it);
-
-/* ---- record layouts ---- */
 
 /* Key builders; return the key length. */
 size_t ckpt_key_ino(uint8_t *key, char type, uint64_t ino);

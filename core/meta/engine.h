@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * engine.h - the metadata engine: an ordered key-value store with
+ * transactions, behind an ops table of drivers registered by name (the
+ * table in engine.c; "rocksdb" is the first and the default).  Keys and
+ * values are byte strings; what they mean is meta/records.h's business,
+ * never the engine's.
+ *
+ * Transactions.  ckpt_txn_begin() starts one; ckpt_txn_get/put/delete work
+ * in it (a get sees the transaction's own writes); ckpt_txn_commit() applies
+ * all of its writes atomically or none of them.  A read made with
+ * CKPT_TXN_FOR_UPDATE is tracked: if any other writer (another transaction
+ * of this process, or of another process sharing the engine) commits a
+ * change to that key after the read, or to a key this transaction writes
+ * after it first wrote or tracked it, the commit fails with -EAGAIN and
+ * changes nothing.  The caller then starts again from a new transaction,
+ * reading again (ckpt_txn_retry()).  Reads made without the flag, and
+ * scans, are not tracked: a read-modify-write must read for update what
+ * its decision depends on (a namespace operation reads the parent
+ * directory's inode for update, which every change of that directory's
+ * entries also writes, so a concurrent create or remove of a name conflicts
+ * through it).
+ *
+ * Durability.  A commit with durable=false survives the crash of the
+ * process once it returned (the engine has the change) but may be lost in a
+ * power loss; ckpt_engine_sync() makes every commit made so far durable.  A
+ * commit with durable=true is durable when it returns.
+ *
+ * Reads outside a transaction (ckpt_engine_get, a scan with t == NULL) see
+ * committed state only; a scan works on a consistent snapshot taken when it
+ * starts.  They are the cheap path for lookups that change nothing.
+ *
+ * Ownership.  ckpt_engine_open() returns an engine the caller closes with
+ * ckpt_engine_close() after every transaction and scan of it has ended.
+ * Commit and abort both end (free) the transaction, whatever their result;
+ * abort accepts NULL.  A scan of a transaction must be freed before the
+ * transaction ends.  Values returned by ckpt_*_get are malloc'd and the
+ * caller's; a scan's key/value pointers are valid until its next call.
+ *
+ * Thread-safety.  An engine may be used from any number of threads at once.
+ * A transaction or a scan belongs to one thread at a time.
+ *
+ * Errors: 0 (or 1 / 0 for a scan step) on success, else a negative errno:
+ * -ENOENT absent key, -EAGAIN conflict (retry), -EROFS write on a read-only
+ * engine, -EBUSY the engine is held by another writer (open), -ENOSPC,
+ * -ENOMEM, -EIO anything else.  open() writes a reason to err.
+ *
+ * A second engine (issue 24: PostgreSQL, so that daemons on several nodes
+ * share one store's metadata) implements the same ops: a transaction is one
+ * SQL transaction (BEGIN ISOLATION LEVEL REPEATABLE READ or SERIALIZABLE);
+ * FOR_UPDATE reads are SELECT ... FOR UPDATE; a conflict is a serialization
+ * failure or deadlock (SQLSTATE 40001 / 40P01) mapped to -EAGAIN; a scan is
+ * a keyset query over (key >= start AND key < prefix successor) ORDER BY
+ * key, paged by a cursor; reads outside a transaction are autocommit
+ * SELECTs; durable commits run with synchronous_commit on and non-durable
+ * ones may set it off; sync and flush are no-ops (every commit reached the
+ * server); "where" is a connection string and the table is (key bytea
+ * primary key, value bytea).
+ */
+#ifndef CKPT_ENGINE_H
+#define CKPT_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckpt_engine ckpt_engine;
+typedef struct ckpt_txn ckpt_txn;
+typedef struct ckpt_scan ckpt_scan;
+
+#define CKPT_ENGINE_DEFAULT "rocksdb"
+
+struct ckpt_engine_opts {
+	bool create;          /* create it if missing */
+	bool read_only;       /* no writes; do not take the writer's lock */
+	uint64_t cache_bytes; /* read cache, 0 for the engine's default */
+};
+
+/* ---- registry ---- */
+
+/* The registered engines, in table order (first is the default); NULL
+ * past the end. */
+const struct ckpt_engine_ops *ckpt_engine_at(size_t i);
+/* The engine named name, or NULL. */
+const struct ckpt_engine_ops *ckpt_engine_find(const char *name);
+
+/* Open engine `name` (NULL: CKPT_ENGINE_DEFAULT) at where (a directory for
+ * local engines). */
+int ckpt_engine_open(const char *name, const char *where, const struct ckpt_engine_opts *o,
+		     ckpt_engine **ret, char *err, size_t errlen);
+void ckpt_engine_close(ckpt_engine *e);
+const char *ckpt_engine_name(const ckpt_engine *e);
+
+/* ---- committed state ---- */
+
+/* A malloc'd copy of the value (caller frees) and its length. */
+int ckpt_engine_get(ckpt_engine *e, const void *key, size_t klen, uint8_t **ret_val,
+		    size_t *ret_len);
+/* Copy the value into buf of exactly len bytes; -EIO if it has another
+ * length. */
+int ckpt_engine_get_fixed(ckpt_engine *e, const void *key, size_t klen, void *buf, size_t len);
+/* 1 if key exists, 0 if not, or -errno. */
+int ckpt_engine_has(ckpt_engine *e, const void *key, size_t klen);
+/* Every commit made so far becomes durable. */
+int ckpt_engine_sync(ckpt_engine *e);
+/* Write buffered state to the engine's files and sync (before a close
+ * that should leave little to replay). */
+int ckpt_engine_flush(ckpt_engine *e);
+
+/* ---- transactions ---- */
+
+#define CKPT_TXN_FOR_UPDATE 0x1u /* track the read for conflicts */
+
+int ckpt_txn_begin(ckpt_engine *e, ckpt_txn **ret);
+int ckpt_txn_get(ckpt_txn *t, const void *key, size_t klen, unsigned flags, uint8_t **ret_val,
+		 size_t *ret_len);
+int ckpt_txn_get_fixed(ckpt_txn *t, const void *key, size_t klen, unsigned flags, void *buf,
+		       size_t len);
+int ckpt_txn_has(ckpt_txn *t, const void *key, size_t klen, unsigned flags);
+/* Buffer a write in t.  A failure is also remembered: commit then fails
+ * with it and applies nothing, so a caller buffering many writes may check
+ * once, at commit. */
+int ckpt_txn_put(ckpt_txn *t, const void *key, size_t klen, const void *val, size_t vlen);
+int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen);
+/* Apply the writes atomically and end t.  -EAGAIN: a conflicting commit
+ * won, nothing was applied. */
+int ckpt_txn_commit(ckpt_txn *t, bool durable);
+/* Drop the writes and end t.  NULL-safe. */
+void ckpt_txn_abort(ckpt_txn *t);
+
+/* Retry policy for a transaction that failed with r: true (after a short
+ * back-off that grows with *attempt) when r is -EAGAIN and fewer than
+ * CKPT_TXN_TRIES attempts were made; then the caller begins again. */
+#define CKPT_TXN_TRIES 64
+bool ckpt_txn_retry(int r, unsigned *attempt);
+
+/* ---- scans ---- */
+
+/* Iterate, in key order, the keys that start with prefix (and are >= start
+ * when start is not NULL).  t == NULL: committed state at a snapshot;
+ * otherwise the view of transaction t (its own writes included).  next()
+ * returns 1 and the key/value, 0 at the end, or -errno. */
+int ckpt_scan_new(ckpt_engine *e, ckpt_txn *t, const void *prefix, size_t plen,
+		  const void *start, size_t slen, ckpt_scan **ret);
+int ckpt_scan_next(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_klen,
+		   const uint8_t **ret_val, size_t *ret_vlen);
+void ckpt_scan_free(ckpt_scan *sc);
+
+/* ---- driver interface ---- */
+
+/* Called with each value read; its pointer is valid during the call only. */
+typedef int (*ckpt_engine_val_fn)(void *arg, const uint8_t *val, size_t len);
+
+/* Every driver's engine, transaction and scan objects start with these. */
+struct ckpt_engine {
+	const struct ckpt_engine_ops *ops;
+};
+struct ckpt_txn {
+	ckpt_engine *engine;
+	int err; /* first failed put/delete (engine.c); commit returns it */
+};
+struct ckpt_scan {
+	ckpt_engine *engine;
+};
+
+/* The contract of each op is that of the public call of the same name
+ * above.  get: t == NULL reads committed state; on a hit calls fn and
+ * returns what it returns; -ENOENT when absent (fn not called). */
+struct ckpt_engine_ops {
+	const char *name;
+	int (*open)(const char *where, const struct ckpt_engine_opts *o, ckpt_engine **ret,
+		    char *err, size_t errlen);
+	void (*close)(ckpt_engine *e);
+	int (*get)(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, unsigned flags,
+		   ckpt_engine_val_fn fn, void *arg);
+	int (*begin)(ckpt_engine *e, ckpt_txn **ret);
+	int (*put)(ckpt_txn *t, const void *key, size_t klen, const void *val, size_t vlen);
+	int (*del)(ckpt_txn *t, const void *key, size_t klen);
+	int (*commit)(ckpt_txn *t, bool durable);
+	void (*abort)(ckpt_txn *t);
+	int (*scan_new)(ckpt_engine *e, ckpt_txn *t, const void *prefix, size_t plen,
+			const void *start, size_t slen, ckpt_scan **ret);
+	int (*scan_next)(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_klen,
+			 const uint8_t **ret_val, size_t *ret_vlen);
+	void (*scan_free)(ckpt_scan *sc);
+	int (*sync)(ckpt_engine *e);
+	int (*flush)(ckpt_engine *e);
+};
+
+extern const struct ckpt_engine_ops ckpt_engine_rocksdb;
+
+#endif

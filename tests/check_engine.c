@@ -1,0 +1,781 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * check_engine.c - unit tests of the metadata engine ops table (meta/engine.h),
+ * run over every registered engine (loop tests: _i is the engine's index in
+ * the table): get/put/delete, transactions and their conflicts, durable and
+ * non-durable commits, scans (committed snapshot and in a transaction),
+ * read-only opens.  The last test case holds what only the RocksDB engine
+ * promises (its write-ahead logs, its single-writer lock).
+ */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "meta/engine.h"
+#include "meta/records.h"
+#include "testlib.h"
+#include "base/util.h"
+
+static char tdir[96]; /* per test, inside the test case's base directory */
+static char ixdir[128];
+
+static void setup(void)
+{
+	tl_test_dir(tdir, sizeof(tdir));
+	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
+}
+
+static void teardown(void)
+{
+	tl_dir_remove(tdir);
+}
+
+static size_t n_engines(void)
+{
+	size_t n = 0;
+
+	while (ckpt_engine_at(n))
+		n++;
+	return n;
+}
+
+static const char *engine_name(int i)
+{
+	ck_assert_ptr_nonnull(ckpt_engine_at((size_t)i));
+	return ckpt_engine_at((size_t)i)->name;
+}
+
+static ckpt_engine *open_as(int i, bool create, bool read_only)
+{
+	struct ckpt_engine_opts o = { .create = create, .read_only = read_only };
+	ckpt_engine *e = NULL;
+	char err[256] = "";
+
+	ck_assert_msg(ckpt_engine_open(engine_name(i), ixdir, &o, &e, err, sizeof(err)) == 0,
+		      "%s", err);
+	ck_assert_ptr_nonnull(e);
+	ck_assert_str_eq(ckpt_engine_name(e), engine_name(i));
+	return e;
+}
+
+static ckpt_engine *open_e(int i)
+{
+	ckpt_engine *e = tl_engine_open(engine_name(i), ixdir);
+
+	ck_assert_str_eq(ckpt_engine_name(e), engine_name(i));
+	return e;
+}
+
+
+static void del1(ckpt_engine *e, const void *k, size_t kl)
+{
+	ckpt_txn *t;
+
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_delete(t, k, kl), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+}
+
+/* The committed value of k as a string ("" when absent). */
+static void expect_val(ckpt_engine *e, const char *k, const char *want)
+{
+	uint8_t *v = NULL;
+	size_t vl = 0;
+	int r = ckpt_engine_get(e, k, strlen(k), &v, &vl);
+
+	if (!want) {
+		ck_assert_int_eq(r, -ENOENT);
+		return;
+	}
+	ck_assert_int_eq(r, 0);
+	ck_assert_uint_eq(vl, strlen(want));
+	ck_assert_mem_eq(v, want, vl);
+	free(v);
+}
+
+/* ------------------------------------------------------------ registry */
+
+START_TEST(test_registry)
+{
+	ck_assert_uint_ge(n_engines(), 1);
+	ck_assert_str_eq(ckpt_engine_at(0)->name, CKPT_ENGINE_DEFAULT);
+	ck_assert_ptr_eq(ckpt_engine_find("rocksdb"), &ckpt_engine_rocksdb);
+	ck_assert_ptr_null(ckpt_engine_find("nosuch"));
+	ck_assert_ptr_null(ckpt_engine_at(n_engines()));
+	for (size_t i = 0; i < n_engines(); i++)
+		ck_assert_ptr_eq(ckpt_engine_find(ckpt_engine_at(i)->name), ckpt_engine_at(i));
+}
+END_TEST
+
+START_TEST(test_open_unknown_engine)
+{
+	struct ckpt_engine_opts o = { .create = true };
+	ckpt_engine *e = NULL;
+	char err[256] = "";
+
+	ck_assert_int_eq(ckpt_engine_open("nosuch", ixdir, &o, &e, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_null(e);
+	ck_assert_ptr_nonnull(strstr(err, "nosuch"));
+	ck_assert_ptr_nonnull(strstr(err, ixdir));
+	/* NULL names the default */
+	ck_assert_int_eq(ckpt_engine_open(NULL, ixdir, &o, &e, err, sizeof(err)), 0);
+	ck_assert_str_eq(ckpt_engine_name(e), CKPT_ENGINE_DEFAULT);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* ------------------------------------------------------ each engine */
+
+START_TEST(test_open_missing_no_create)
+{
+	struct ckpt_engine_opts o = { .create = false };
+	ckpt_engine *e = NULL;
+	char err[256] = "";
+
+	ck_assert_int_lt(ckpt_engine_open(engine_name(_i), ixdir, &o, &e, err, sizeof(err)), 0);
+	ck_assert_ptr_null(e);
+	ck_assert_ptr_nonnull(strstr(err, ixdir));
+	ckpt_engine_close(NULL);
+}
+END_TEST
+
+START_TEST(test_get_put_delete)
+{
+	ckpt_engine *e = open_e(_i);
+	uint8_t *v = NULL;
+	size_t vl = 0;
+	uint8_t fixed[5];
+	ckpt_txn *t;
+
+	ck_assert_int_eq(ckpt_engine_get(e, "k1", 2, &v, &vl), -ENOENT);
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "k1", 2, fixed, 5), -ENOENT);
+	ck_assert_int_eq(ckpt_engine_has(e, "k1", 2), 0);
+
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "k1", 2, "hello", 5), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "k2", 2, "", 0), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "k3", 2, "x", 1), 0);
+	ck_assert_int_eq(ckpt_txn_delete(t, "k3", 2), 0); /* later op wins */
+	ck_assert_int_eq(ckpt_txn_commit(t, true), 0);
+
+	expect_val(e, "k1", "hello");
+	ck_assert_int_eq(ckpt_engine_has(e, "k1", 2), 1);
+	/* an empty value exists and has length 0 */
+	v = NULL;
+	ck_assert_int_eq(ckpt_engine_get(e, "k2", 2, &v, &vl), 0);
+	ck_assert_uint_eq(vl, 0);
+	ck_assert_ptr_nonnull(v);
+	free(v);
+	ck_assert_int_eq(ckpt_engine_has(e, "k2", 2), 1);
+	expect_val(e, "k3", NULL);
+	/* keys are binary: a prefix of a key is another key */
+	ck_assert_int_eq(ckpt_engine_get(e, "k", 1, &v, &vl), -ENOENT);
+
+	memset(fixed, 0, sizeof(fixed));
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "k1", 2, fixed, 5), 0);
+	ck_assert_mem_eq(fixed, "hello", 5);
+	/* length mismatch either way: -EIO, buffer untouched */
+	memset(fixed, 0xee, sizeof(fixed));
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "k1", 2, fixed, 4), -EIO);
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "k2", 2, fixed, 1), -EIO);
+	ck_assert_mem_eq(fixed, "\xee\xee\xee\xee\xee", 5);
+	{
+		uint8_t big[6];
+		ck_assert_int_eq(ckpt_engine_get_fixed(e, "k1", 2, big, 6), -EIO);
+	}
+
+	/* overwrite, then delete */
+	tl_engine_put(e, "k1", 2, "bye", 3);
+	expect_val(e, "k1", "bye");
+	del1(e, "k1", 2);
+	expect_val(e, "k1", NULL);
+	/* deleting an absent key is fine, and so is an empty transaction */
+	del1(e, "nope", 4);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+	ckpt_txn_abort(NULL);
+	ck_assert_int_eq(ckpt_engine_sync(e), 0);
+	ck_assert_int_eq(ckpt_engine_flush(e), 0);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* A transaction sees its own writes; nobody else does until it commits;
+ * an abort leaves nothing. */
+START_TEST(test_txn_isolation)
+{
+	ckpt_engine *e = open_e(_i);
+	uint8_t *v, buf[3];
+	size_t vl;
+	ckpt_txn *t;
+
+	tl_engine_put(e, "a", 1, "old", 3);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "a", 1, "new", 3), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "b", 1, "bb", 2), 0);
+	ck_assert_int_eq(ckpt_txn_get_fixed(t, "a", 1, 0, buf, 3), 0);
+	ck_assert_mem_eq(buf, "new", 3);
+	ck_assert_int_eq(ckpt_txn_get(t, "b", 1, CKPT_TXN_FOR_UPDATE, &v, &vl), 0);
+	ck_assert_uint_eq(vl, 2);
+	free(v);
+	ck_assert_int_eq(ckpt_txn_has(t, "b", 1, 0), 1);
+	ck_assert_int_eq(ckpt_txn_delete(t, "b", 1), 0);
+	ck_assert_int_eq(ckpt_txn_has(t, "b", 1, 0), 0);
+	ck_assert_int_eq(ckpt_txn_get(t, "b", 1, 0, &v, &vl), -ENOENT);
+	ck_assert_int_eq(ckpt_txn_put(t, "b", 1, "b2", 2), 0);
+	/* outside: still the committed state */
+	expect_val(e, "a", "old");
+	expect_val(e, "b", NULL);
+	ckpt_txn_abort(t);
+	expect_val(e, "a", "old");
+	expect_val(e, "b", NULL);
+
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "a", 1, "new", 3), 0);
+	ck_assert_int_eq(ckpt_txn_put(t, "b", 1, "b2", 2), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+	expect_val(e, "a", "new");
+	expect_val(e, "b", "b2");
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* Two transactions read the same key for update and both write it: the
+ * second to commit fails with -EAGAIN and applies nothing, and a retry
+ * from a new transaction succeeds. */
+START_TEST(test_txn_conflict_read_for_update)
+{
+	ckpt_engine *e = open_e(_i);
+	ckpt_txn *t1, *t2;
+	uint8_t buf[8];
+	uint64_t n1, n2;
+
+	ckpt_put_le64(buf, 10);
+	tl_engine_put(e, "ctr", 3, buf, 8);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t1), 0);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t2), 0);
+	ck_assert_int_eq(ckpt_txn_get_fixed(t1, "ctr", 3, CKPT_TXN_FOR_UPDATE, buf, 8), 0);
+	n1 = ckpt_get_le64(buf);
+	ck_assert_int_eq(ckpt_txn_get_fixed(t2, "ctr", 3, CKPT_TXN_FOR_UPDATE, buf, 8), 0);
+	n2 = ckpt_get_le64(buf);
+	ck_assert_uint_eq(n1, 10);
+	ck_assert_uint_eq(n2, 10);
+	ckpt_put_le64(buf, n1 + 1);
+	ck_assert_int_eq(ckpt_txn_put(t1, "ctr", 3, buf, 8), 0);
+	ck_assert_int_eq(ckpt_txn_put(t1, "side1", 5, "x", 1), 0);
+	ckpt_put_le64(buf, n2 + 1);
+	ck_assert_int_eq(ckpt_txn_put(t2, "ctr", 3, buf, 8), 0);
+	ck_assert_int_eq(ckpt_txn_put(t2, "side2", 5, "y", 1), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t1, false), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t2, false), -EAGAIN);
+	/* the loser changed nothing */
+	expect_val(e, "side2", NULL);
+	expect_val(e, "side1", "x");
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "ctr", 3, buf, 8), 0);
+	ck_assert_uint_eq(ckpt_get_le64(buf), 11);
+	/* the retry reads the winner's value */
+	{
+		unsigned attempt = 0;
+		ck_assert(ckpt_txn_retry(-EAGAIN, &attempt));
+		ck_assert_uint_eq(attempt, 1);
+		ck_assert(!ckpt_txn_retry(0, &attempt));
+		ck_assert(!ckpt_txn_retry(-EIO, &attempt));
+		attempt = CKPT_TXN_TRIES - 1;
+		ck_assert(!ckpt_txn_retry(-EAGAIN, &attempt));
+	}
+	ck_assert_int_eq(ckpt_txn_begin(e, &t2), 0);
+	ck_assert_int_eq(ckpt_txn_get_fixed(t2, "ctr", 3, CKPT_TXN_FOR_UPDATE, buf, 8), 0);
+	ckpt_put_le64(buf, ckpt_get_le64(buf) + 1);
+	ck_assert_int_eq(ckpt_txn_put(t2, "ctr", 3, buf, 8), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t2, false), 0);
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "ctr", 3, buf, 8), 0);
+	ck_assert_uint_eq(ckpt_get_le64(buf), 12);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* A key read for update that did not exist (a name being created) and that
+ * another transaction creates meanwhile is a conflict too; so is a key
+ * read for update and changed by another, even if this one only writes
+ * elsewhere; disjoint keys do not conflict. */
+START_TEST(test_txn_conflict_absent_and_disjoint)
+{
+	ckpt_engine *e = open_e(_i);
+	ckpt_txn *t1, *t2;
+
+	ck_assert_int_eq(ckpt_txn_begin(e, &t1), 0);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t2), 0);
+	ck_assert_int_eq(ckpt_txn_has(t1, "name", 4, CKPT_TXN_FOR_UPDATE), 0);
+	ck_assert_int_eq(ckpt_txn_has(t2, "name", 4, CKPT_TXN_FOR_UPDATE), 0);
+	ck_assert_int_eq(ckpt_txn_put(t1, "name", 4, "1", 1), 0);
+	ck_assert_int_eq(ckpt_txn_put(t2, "name", 4, "2", 1), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t2, false), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t1, false), -EAGAIN);
+	expect_val(e, "name", "2");
+
+	/* read-only dependency: t1 decides from "dir" and writes "other" */
+	tl_engine_put(e, "dir", 3, "v1", 2);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t1), 0);
+	ck_assert_int_eq(ckpt_txn_has(t1, "dir", 3, CKPT_TXN_FOR_UPDATE), 1);
+	ck_assert_int_eq(ckpt_txn_put(t1, "other", 5, "o", 1), 0);
+	tl_engine_put(e, "dir", 3, "v2", 2);
+	ck_assert_int_eq(ckpt_txn_commit(t1, false), -EAGAIN);
+	expect_val(e, "other", NULL);
+
+	/* disjoint keys: both commit */
+	ck_assert_int_eq(ckpt_txn_begin(e, &t1), 0);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t2), 0);
+	ck_assert_int_eq(ckpt_txn_has(t1, "x1", 2, CKPT_TXN_FOR_UPDATE), 0);
+	ck_assert_int_eq(ckpt_txn_has(t2, "x2", 2, CKPT_TXN_FOR_UPDATE), 0);
+	ck_assert_int_eq(ckpt_txn_put(t1, "x1", 2, "1", 1), 0);
+	ck_assert_int_eq(ckpt_txn_put(t2, "x2", 2, "2", 1), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t1, true), 0);
+	ck_assert_int_eq(ckpt_txn_commit(t2, true), 0);
+	expect_val(e, "x1", "1");
+	expect_val(e, "x2", "2");
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* Commits survive the writer's death without a close: a durable one by
+ * contract, a non-durable one because the engine has it once commit
+ * returned (only a power loss may take it).  The child commits and exits
+ * without closing; the parent reopens. */
+START_TEST(test_commit_survives_crash)
+{
+	pid_t pid = fork();
+	int status;
+	ckpt_engine *e;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckpt_engine_opts o = { .create = true };
+		ckpt_txn *t;
+		char err[256];
+
+		if (ckpt_engine_open(engine_name(_i), ixdir, &o, &e, err, sizeof(err)) < 0 ||
+		    ckpt_txn_begin(e, &t) < 0 || ckpt_txn_put(t, "durable", 7, "d", 1) < 0 ||
+		    ckpt_txn_commit(t, true) < 0 || ckpt_txn_begin(e, &t) < 0 ||
+		    ckpt_txn_put(t, "lazy", 4, "l", 1) < 0 || ckpt_txn_commit(t, false) < 0 ||
+		    ckpt_txn_begin(e, &t) < 0 || ckpt_txn_put(t, "aborted", 7, "a", 1) < 0)
+			_exit(1);
+		ckpt_txn_abort(t);
+		_exit(0); /* no close, no flush */
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert(WIFEXITED(status));
+	ck_assert_int_eq(WEXITSTATUS(status), 0);
+	e = open_as(_i, false, false);
+	expect_val(e, "durable", "d");
+	expect_val(e, "lazy", "l");
+	expect_val(e, "aborted", NULL);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+START_TEST(test_reopen_and_read_only)
+{
+	ckpt_engine *e = open_e(_i), *ro;
+	ckpt_txn *t = NULL;
+	ckpt_scan *sc;
+	const uint8_t *k, *v;
+	size_t kl, vl;
+
+	tl_engine_put(e, "kept", 4, "yes", 3);
+	ck_assert_int_eq(ckpt_engine_sync(e), 0);
+	ckpt_engine_close(e);
+	e = open_as(_i, false, false);
+	expect_val(e, "kept", "yes");
+	ckpt_engine_close(e);
+	/* read-only: reads and scans work, transactions are refused */
+	ro = open_as(_i, false, true);
+	expect_val(ro, "kept", "yes");
+	ck_assert_int_eq(ckpt_txn_begin(ro, &t), -EROFS);
+	ck_assert_ptr_null(t);
+	ck_assert_int_eq(ckpt_scan_new(ro, NULL, "k", 1, NULL, 0, &sc), 0);
+	ck_assert_int_eq(ckpt_scan_next(sc, &k, &kl, &v, &vl), 1);
+	ck_assert_uint_eq(kl, 4);
+	ck_assert_mem_eq(k, "kept", 4);
+	ck_assert_int_eq(ckpt_scan_next(sc, &k, &kl, &v, &vl), 0);
+	ckpt_scan_free(sc);
+	ckpt_engine_close(ro);
+}
+END_TEST
+
+START_TEST(test_scan_prefix_bounds)
+{
+	ckpt_engine *e = open_e(_i);
+	uint8_t key[CKPT_KEY_MAX], prefix[9];
+	const uint8_t *k, *v;
+	size_t kl, vl, klen;
+	ckpt_scan *it = NULL;
+	int r, n;
+	/* dentries of directories 4, 5, 6 and 0x105 (shares 7 bytes with 5)
+	 * plus other record types around them */
+	static const struct {
+		uint64_t parent;
+		const char *name;
+	} ents[] = {
+		{ 5, "b" }, { 4, "z" }, { 5, "a" }, { 6, "a" }, { 0x105, "a" }, { 5, "ab" },
+		{ 5, "\xff" },
+	};
+
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(ents); i++) {
+		klen = ckpt_key_dentry(key, ents[i].parent, ents[i].name, strlen(ents[i].name));
+		tl_engine_put(e, key, klen, ents[i].name, strlen(ents[i].name));
+	}
+	klen = ckpt_key_ino(key, CKPT_KEY_INODE, 5);
+	tl_engine_put(e, key, klen, "inode", 5);
+	klen = ckpt_key_ino(key, CKPT_KEY_FILE, 5);
+	tl_engine_put(e, key, klen, "file", 4);
+
+	prefix[0] = CKPT_KEY_DENTRY;
+	ckpt_put_be64(prefix + 1, 5);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, prefix, sizeof(prefix), NULL, 0, &it), 0);
+	{
+		static const char *want[] = { "a", "ab", "b", "\xff" };
+		n = 0;
+		while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) == 1) {
+			ck_assert_int_lt(n, 4);
+			ck_assert_uint_eq(kl, 9 + strlen(want[n]));
+			ck_assert_mem_eq(k, prefix, 9);
+			ck_assert_mem_eq(k + 9, want[n], strlen(want[n]));
+			ck_assert_uint_eq(vl, strlen(want[n]));
+			ck_assert_mem_eq(v, want[n], vl);
+			n++;
+		}
+		ck_assert_int_eq(r, 0);
+		ck_assert_int_eq(n, 4);
+		/* stays at the end */
+		ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+	}
+	ckpt_scan_free(it);
+
+	/* a range: the same prefix from "ab" on */
+	klen = ckpt_key_dentry(key, 5, "ab", 2);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, prefix, sizeof(prefix), key, klen, &it), 0);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 1);
+	ck_assert_mem_eq(k + 9, "ab", 2);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 1);
+	ck_assert_mem_eq(k + 9, "b", 1);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 1);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+	ckpt_scan_free(it);
+	/* a start before the prefix changes nothing; one past it finds none */
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, prefix, sizeof(prefix), "A", 1, &it), 0);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 1);
+	ck_assert_mem_eq(k + 9, "a", 1);
+	ckpt_scan_free(it);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, prefix, sizeof(prefix), "E", 1, &it), 0);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+	ckpt_scan_free(it);
+
+	/* one-byte prefix: all 7 dentries, ordered by big-endian parent */
+	prefix[0] = CKPT_KEY_DENTRY;
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, prefix, 1, NULL, 0, &it), 0);
+	{
+		uint64_t last = 0;
+		n = 0;
+		while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) == 1) {
+			uint64_t p = ckpt_get_be64(k + 1);
+			ck_assert_uint_eq(k[0], CKPT_KEY_DENTRY);
+			ck_assert_uint_ge(p, last);
+			last = p;
+			n++;
+		}
+		ck_assert_int_eq(r, 0);
+		ck_assert_int_eq(n, 7);
+		ck_assert_uint_eq(last, 0x105);
+	}
+	ckpt_scan_free(it);
+
+	/* a prefix nothing has, and one past every key */
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "E", 1, NULL, 0, &it), 0);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+	ckpt_scan_free(it);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "\xff\xff", 2, NULL, 0, &it), 0);
+	ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+	ckpt_scan_free(it);
+	/* empty prefix: everything (7 + 2 keys) */
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "", 0, NULL, 0, &it), 0);
+	n = 0;
+	while (ckpt_scan_next(it, &k, &kl, &v, &vl) == 1)
+		n++;
+	ck_assert_int_eq(n, 9);
+	ckpt_scan_free(it);
+	/* the longest key is a valid prefix */
+	{
+		uint8_t big[CKPT_KEY_MAX];
+		memset(big, 'D', sizeof(big));
+		ck_assert_int_eq(ckpt_scan_new(e, NULL, big, CKPT_KEY_MAX, NULL, 0, &it), 0);
+		ck_assert_int_eq(ckpt_scan_next(it, &k, &kl, &v, &vl), 0);
+		ckpt_scan_free(it);
+	}
+	ckpt_scan_free(NULL);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+START_TEST(test_scan_snapshot)
+{
+	ckpt_engine *e = open_e(_i);
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_scan *it;
+	ckpt_txn *t;
+	int n = 0;
+
+	tl_engine_put(e, "Pa", 2, "1", 1);
+	tl_engine_put(e, "Pb", 2, "2", 1);
+	tl_engine_put(e, "Pc", 2, "3", 1);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "P", 1, NULL, 0, &it), 0);
+	/* changes after the scan was created are invisible to it */
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ckpt_txn_delete(t, "Pb", 2);
+	ckpt_txn_put(t, "Pa", 2, "changed", 7);
+	ckpt_txn_put(t, "Pab", 3, "new", 3);
+	ckpt_txn_put(t, "Pd", 2, "new", 3);
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+	{
+		static const char *keys[] = { "Pa", "Pb", "Pc" };
+		static const char *vals[] = { "1", "2", "3" };
+		while (ckpt_scan_next(it, &k, &kl, &v, &vl) == 1) {
+			ck_assert_int_lt(n, 3);
+			ck_assert_uint_eq(kl, 2);
+			ck_assert_mem_eq(k, keys[n], 2);
+			ck_assert_uint_eq(vl, 1);
+			ck_assert_mem_eq(v, vals[n], 1);
+			n++;
+			if (n == 2) /* and after it started */
+				del1(e, "Pc", 2);
+		}
+	}
+	ck_assert_int_eq(n, 3);
+	ckpt_scan_free(it);
+	/* a new scan sees the new state: Pa(changed), Pab, Pd */
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "P", 1, NULL, 0, &it), 0);
+	n = 0;
+	while (ckpt_scan_next(it, &k, &kl, &v, &vl) == 1) {
+		if (n == 0) {
+			ck_assert_uint_eq(vl, 7);
+			ck_assert_mem_eq(v, "changed", 7);
+		}
+		if (n == 1) {
+			ck_assert_uint_eq(kl, 3);
+			ck_assert_mem_eq(k, "Pab", 3);
+		}
+		n++;
+	}
+	ck_assert_int_eq(n, 3);
+	ckpt_scan_free(it);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* A scan in a transaction sees the transaction's own writes over the
+ * committed state. */
+START_TEST(test_scan_in_txn)
+{
+	ckpt_engine *e = open_e(_i);
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_scan *it;
+	ckpt_txn *t;
+	static const char *want[] = { "Qa", "Qb", "Qd" };
+	int n = 0;
+
+	tl_engine_put(e, "Qa", 2, "1", 1);
+	tl_engine_put(e, "Qc", 2, "3", 1);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	ckpt_txn_put(t, "Qb", 2, "2", 1);
+	ckpt_txn_put(t, "Qd", 2, "4", 1);
+	ckpt_txn_delete(t, "Qc", 2);
+	ck_assert_int_eq(ckpt_scan_new(e, t, "Q", 1, NULL, 0, &it), 0);
+	while (ckpt_scan_next(it, &k, &kl, &v, &vl) == 1) {
+		ck_assert_int_lt(n, 3);
+		ck_assert_uint_eq(kl, 2);
+		ck_assert_mem_eq(k, want[n], 2);
+		n++;
+	}
+	ck_assert_int_eq(n, 3);
+	ckpt_scan_free(it);
+	ckpt_txn_abort(t);
+	/* committed state unchanged: Qa, Qc */
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "Q", 1, NULL, 0, &it), 0);
+	n = 0;
+	while (ckpt_scan_next(it, &k, &kl, &v, &vl) == 1)
+		n++;
+	ck_assert_int_eq(n, 2);
+	ckpt_scan_free(it);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+static struct ckpt_extent_list *list3(void)
+{
+	struct ckpt_extent_list *l = ckpt_extent_list_new();
+	ckpt_digest d;
+
+	memset(&d, 7, sizeof(d));
+	ck_assert_int_eq(ckpt_extent_list_append(l, 100, CKPT_EXT_CHUNK, &d), 0);
+	ck_assert_int_eq(ckpt_extent_list_append(l, 200, CKPT_EXT_ZERO, NULL), 0);
+	ck_assert_int_eq(ckpt_extent_list_append(l, 50, CKPT_EXT_CHUNK, &d), 0);
+	return l;
+}
+
+/* Records written through an engine come back byte-identical. */
+START_TEST(test_records_through_engine)
+{
+	ckpt_engine *e = open_e(_i);
+	struct ckpt_extent_list *l = list3(), *out = NULL;
+	uint8_t key[16], *enc, *v;
+	size_t enclen, vl;
+	struct ckpt_inode in = { .ino = 5, .mode = 0100600, .nlink = 1, .size = 350 }, in2;
+	uint8_t rec[CKPT_INODE_REC_LEN];
+
+	ck_assert_int_eq(ckpt_extent_list_encode(l, &enc, &enclen), 0);
+	tl_engine_put(e, key, ckpt_key_ino(key, CKPT_KEY_FILE, 5), enc, enclen);
+	ckpt_inode_encode(&in, rec);
+	tl_engine_put(e, key, ckpt_key_ino(key, CKPT_KEY_INODE, 5), rec, sizeof(rec));
+
+	ck_assert_int_eq(ckpt_engine_get(e, key, ckpt_key_ino(key, CKPT_KEY_FILE, 5), &v, &vl), 0);
+	ck_assert_uint_eq(vl, enclen);
+	ck_assert_mem_eq(v, enc, enclen);
+	ck_assert_int_eq(ckpt_extent_list_decode(v, vl, &out), 0);
+	ck_assert_uint_eq(out->size, 350);
+	free(v);
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, key, ckpt_key_ino(key, CKPT_KEY_INODE, 5), rec,
+					       sizeof(rec)),
+			 0);
+	ck_assert_int_eq(ckpt_inode_decode(5, rec, sizeof(rec), &in2), 0);
+	ck_assert_uint_eq(in2.size, 350);
+	ck_assert_uint_eq(in2.mode, 0100600);
+	ckpt_extent_list_free(out);
+	ckpt_extent_list_free(l);
+	free(enc);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* ------------------------------------------------------ RocksDB only */
+
+/* Write-ahead logs in ixdir. */
+static int wal_count(void)
+{
+	DIR *d = opendir(ixdir);
+	struct dirent *de;
+	int n = 0;
+
+	ck_assert_ptr_nonnull(d);
+	while ((de = readdir(d))) {
+		size_t len = strlen(de->d_name);
+		if (len > 4 && strcmp(de->d_name + len - 4, ".log") == 0)
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static int rocksdb_index(void)
+{
+	for (int i = 0; ckpt_engine_at((size_t)i); i++)
+		if (ckpt_engine_at((size_t)i) == &ckpt_engine_rocksdb)
+			return i;
+	ck_abort_msg("rocksdb engine not registered");
+	return -1;
+}
+
+/* Opens that write nothing must not pile up empty write-ahead logs (RocksDB
+ * 7.x keeps one per open until a flush), and dropping them must keep the
+ * data. */
+START_TEST(test_rocksdb_reopen_keeps_few_wals)
+{
+	int ri = rocksdb_index();
+	ckpt_engine *e = open_e(ri);
+	int most = 0;
+
+	tl_engine_put(e, "kept", 4, "v", 1);
+	ck_assert_int_eq(ckpt_engine_flush(e), 0);
+	ckpt_engine_close(e);
+	for (int i = 0; i < 20; i++) {
+		e = open_e(ri);
+		expect_val(e, "kept", "v");
+		ckpt_engine_close(e);
+		if (wal_count() > most)
+			most = wal_count();
+	}
+	ck_assert_int_le(most, 6);
+	ck_assert_int_ge(most, 1);
+}
+END_TEST
+
+/* One read-write opener at a time (the store's own lock file guards this
+ * too); read-only opens take no lock. */
+START_TEST(test_rocksdb_second_rw_open_busy)
+{
+	int ri = rocksdb_index();
+	struct ckpt_engine_opts o = { .create = true };
+	ckpt_engine *e = open_e(ri), *e2 = NULL, *ro;
+	char err[256] = "";
+
+	tl_engine_put(e, "a", 1, "1", 1);
+	ck_assert_int_eq(ckpt_engine_open("rocksdb", ixdir, &o, &e2, err, sizeof(err)), -EBUSY);
+	ck_assert_ptr_null(e2);
+	ck_assert_str_ne(err, "");
+	ro = open_as(ri, false, true);
+	expect_val(ro, "a", "1");
+	ckpt_engine_close(ro);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+static Suite *engine_suite(void)
+{
+	Suite *s = suite_create("engine");
+	TCase *reg = tcase_create("registry");
+	TCase *each = tcase_create("each engine");
+	TCase *rdb = tcase_create("rocksdb");
+	int n = (int)n_engines();
+
+	tl_tcase_dirs(reg, "check_engine-");
+	tcase_add_checked_fixture(reg, setup, teardown);
+	tcase_add_test(reg, test_registry);
+	tcase_add_test(reg, test_open_unknown_engine);
+	suite_add_tcase(s, reg);
+
+	tl_tcase_dirs(each, "check_engine-");
+	tcase_add_checked_fixture(each, setup, teardown);
+	tcase_set_timeout(each, 60);
+	tcase_add_loop_test(each, test_open_missing_no_create, 0, n);
+	tcase_add_loop_test(each, test_get_put_delete, 0, n);
+	tcase_add_loop_test(each, test_txn_isolation, 0, n);
+	tcase_add_loop_test(each, test_txn_conflict_read_for_update, 0, n);
+	tcase_add_loop_test(each, test_txn_conflict_absent_and_disjoint, 0, n);
+	tcase_add_loop_test(each, test_commit_survives_crash, 0, n);
+	tcase_add_loop_test(each, test_reopen_and_read_only, 0, n);
+	tcase_add_loop_test(each, test_scan_prefix_bounds, 0, n);
+	tcase_add_loop_test(each, test_scan_snapshot, 0, n);
+	tcase_add_loop_test(each, test_scan_in_txn, 0, n);
+	tcase_add_loop_test(each, test_records_through_engine, 0, n);
+	suite_add_tcase(s, each);
+
+	tl_tcase_dirs(rdb, "check_engine-");
+	tcase_add_checked_fixture(rdb, setup, teardown);
+	tcase_set_timeout(rdb, 60);
+	tcase_add_test(rdb, test_rocksdb_reopen_keeps_few_wals);
+	tcase_add_test(rdb, test_rocksdb_second_rw_open_busy);
+	suite_add_tcase(s, rdb);
+	return s;
+}
+
+int main(void)
+{
+	return tl_run(engine_suite());
+}
