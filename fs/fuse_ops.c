@@ -368,7 +368,7 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	(void)ino;
 	vfs_release(vfs_of(req), file_of(fi));
-	fuse_reply_err(req, 0);
+	reply_err(req, 0);
 }
 
 static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -433,7 +433,7 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	(void)ino;
 	ckpt_dirents_free(d->ents, d->n);
 	free(d);
-	fuse_reply_err(req, 0);
+	reply_err(req, 0);
 }
 
 static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)

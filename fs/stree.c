@@ -362,7 +362,7 @@ static int st_mknode(struct tree *t, uint64_t parent, const char *name, uint32_t
 {
 	struct stree *st = stree_of(t);
 	struct ckpt_inode in;
-	int r = 0;
+	int r;
 
 	if (!S_ISREG(mode) && !S_ISDIR(mode) && !S_ISLNK(mode))
 		return -EPERM; /* devices, fifos and sockets are not stored */

@@ -358,6 +358,32 @@ static bool vcache_trim_locked(struct vtree *vt)
 	return any;
 }
 
+/* A reference to the cached view of (l, dir) if it is current, else NULL.
+ * Without sig: current if last checked at the change generation, which is
+ * returned in *gen.  With sig: current if it has that signature; it is then
+ * marked checked at *gen.  *ret_cached (optional): whether (l, dir) has an
+ * entry at all. */
+static ckpt_view *cache_get(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
+			    uint64_t *gen, const uint64_t *sig, bool *ret_cached)
+{
+	struct vcache *c;
+	ckpt_view *v = NULL;
+
+	pthread_mutex_lock(&vt->lock);
+	if (!sig)
+		*gen = vt->gen;
+	c = vcache_find_locked(vt, l, dir);
+	if (c && (sig ? ckpt_view_sig(c->view) == *sig : c->gen == *gen)) {
+		c->gen = *gen;
+		v = c->view;
+		ckpt_view_ref(v);
+	}
+	if (ret_cached)
+		*ret_cached = c != NULL;
+	pthread_mutex_unlock(&vt->lock);
+	return v;
+}
+
 /* The view of (layout, dir), rebuilt if its sources changed.  Returns a
  * reference. */
 static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
@@ -370,37 +396,18 @@ static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
 	bool cached, evicted = false;
 	int r;
 
-	pthread_mutex_lock(&vt->lock);
-	gen = vt->gen;
-	c = vcache_find_locked(vt, l, dir);
-	cached = c != NULL;
-	if (c && c->gen == gen) {
-		v = c->view;
-		ckpt_view_ref(v);
-	}
-	pthread_mutex_unlock(&vt->lock);
-	if (v) {
-		*ret = v;
-		return 0;
-	}
+	v = cache_get(vt, l, dir, &gen, NULL, &cached);
 	/* A cached view is revalidated by the fingerprint of its directory;
 	 * without one, the build computes that fingerprint itself. */
-	if (cached) {
+	if (!v && cached) {
 		r = ckpt_view_signature(vt->s, dir, &sig);
 		if (r < 0)
 			return r;
-		pthread_mutex_lock(&vt->lock);
-		c = vcache_find_locked(vt, l, dir);
-		if (c && ckpt_view_sig(c->view) == sig) {
-			c->gen = gen;
-			v = c->view;
-			ckpt_view_ref(v);
-		}
-		pthread_mutex_unlock(&vt->lock);
-		if (v) {
-			*ret = v;
-			return 0;
-		}
+		v = cache_get(vt, l, dir, &gen, &sig, NULL);
+	}
+	if (v) {
+		*ret = v;
+		return 0;
 	}
 	r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
 	if (r < 0) {
@@ -535,7 +542,7 @@ static int vt_lookup(struct tree *t, uint64_t parent, const char *name, struct t
 		ckpt_layout_parse(name, &l);
 		n = vnode_get(vt, V_DIR, &l, CKPT_ROOT_INO);
 		r = n ? 0 : -ENOMEM;
-		goto entry;
+		goto out;
 	}
 	r = vnode_find(vt, parent, &pn);
 	if (r < 0)
@@ -565,7 +572,6 @@ static int vt_lookup(struct tree *t, uint64_t parent, const char *name, struct t
 	r = n ? 0 : -ENOMEM;
 out:
 	ckpt_view_unref(v);
-entry:
 	if (r < 0)
 		return r;
 	memset(ret, 0, sizeof(*ret));
