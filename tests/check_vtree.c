@@ -12,9 +12,9 @@
  *   /ck/notes.txt                     "notes\n"
  *   /ck/link -> notes.txt
  *   /ck/sub/                          empty directory
- * and a view tree over it.  The safetensors sources are written by hand
- * (JSON header, then the tensor's bytes) through the real write path;
- * w's element i is the float i, so every expected byte is computed here.
+ * and a view tree over it.  The store, the pool and the sources' writing
+ * are viewlib's (tests/viewlib.h); w's element i is the float i, so every
+ * expected byte is computed here.
  */
 #include <check.h>
 #include <errno.h>
@@ -29,16 +29,12 @@
 #include "base/util.h"
 #include "store/store.h"
 #include "testlib.h"
-#include "views/view.h"
+#include "viewlib.h"
 #include "vtree.h"
 
 #define ROWS 10
 #define COLS 6
 
-static char tdir[96]; /* per test, inside the test case's base directory */
-static char spath[128];
-static ckpt_store *st;
-static ckpt_pool *pool;
 static struct vtree *vt;
 static struct tree *t;
 static uint64_t ck_ino, rank_ino[2];
@@ -46,72 +42,50 @@ static uint64_t ck_ino, rank_ino[2];
 /* ---- the store ---------------------------------------------------------- */
 
 /* Rank r's safetensors file: rows [5r, 5r + 5) of w, element i of the
- * global w being base + i. */
-static uint64_t put_rank(unsigned r, float base)
+ * global w being i, plus hi in rank 1's rows. */
+static uint64_t put_rank(unsigned r, float hi)
 {
 	const unsigned rows = ROWS / 2;
-	const size_t data = rows * COLS * sizeof(float);
-	char hdr[1024], name[64];
-	uint8_t *buf;
-	size_t hlen;
-	uint64_t n, ino;
+	float *w = fgen(rows * COLS, (float)(rows * COLS * r) + (r ? hi : 0));
+	struct tdef td = { "w", CKPT_DT_F32, 2, { rows, COLS }, w };
+	char meta[256], name[64];
+	uint64_t ino;
 
-	snprintf(hdr, sizeof(hdr),
-		 "{\"__metadata__\":{\"format\":\"pt\",\"" CKPT_SHARDMETA_KEY "\":"
-		 "\"{\\\"version\\\": 1, \\\"tensors\\\": {\\\"w\\\": {\\\"global_shape\\\": "
-		 "[%u, %u], \\\"offsets\\\": [%u, 0], \\\"tp_dim\\\": 0}}}\"},"
-		 "\"w\":{\"dtype\":\"F32\",\"shape\":[%u,%u],\"data_offsets\":[0,%zu]}}",
-		 ROWS, COLS, rows * r, rows, COLS, data);
-	hlen = strlen(hdr);
-	while (hlen % 8)
-		hdr[hlen++] = ' ';
-	buf = malloc(8 + hlen + data);
-	ck_assert_ptr_nonnull(buf);
-	n = hlen;
-	memcpy(buf, &n, 8);
-	memcpy(buf + 8, hdr, hlen);
-	for (size_t i = 0; i < rows * COLS; i++) {
-		float f = base + (float)(rows * COLS * r + i);
-		memcpy(buf + 8 + hlen + i * sizeof(f), &f, sizeof(f));
-	}
+	snprintf(meta, sizeof(meta),
+		 "{\"version\": 1, \"tensors\": {\"w\": {\"global_shape\": [%u, %u], "
+		 "\"offsets\": [%u, 0], \"tp_dim\": 0}}}",
+		 ROWS, COLS, rows * r);
 	snprintf(name, sizeof(name), "model-rank%u.safetensors", r);
-	ino = tl_write_file(st, pool, ck_ino, name, buf, 8 + hlen + data);
-	free(buf);
+	ino = put_st(ck_ino, name, meta, &td, 1);
+	free(w);
 	return ino;
 }
 
-static void setup(void)
+/* viewlib's store and pool, the files above, a view tree keeping 2 views. */
+static void vt_setup(void)
 {
 	struct ckpt_inode in;
 
-	tl_test_dir(tdir, sizeof(tdir));
-	snprintf(spath, sizeof(spath), "%s/store", tdir);
-	st = tl_store_create(spath);
-	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
-	tl_write_file(st, pool, CKPT_ROOT_INO, "top.txt", (const uint8_t *)"top level\n", 10);
-	ck_ino = tl_mknode(st, CKPT_ROOT_INO, "ck", S_IFDIR | 0755);
+	setup();
+	put_raw(CKPT_ROOT_INO, "top.txt", (const uint8_t *)"top level\n", 10);
+	ck_ino = mkdir_in(CKPT_ROOT_INO, "ck");
 	rank_ino[0] = put_rank(0, 0);
 	rank_ino[1] = put_rank(1, 0);
-	tl_write_file(st, pool, ck_ino, "notes.txt", (const uint8_t *)"notes\n", 6);
+	put_raw(ck_ino, "notes.txt", (const uint8_t *)"notes\n", 6);
 	ck_assert_int_eq(ckpt_store_mknode(st, ck_ino, "link", S_IFLNK | 0777, 0, 0, "notes.txt",
 					   &in), 0);
-	tl_mknode(st, ck_ino, "sub", S_IFDIR | 0755);
+	mkdir_in(ck_ino, "sub");
 	ck_assert_int_eq(vtree_new(st, NULL, 2, &vt), 0);
 	t = vtree_tree(vt);
 }
 
-static void teardown(void)
+/* The tree first: its prefetch thread uses the store. */
+static void vt_teardown(void)
 {
 	vtree_free(vt);
 	vt = NULL;
 	t = NULL;
-	ckpt_pool_free(pool);
-	pool = NULL;
-	if (st)
-		ckpt_view_forget_store(st);
-	ckpt_store_free(st);
-	st = NULL;
-	tl_dir_remove(tdir);
+	teardown();
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -577,7 +551,7 @@ static Suite *vtree_suite(void)
 
 	for (size_t i = 0; i < CKPT_ARRAY_SIZE(all); i++) {
 		tl_tcase_dirs(all[i], "check_vtree-");
-		tcase_add_checked_fixture(all[i], setup, teardown);
+		tcase_add_checked_fixture(all[i], vt_setup, vt_teardown);
 		tcase_set_timeout(all[i], 30);
 		suite_add_tcase(s, all[i]);
 	}
