@@ -6,8 +6,9 @@
  *
  * A read copies the header bytes from the plan and each run's bytes from its
  * source through a store read cursor (chunks decompressed only where
- * covered, through the store's chunk cache); with a gather, whole chunks
- * are handed over without copying (struct ckpt_gather).
+ * covered, through the store's chunk cache); with a gather, large chunk
+ * pieces are handed over from the cache without copying (struct
+ * ckpt_gather).
  */
 #include "views/view_int.h"
 

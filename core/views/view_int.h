@@ -199,7 +199,8 @@ struct ckpt_view {
 /* Names of the files of v (their headers: vw_ensure_plan). */
 int vw_plan_files(ckpt_view *v);
 /* Plan file i of v (header, tensors, size) if not done yet; returns the
- * planning's result (0 or -ENOMEM), the same on every call. */
+ * planning's result (0 or a negative errno, -ENOMEM in practice), the same
+ * on every call. */
 int vw_ensure_plan(ckpt_view *v, size_t i);
 void vw_plans_free(struct vfile_plan *files, size_t n);
 
