@@ -4,8 +4,9 @@
  * allocator under jansson: what jalloc.h promises, one test each.
  *
  * Test-only instrumentation: this suite is linked with --wrap=malloc and
- * --wrap=free (Makefile.am), so every malloc and free of jalloc.c (and of
- * this file) goes through the __wrap_ functions below.  They count the
+ * --wrap=free (Makefile.am), so every malloc and free of the objects linked
+ * in (jalloc.c, this file, testlib; not those inside libc or jansson) goes
+ * through the __wrap_ functions below.  They count the
  * calls per thread, keep the set of live allocations of at least one
  * arena block (CKPT_JSON_BLOCK bytes: the arena's blocks, as nothing else
  * here allocates that much), and fail allocations when a test asks.
@@ -51,12 +52,13 @@ static _Thread_local struct {
 
 static atomic_int fail_mallocs; /* the next this many counted mallocs fail */
 
+/* The live allocations >= CKPT_JSON_BLOCK, guarded by big_lock. */
 #define MAX_BIG 256
 static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
-static void *big[MAX_BIG]; /* live allocations >= CKPT_JSON_BLOCK; guarded by big_lock */
-static size_t big_size[MAX_BIG]; /* their sizes */
-static int nbig;           /* live ones */
-static long big_made; /* ever */
+static void *big[MAX_BIG];
+static size_t big_size[MAX_BIG];
+static int nbig;
+static long big_made; /* since the process started */
 
 void *__wrap_malloc(size_t n)
 {
@@ -73,10 +75,13 @@ void *__wrap_malloc(size_t n)
 	calls.mallocs += calls.on;
 	if (p && n >= CKPT_JSON_BLOCK) {
 		pthread_mutex_lock(&big_lock);
-		if (nbig < MAX_BIG) {
-			big[nbig] = p;
-			big_size[nbig++] = n;
+		if (nbig == MAX_BIG) {
+			/* no assertion here (see above); the test dies instead */
+			fprintf(stderr, "check_jalloc: more than %d blocks live\n", MAX_BIG);
+			abort();
 		}
+		big[nbig] = p;
+		big_size[nbig++] = n;
 		big_made++;
 		pthread_mutex_unlock(&big_lock);
 	}
