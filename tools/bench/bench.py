@@ -3,9 +3,10 @@
 baselines, alternating A/B over repetitions, medians and ratios in one table.
 
 See docs/performance.md for what each case measures.  Needs root (mounts,
-drop_caches), fs/ckptfs and tools/ckpt built, gcc and libfuse3-dev (for
-tools/bench/nullfs.c), /usr/bin/python3 with numpy; installs borgbackup and
-restic with apt-get when case 3 needs them.
+drop_caches), a configured tree with fs/ckptfs and tools/ckpt built
+(tools/setup.sh; the null FUSE filesystem tools/bench/nullfs is built with
+make), /usr/bin/python3 with numpy; installs borgbackup and restic with
+apt-get when case 3 needs them.
 """
 import argparse
 import atexit
@@ -41,6 +42,17 @@ PY = "/usr/bin/python3"
 LIVE_MOUNTS = []  # Mount objects to tear down on exit
 LOGFILE = []      # the open run.log, once setup() has created OUT
 MAIN_PID = os.getpid()  # forked helpers (data generation) must not clean up
+
+
+def build_nullfs():
+    """Path of the null FUSE filesystem tools/bench/nullfs, built (or brought up to date)
+    by make in the configured tree, as `make bench` and `make check` build it."""
+    r = subprocess.run(["make", "-C", TOP, "-s", "tools/bench/nullfs"], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        sys.exit(f"{r.stdout}{r.stderr}tools/bench: `make tools/bench/nullfs` failed; "
+                 "configure and build the tree first (tools/setup.sh)")
+    return os.path.join(TOP, "tools", "bench", "nullfs")
 
 
 def now():
@@ -510,11 +522,7 @@ class Bench:
         self.ckptfs_mtime = time.strftime("%Y-%m-%d %H:%M:%S",
                                           time.localtime(os.stat(src).st_mtime))
         self.nullfs = os.path.join(self.bindir, "nullfs")
-        cflags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"],
-                                capture_output=True, text=True, check=True).stdout.split()
-        subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-D_FILE_OFFSET_BITS=64", "-O2",
-                        "-Wall", "-Wextra", "-Werror", os.path.join(HERE, "nullfs.c")] + cflags
-                       + ["-lpthread", "-o", self.nullfs], check=True)
+        shutil.copy2(build_nullfs(), self.nullfs)
         self.git = self._git()
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)

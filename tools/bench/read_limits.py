@@ -4,7 +4,7 @@
 
     tools/bench/read_limits.py STORE [--reps 3] [--files 20] [--file-mib 24.6]
 
-1. null FUSE read throughput (tools/bench/nullfs.c, data never touched by the
+1. null FUSE read throughput (tools/bench/nullfs, data never touched by the
    daemon beyond a zero buffer): 1 MiB reads by 1 and 4 readers, the mount's
    read-ahead at 1 MiB as ckptfs sets it, in page-cache mode and in direct_io
    mode (-o direct_read);
@@ -28,16 +28,6 @@ sys.path.insert(0, HERE)
 import bench  # noqa: E402
 
 GB = 1e9
-
-
-def nullfs_bin(tmp):
-    out = os.path.join(tmp, "nullfs")
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
-                           text=True, check=True).stdout.split()
-    subprocess.run(["gcc", "-std=c11", "-D_GNU_SOURCE", "-D_FILE_OFFSET_BITS=64", "-O2", "-Wall",
-                    "-Wextra", "-Werror", os.path.join(HERE, "nullfs.c")] + flags
-                   + ["-lpthread", "-o", out], check=True)
-    return out
 
 
 def mount_nullfs(binary, mnt, direct):
@@ -79,7 +69,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="read-limits-", dir="/var/tmp")
     mnt = os.path.join(tmp, "mnt")
     os.mkdir(mnt)
-    nb = nullfs_bin(tmp)
+    nb = bench.build_nullfs()
     size = int(a.file_mib * (1 << 20))
     res = {}
     cpu = {}  # key: [(reader CPU s/GB, daemon CPU s/GB)]

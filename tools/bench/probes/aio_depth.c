@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * aio_depth.c - how fast this disk serves O_DIRECT reads of a file by the
- * number of requests in flight, with Linux's native AIO as read-ahead uses
- * it (core/store.c, ckpt_store_prefetch_begin).
+ * number of requests in flight, with Linux's native AIO as the store's
+ * read-ahead uses it (ckpt_store_prefetch_begin).
  *
  * usage: aio_depth FILE SIZE DEPTH [COUNT]
  *
@@ -11,7 +11,7 @@
  * 2 MiB and advised MADV_HUGEPAGE, keeping DEPTH requests in flight
  * (io_submit one, io_getevents as they complete).  Prints GB/s.  Drop the
  * page cache first (echo 3 > /proc/sys/vm/drop_caches).  See
- * docs/performance.md 6h.
+ * Its figures are cited in docs/performance.md.
  */
 #include <errno.h>
 #include <fcntl.h>

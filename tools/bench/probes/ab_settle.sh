@@ -4,15 +4,15 @@
 # with 2 writers (write + fsync + close per file, as case 1), then waits
 # until `ckpt stat` reports no compression pending; prints the save and
 # settle seconds, the daemon's CPU seconds for both and its peak RSS.
-# docs/performance.md 6c.
+# Its figures are cited in docs/performance.md.
 #
-# usage: tools/bench/ab_settle.sh DATA BIN_A BIN_B [BIN...]
+# usage: tools/bench/probes/ab_settle.sh DATA BIN_A BIN_B [BIN...]
 #   DATA: a generated series, e.g. /var/tmp/ckptfs-bench/data/c1-4g
 #   WORK (env, default /var/tmp/ckptfs-ab-settle): scratch on the disk to measure
 set -eu
 [ $# -ge 3 ] || { sed -n '2,12p' "$0"; exit 2; }
-here=$(cd "$(dirname "$0")" && pwd)
-ckpt=$here/../ckpt
+bench=$(cd "$(dirname "$0")/.." && pwd)	# bench.py, for its writers
+ckpt=$bench/../ckpt
 data=$1
 shift
 W=${WORK:-/var/tmp/ckptfs-ab-settle}
@@ -28,7 +28,7 @@ for r in 1 2; do
 		"$b" "$W/store" "$W/mnt"
 		pid=$(pgrep -f "^$b $W/store")
 		t0=$(date +%s.%N)
-		/usr/bin/python3 - "$here" "$data/step_0001" "$W/mnt/ckpt" <<'PY'
+		/usr/bin/python3 - "$bench" "$data/step_0001" "$W/mnt/ckpt" <<'PY'
 import os, sys
 sys.path.insert(0, sys.argv[1])
 import bench

@@ -11,13 +11,13 @@
  * (HUGE 0).  With "random" each thread reads as many bytes at offsets (a
  * multiple of SIZE) drawn at random over the whole file, as read-ahead of
  * a view does in a pack whose records follow the save's order, not the
- * view's (docs/performance.md 6e).  Prints GB/s and the
+ * view's (docs/performance.md).  Prints GB/s and the
  * process's AnonHugePages while the buffers are mapped (to show whether huge
  * pages were used).  Drop the
  * page cache first (echo 3 > /proc/sys/vm/drop_caches).  An O_DIRECT read
  * into 4 KiB pages becomes requests of at most max_segments pages (254 on
- * this virtio disk, about 1 MiB); into huge pages it can go out in requests
- * of max_sectors_kb.  See docs/performance.md 6d.
+ * a virtio disk, about 1 MiB); into huge pages it can go out in requests
+ * of max_sectors_kb.  See docs/performance.md.
  */
 #include <fcntl.h>
 #include <pthread.h>

@@ -21,7 +21,7 @@
  * (c) and (d) with ckpt_decompress, as the store reads such chunks; (b)
  * zstd for the compressed planes into a scratch buffer, then the unshuffle
  * from the raw planes where they lie (ckpt_unshuffle_planes).  Prints GB/s
- * of decoded bytes per pass.  docs/performance.md 6e, 6m and 6n.
+ * of decoded bytes per pass.  Its figures are cited in docs/performance.md.
  */
 #include <stdint.h>
 #include <stdio.h>

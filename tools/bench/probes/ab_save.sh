@@ -2,9 +2,9 @@
 # A/B of daemon binaries on case 1's save alone: for ROUNDS rounds, each
 # binary in turn runs `profile_incr.py BIN DATA WORK --full` (two 2-writer
 # saves of DATA/step_0001 into fresh stores, caches dropped, each timed with
-# the daemon's CPU seconds).  docs/performance.md 6c.
+# the daemon's CPU seconds).  Its figures are cited in docs/performance.md.
 #
-# usage: tools/bench/ab_save.sh DATA ROUNDS BIN_A BIN_B [BIN...]
+# usage: tools/bench/probes/ab_save.sh DATA ROUNDS BIN_A BIN_B [BIN...]
 #   DATA: a generated series, e.g. /var/tmp/ckptfs-bench/data/c1-4g
 #   WORK (env, default /var/tmp/ckptfs-ab-save): scratch on the disk to measure
 set -eu

@@ -11,7 +11,7 @@
  * (virtio-balloon free page reporting), the pages of the first round after
  * the guest freed memory cost host page faults as well, and later rounds,
  * which get the pages the previous one freed, are faster.  See
- * docs/performance.md 6c.
+ * Its figures are cited in docs/performance.md.
  */
 #include <stdio.h>
 #include <stdlib.h>

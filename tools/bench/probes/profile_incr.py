@@ -20,7 +20,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/bench: bench.py
 import bench  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def main():
     mode = args[3] if len(args) > 3 else ""
     ckpt = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(binp))), "tools", "ckpt")
     if not os.access(ckpt, os.X_OK):
-        ckpt = os.path.join(HERE, "..", "ckpt")
+        ckpt = os.path.join(HERE, "..", "..", "ckpt")
 
     def jobs_of(step):
         d = f"{data}/step_{step:04d}"

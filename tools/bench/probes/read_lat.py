@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Where a cold view read waits: the latency of every 1 MiB read.
 
-    tools/bench/read_lat.py STORE BIN [BIN ...] [--reps 3] [--view tp1_pp1|tp4_pp1|sources]
+    tools/bench/probes/read_lat.py STORE BIN [BIN ...] [--reps 3] [--view tp1_pp1|tp4_pp1|sources]
 
 STORE and the readers are those of tools/bench/read_ab.py (a fresh daemon per
 read, caches dropped, one thread per target rank, 1 MiB readv).  Every read is
@@ -10,7 +10,7 @@ read's wall time, the read latency percentiles (ms), and the reads slower than
 SLOW_MS with the share of the readers' time they took.  A read slower than
 that waited for something (read-ahead's pack reads or decodes, or the chunk
 loaded by the reader itself); a read served from the chunk cache is a FUSE round
-trip and one copy (docs/performance.md 6j).
+trip and one copy (docs/performance.md).
 """
 import argparse
 import os
@@ -21,7 +21,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # tools/bench: bench.py, read_ab.py
 import bench  # noqa: E402
 import read_ab  # noqa: E402
 

@@ -4,13 +4,13 @@
 # background compression is done, then for ROUNDS rounds mounts the store
 # with each setting in turn, drops the caches and reads every file of the
 # tp1_pp1 view with 1 MiB reads (one reader), printing seconds and GB/s.
-# docs/performance.md 6c.
+# Its figures are cited in docs/performance.md.
 #
-# usage: tools/bench/ab_drop_behind.sh CKPTFS_BIN DIR [ROUNDS]
+# usage: tools/bench/probes/ab_drop_behind.sh CKPTFS_BIN DIR [ROUNDS]
 #   WORK (env, default /var/tmp/ckptfs-ab-read): scratch on the disk to measure
 set -eu
 [ $# -ge 2 ] || { sed -n '2,10p' "$0"; exit 2; }
-here=$(cd "$(dirname "$0")" && pwd)
+bench=$(cd "$(dirname "$0")/.." && pwd)	# bench.py, for parallel_read
 bin=$(realpath "$1") dir=$2 rounds=${3:-3}
 ckpt=$(dirname "$(dirname "$bin")")/tools/ckpt
 work=${WORK:-/var/tmp/ckptfs-ab-read}
@@ -35,7 +35,7 @@ for r in $(seq 1 "$rounds"); do
 		sync
 		echo 3 >/proc/sys/vm/drop_caches
 		sleep 1
-		/usr/bin/python3 - "$here" "$mnt/tp1_pp1/ckpt" "round $r $o" <<'PY'
+		/usr/bin/python3 - "$bench" "$mnt/tp1_pp1/ckpt" "round $r $o" <<'PY'
 import os, sys
 sys.path.insert(0, sys.argv[1])
 import bench
