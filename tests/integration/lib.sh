@@ -543,7 +543,7 @@ need() {
 		pgrep | pkill | ps) pkg=procps ;;
 		fusermount3) pkg=fuse3 ;;
 		findmnt | mountpoint) pkg=util-linux ;;
-		umount) pkg=mount ;;
+		mount | umount) pkg=mount ;;
 		cmp | diff) pkg=diffutils ;;
 		*) pkg=$c ;;
 		esac

@@ -4,6 +4,7 @@
 # the store is consistent (fsck), earlier files are intact, and after gc new data fits again.
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
+need mount
 
 TM=$T_DIR/tm
 mkdir -p "$TM"
