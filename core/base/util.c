@@ -37,21 +37,16 @@ void ckpt_str_one_line(char *s)
 			*s = '?';
 }
 
-void ckpt_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
-{
-	if (!err || errlen == 0)
-		return;
-	vsnprintf(err, errlen, fmt, ap);
-	ckpt_str_one_line(err);
-}
-
 void ckpt_errf(char *err, size_t errlen, const char *fmt, ...)
 {
 	va_list ap;
 
+	if (!err || errlen == 0)
+		return;
 	va_start(ap, fmt);
-	ckpt_verrf(err, errlen, fmt, ap);
+	vsnprintf(err, errlen, fmt, ap);
 	va_end(ap);
+	ckpt_str_one_line(err);
 }
 
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off)

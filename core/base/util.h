@@ -11,7 +11,6 @@
 #define CKPT_UTIL_H
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -109,8 +108,6 @@ void ckpt_str_one_line(char *s);
  * or errlen 0: nothing is written. */
 void ckpt_errf(char *err, size_t errlen, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-void ckpt_verrf(char *err, size_t errlen, const char *fmt, va_list ap)
-	__attribute__((format(printf, 3, 0)));
 
 /* pread/pwrite loops that retry on EINTR and short transfers.
  * Return 0 on success, -errno on failure; pread_full returns -EIO when the
