@@ -33,6 +33,14 @@ struct dir_handle {
 	size_t n;
 };
 
+static void dir_handle_free(struct dir_handle *d)
+{
+	if (!d)
+		return;
+	ckpt_dirents_free(d->ents, d->n);
+	free(d);
+}
+
 /* ------------------------------------------------------------- replies */
 
 /* The one place where a negative errno from below becomes a FUSE reply. */
@@ -311,7 +319,11 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	}
 	entry_param(&te, &e);
 	set_open(fi, f);
-	fuse_reply_create(req, &e, fi);
+	if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+		/* interrupted: the kernel got neither the entry nor the file */
+		vfs_release(vfs_of(req), f);
+		vfs_forget(vfs_of(req), te.attr.ino, 1);
+	}
 }
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -383,7 +395,8 @@ static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	}
 	fi->fh = (uint64_t)(uintptr_t)d;
 	fi->cache_readdir = 0;
-	fuse_reply_open(req, fi);
+	if (fuse_reply_open(req, fi) == -ENOENT)
+		dir_handle_free(d); /* interrupted: no releasedir will come */
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -428,11 +441,8 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-	struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
-
 	(void)ino;
-	ckpt_dirents_free(d->ents, d->n);
-	free(d);
+	dir_handle_free((struct dir_handle *)(uintptr_t)fi->fh);
 	reply_err(req, 0);
 }
 
