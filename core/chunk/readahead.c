@@ -197,8 +197,8 @@ void ckpt_readahead_submit(ckpt_readahead *ra, const ckpt_digest *d, size_t n)
 	if (!ra || !n)
 		return;
 	pthread_mutex_lock(&ra->lock);
+	ra->stats.submitted += n;
 	for (size_t i = 0; i < n; i++) {
-		ra->stats.submitted++;
 		if (ra->qcount == ra->qlen) {
 			ra->stats.dropped += n - i;
 			break;
