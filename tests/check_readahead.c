@@ -27,21 +27,79 @@ static void teardown(void)
 	tl_dir_remove(dir);
 }
 
-START_TEST(test_window_size)
+/* Sequential-read detection of read-ahead. */
+START_TEST(test_ra_window)
 {
-	uint64_t cap = 64ull << 20;
+	struct ckpt_ra_window w = { 0 };
+	const uint64_t M = 1 << 20, W = 8 * M, size = 100 * M;
+	uint64_t from, to;
+	bool seq;
 
-	ck_assert_uint_eq(ckpt_ra_window_size(cap, 1), 24ull << 20);
-	ck_assert_uint_eq(ckpt_ra_window_size(cap, 0), ckpt_ra_window_size(cap, 1));
-	ck_assert_uint_eq(ckpt_ra_window_size(cap, 2), 12ull << 20);
-	/* never below the minimum or above the maximum */
-	ck_assert_uint_eq(ckpt_ra_window_size(cap, 100), CKPT_RA_WINDOW_MIN);
-	ck_assert_uint_eq(ckpt_ra_window_size(0, 1), CKPT_RA_WINDOW_MIN);
-	ck_assert_uint_eq(ckpt_ra_window_size(1ull << 40, 1), CKPT_RA_WINDOW_MAX);
+	/* first read at 0: the next window */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to, &seq));
+	ck_assert_uint_eq(from, M);
+	ck_assert_uint_eq(to, 9 * M);
+	/* still more than half a window ahead: nothing */
+	ck_assert(!ckpt_ra_window_next(&w, M, M, size, W, &from, &to, &seq));
+	ck_assert(!ckpt_ra_window_next(&w, 2 * M, M, size, W, &from, &to, &seq));
+	/* less than half a window queued beyond the read: top it up */
+	ck_assert(!ckpt_ra_window_next(&w, 3 * M, M, size, W, &from, &to, &seq));
+	ck_assert(ckpt_ra_window_next(&w, 5 * M, M, size, W, &from, &to, &seq));
+	ck_assert_uint_ge(from, 9 * M);
+	ck_assert_uint_eq(to, 14 * M);
+	ck_assert(seq);
+	/* a jump far away is random access */
+	ck_assert(!ckpt_ra_window_next(&w, 60 * M, M, size, W, &from, &to, &seq));
+	ck_assert(!seq);
+	/* the end of the file bounds the window */
+	ck_assert(ckpt_ra_window_next(&w, 61 * M, M, 64 * M, W, &from, &to, &seq));
+	ck_assert_uint_eq(from, 62 * M);
+	ck_assert_uint_eq(to, 64 * M);
+	ck_assert(!ckpt_ra_window_next(&w, 63 * M, M, 64 * M, W, &from, &to, &seq));
+	/* starting over at 0 restarts the window */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, size, W, &from, &to, &seq));
+	ck_assert_uint_eq(from, M);
+	ck_assert_uint_eq(to, 9 * M);
 }
 END_TEST
 
-START_TEST(test_window_next)
+/* Direct readers' windows: 3/8 of the stream budget shared by the streams,
+ * within [CKPT_RA_WINDOW_MIN, CKPT_RA_WINDOW_MAX]; a shrunk window still
+ * tops up from where the reader is. */
+START_TEST(test_ra_window_size)
+{
+	const uint64_t M = 1 << 20;
+	struct ckpt_ra_window w = { 0 };
+	uint64_t from, to;
+	bool seq;
+
+	ck_assert_uint_eq(CKPT_RA_WINDOW_MIN, 8 * M);
+	ck_assert_uint_eq(CKPT_RA_WINDOW_MAX, 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 0), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 1), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 2), 12 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 3), 8 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(64 * M, 100), 8 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 1), 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 2), 32 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(256 * M, 4), 24 * M);
+	ck_assert_uint_eq(ckpt_ra_window_size(0, 1), 8 * M);
+	/* a reader alone queues 24 MiB ahead; when others start, its
+	 * window shrinks to 8 MiB and the next top-up starts at the reader */
+	ck_assert(ckpt_ra_window_next(&w, 0, M, 100 * M, ckpt_ra_window_size(64 * M, 1), &from,
+				      &to, &seq));
+	ck_assert_uint_eq(to, 25 * M);
+	ck_assert(ckpt_ra_window_next(&w, M, M, 100 * M, ckpt_ra_window_size(64 * M, 4), &from,
+				      &to, &seq));
+	ck_assert_uint_eq(from, 2 * M);
+	ck_assert_uint_eq(to, 10 * M);
+	ck_assert(seq);
+}
+END_TEST
+
+/* Reads a little out of order stay sequential; a queue ahead of the reader
+ * by more than a window (the reader went back) is stale. */
+START_TEST(test_window_slack_stale)
 {
 	const uint64_t M = 1ull << 20, win = 8 * M, size = 100 * M;
 	struct ckpt_ra_window w;
@@ -49,36 +107,18 @@ START_TEST(test_window_next)
 	bool seq;
 
 	memset(&w, 0, sizeof(w));
-	/* the first read at 0 is sequential: queue the window after it */
-	ck_assert(ckpt_ra_window_next(&w, 0, M, size, win, &from, &to, &seq));
+	ck_assert(ckpt_ra_window_next(&w, 0, 10 * M, size, win, &from, &to, &seq));
+	/* several FUSE threads: this read starts before the last one ended */
+	(void)ckpt_ra_window_next(&w, 9 * M + M / 2, M, size, win, &from, &to, &seq);
 	ck_assert(seq);
-	ck_assert_uint_eq(from, M);
-	ck_assert_uint_eq(to, M + win);
-	/* the next read: more than half a window still queued, nothing new */
-	ck_assert(!ckpt_ra_window_next(&w, M, M, size, win, &from, &to, &seq));
-	ck_assert(seq);
-	/* once less than half a window is queued ahead, the rest follows */
-	ck_assert(!ckpt_ra_window_next(&w, 2 * M, M, size, win, &from, &to, &seq));
-	ck_assert(ckpt_ra_window_next(&w, 3 * M, 3 * M, size, win, &from, &to, &seq));
-	ck_assert_uint_eq(from, M + win);
-	ck_assert_uint_eq(to, 6 * M + win);
-	/* a read far from the last one: random access, no read-ahead */
 	ck_assert(!ckpt_ra_window_next(&w, 60 * M, M, size, win, &from, &to, &seq));
 	ck_assert(!seq);
-	/* reads a little out of order (several FUSE threads) stay sequential */
-	ck_assert(ckpt_ra_window_next(&w, 60 * M + M / 2, M, size, win, &from, &to, &seq) || seq);
-	ck_assert(seq);
-	/* the reader went back: a queue ahead by more than a window is stale */
 	memset(&w, 0, sizeof(w));
 	ck_assert(ckpt_ra_window_next(&w, 0, 40 * M, size, win, &from, &to, &seq));
+	ck_assert_uint_eq(to, 48 * M);
 	ck_assert(ckpt_ra_window_next(&w, 0, M, size, win, &from, &to, &seq));
 	ck_assert_uint_eq(from, M);
 	ck_assert_uint_eq(to, M + win);
-	/* never past the end of the file */
-	memset(&w, 0, sizeof(w));
-	ck_assert(ckpt_ra_window_next(&w, 0, size - M, size, win, &from, &to, &seq));
-	ck_assert_uint_eq(to, size);
-	ck_assert(!ckpt_ra_window_next(&w, size - M, M, size, win, &from, &to, &seq));
 }
 END_TEST
 
@@ -223,8 +263,9 @@ static Suite *readahead_suite(void)
 	Suite *s = suite_create("readahead");
 	TCase *w = tcase_create("window"), *tc = tcase_create("workers");
 
-	tcase_add_test(w, test_window_size);
-	tcase_add_test(w, test_window_next);
+	tcase_add_test(w, test_ra_window);
+	tcase_add_test(w, test_ra_window_size);
+	tcase_add_test(w, test_window_slack_stale);
 	suite_add_tcase(s, w);
 	tl_tcase_dirs(tc, "check_readahead-");
 	tcase_add_checked_fixture(tc, setup, teardown);

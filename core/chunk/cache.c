@@ -50,7 +50,6 @@ struct ckpt_cache_entry {
 	uint8_t *data;
 	size_t len;
 	unsigned pins;
-	bool dead; /* forgotten while pinned: free at last release */
 	bool loading; /* placeholder: its owner is loading the data (len 0) */
 	bool stream;  /* loaded for a sequential reader: on the stream list */
 	bool pooled;  /* data from ckpt_cache_buf_alloc (else malloc) */
@@ -489,64 +488,6 @@ static void pin_locked(struct ckpt_cache_entry *e)
 		lru_unlink(e);
 }
 
-ckpt_cache_entry *ckpt_cache_lookup(ckpt_cache *c, const ckpt_digest *d,
-				    const uint8_t **ret_data, size_t *ret_len)
-{
-	struct ckpt_cache_entry *e;
-
-	pthread_mutex_lock(&c->lock);
-	e = find_locked(c, d);
-	if (e && e->loading)
-		e = NULL;
-	if (e) {
-		pin_locked(e);
-		c->stats.hits++;
-		*ret_data = e->data;
-		*ret_len = e->len;
-	} else {
-		c->stats.misses++;
-	}
-	pthread_mutex_unlock(&c->lock);
-	return e;
-}
-
-ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t *data,
-				    size_t len, const uint8_t **ret_data)
-{
-	struct ckpt_cache_entry *e;
-
-	pthread_mutex_lock(&c->lock);
-	while ((e = find_locked(c, d)) && e->loading)
-		pthread_cond_wait(load_cond_of(c, d), &c->lock);
-	if (e) {
-		free(data);
-		pin_locked(e);
-		goto out;
-	}
-	e = calloc(1, sizeof(*e));
-	if (!e) {
-		free(data);
-		goto out;
-	}
-	e->digest = *d;
-	e->data = data;
-	e->len = len;
-	e->charge = len;
-	e->pins = 1;
-	e->hnext = c->buckets[bucket_of(c, d)];
-	c->buckets[bucket_of(c, d)] = e;
-	c->bytes += len;
-	c->nentries++;
-	if (c->nentries > c->nbuckets)
-		grow_locked(c);
-	evict_locked(c);
-out:
-	if (e)
-		*ret_data = e->data;
-	pthread_mutex_unlock(&c->lock);
-	return e;
-}
-
 void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e)
 {
 	pthread_mutex_lock(&c->lock);
@@ -566,30 +507,8 @@ void ckpt_cache_release_read(ckpt_cache *c, ckpt_cache_entry *e, size_t nread)
 	pthread_mutex_lock(&c->lock);
 	e->nread = nread > SIZE_MAX - e->nread ? SIZE_MAX : e->nread + nread;
 	if (--e->pins == 0) {
-		if (e->dead) {
-			entry_destroy(c, e);
-		} else {
-			lru_push_front(c, e);
-			evict_locked(c);
-		}
-	}
-	pthread_mutex_unlock(&c->lock);
-}
-
-void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d)
-{
-	struct ckpt_cache_entry *e;
-
-	pthread_mutex_lock(&c->lock);
-	e = find_locked(c, d);
-	if (e && !e->loading) {
-		hash_unlink(c, e);
-		if (e->pins == 0) {
-			lru_unlink(e);
-			entry_destroy(c, e);
-		} else {
-			e->dead = true;
-		}
+		lru_push_front(c, e);
+		evict_locked(c);
 	}
 	pthread_mutex_unlock(&c->lock);
 }
@@ -646,11 +565,6 @@ ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d)
 	return e;
 }
 
-const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len)
-{
-	return ckpt_cache_fill_as(c, e, data, len, false);
-}
-
 const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
 				  bool stream)
 {
@@ -684,14 +598,6 @@ void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e)
 	pthread_cond_broadcast(load_cond_of(c, &e->digest));
 	pthread_mutex_unlock(&c->lock);
 	free(e);
-}
-
-void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes)
-{
-	pthread_mutex_lock(&c->lock);
-	c->stream_cap = CKPT_MIN(bytes, c->capacity);
-	evict_locked(c);
-	pthread_mutex_unlock(&c->lock);
 }
 
 void ckpt_cache_get_stats(ckpt_cache *c, struct ckpt_cache_stats *ret_stats)

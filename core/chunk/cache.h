@@ -31,39 +31,25 @@ int ckpt_cache_new(uint64_t capacity, ckpt_cache **ret_cache);
 /* All entries must have been released. Accepts NULL. */
 void ckpt_cache_free(ckpt_cache *c);
 
-/* Look a digest up.  On a hit returns the pinned entry and its data and
- * length through ret_data/ret_len; on a miss returns NULL. */
-ckpt_cache_entry *ckpt_cache_lookup(ckpt_cache *c, const ckpt_digest *d,
-				    const uint8_t **ret_data, size_t *ret_len);
-
-/* Insert data (malloc'd; ownership passes to the cache in every case) of
- * len bytes under digest d and return it pinned.  If the digest is already
- * present, data is freed and the existing entry is returned pinned.
- * Returns NULL only on allocation failure (data is freed then too). */
-ckpt_cache_entry *ckpt_cache_insert(ckpt_cache *c, const ckpt_digest *d, uint8_t *data,
-				    size_t len, const uint8_t **ret_data);
-
 /*
  * Single-flight loading.  Entries may be placeholders whose data one thread
- * (the owner) is loading; lookup treats them as misses, insert, acquire wait
- * for them.
+ * (the owner) is loading; acquire waits for them.
  *
  * acquire: on a hit returns the pinned entry with its data (*ret_fill false),
  * waiting first if the digest is being loaded.  On a miss inserts a
  * placeholder and returns it pinned with *ret_fill true: the caller must load
- * the data and call ckpt_cache_fill() or ckpt_cache_abandon().  NULL only on
- * allocation failure.
+ * the data and fill the placeholder (ckpt_cache_fill_as or _fill_buf) or
+ * abandon it.  NULL only on allocation failure.
  * reserve: a pinned placeholder if d is absent (the caller must fill or
  * abandon it), else NULL (present, being loaded, or no memory): for
  * prefetching, which never waits.
- * fill: give the placeholder its data (malloc'd, ownership passes); the entry
- * stays pinned by the caller; returns data.
+ * fill_as: give the placeholder its data (malloc'd, ownership passes); the
+ * entry stays pinned by the caller; returns data.
  * abandon: drop a placeholder that could not be loaded (waiters retry).
  */
 ckpt_cache_entry *ckpt_cache_acquire(ckpt_cache *c, const ckpt_digest *d,
 				     const uint8_t **ret_data, size_t *ret_len, bool *ret_fill);
 ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d);
-const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len);
 /*
  * fill_as(stream = true): the chunk was loaded for a sequential reader (read-
  * ahead, streaming a file once).  Stream entries live on a list of their own
@@ -76,7 +62,6 @@ const uint8_t *ckpt_cache_fill(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data
 #define CKPT_CACHE_STREAM_MAX (64ull << 20)
 const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
 				  bool stream);
-void ckpt_cache_set_stream_cap(ckpt_cache *c, uint64_t bytes);
 
 /*
  * Chunk buffers recycled by the cache.  With malloc, chunk buffers loaded by
@@ -121,8 +106,7 @@ void ckpt_cache_abandon(ckpt_cache *c, ckpt_cache_entry *e);
  * own release). */
 void ckpt_cache_ref(ckpt_cache *c, ckpt_cache_entry *e);
 
-/* Unpin an entry returned by lookup, insert, acquire or reserve (after
- * fill). */
+/* Unpin an entry returned by acquire or reserve (after fill). */
 void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
 /*
  * Unpin it and count nread more of its bytes as handed to a reader.  A
@@ -136,9 +120,6 @@ void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
  * (docs/performance.md 6g).
  */
 void ckpt_cache_release_read(ckpt_cache *c, ckpt_cache_entry *e, size_t nread);
-
-/* Drop a digest if present and unpinned (used when a chunk is found damaged). */
-void ckpt_cache_forget(ckpt_cache *c, const ckpt_digest *d);
 
 struct ckpt_cache_stats {
 	uint64_t hits, misses, bytes, entries, evictions, stream_bytes;
