@@ -10,10 +10,18 @@
  * view root "tpT_ppP" under the store's root belongs to the view trees.
  * Requests on an open file go to the tree that opened it.
  *
- * Every op returns 0 / a positive value or a negative errno; none replies
- * to the kernel.  Ops are called from many threads at once; each tree
- * states its locking.  A read-only tree answers changes with its refusal
- * (-EROFS, or -EEXIST for a name that exists).
+ * The contract of fs/ (main.c has the module map):
+ * - Errors: every op returns 0 / a positive value or a negative errno and
+ *   logs what the user needs to know (the file and the reason); none
+ *   replies to the kernel (fuse_ops.c does, once per request).
+ * - Threads: ops are called from many FUSE threads at once, also on one
+ *   open file; each tree states its locking (stree.h, vtree.h).
+ * - Ownership: the caller owns what an op returns (readlink's target:
+ *   free(); readdir's entries: ckpt_dirents_free()), except an open file,
+ *   which belongs to its tree until the caller hands it to release, once.
+ *   A tree outlives its files.
+ * - A read-only tree answers changes with its refusal (-EROFS, or -EEXIST
+ *   for making a name that exists).
  */
 #ifndef CKPTFS_TREE_H
 #define CKPTFS_TREE_H
