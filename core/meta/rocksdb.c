@@ -3,52 +3,70 @@
  * rocksdb.c - the RocksDB metadata engine (engine.h), the only file that
  * calls RocksDB.
  *
- * A read-write engine is an OptimisticTransactionDB: a transaction buffers
- * its writes in an indexed write batch, reads made for update record the
- * key, and commit checks, under RocksDB's own per-key locks, that no key
- * read for update or written was changed since; a conflict comes back as
- * Busy (or TryAgain when the memtable history no longer covers the
- * transaction) and is returned as -EAGAIN.  Optimistic rather than
- * pessimistic (TransactionDB): the store serializes its own writers, so
- * conflicts are rare and taking no row locks keeps single-key work as cheap
- * as a plain write batch.  A durable commit is a commit followed by a sync
- * of the write-ahead log (the transaction's write options are fixed when
- * it begins).  A read-only engine is a plain read-only DB without the lock
- * file; beginning a transaction on it fails with -EROFS.
+ * A RocksDB database has one writer process (RocksDB's LOCK file), so every
+ * transaction that can conflict with another runs in this process, and the
+ * engine detects conflicts itself, optimistically, in memory: a
+ * transaction buffers its writes in an indexed write batch (its gets read
+ * the batch over the database) and remembers the keys it read for update
+ * or wrote, as slots of a table of OCC_SLOTS hashes.  Commits are numbered;
+ * the table keeps, per slot, the number of the last commit that wrote a key
+ * hashing there.  A commit checks under occ_lock that no slot it tracks was
+ * written by a commit numbered after its own begin, then writes its batch:
+ * the first committer wins, a later one gets -EAGAIN.  Two keys sharing a
+ * slot can cause a needless retry, never a missed conflict.  This costs a
+ * hash per key, where RocksDB's OptimisticTransactionDB searches the
+ * memtables once more for every tracked key at commit; the database on
+ * disk is the same plain one either way.
  *
- * The on-disk database is the same as before transactions were used: the
- * transaction layer keeps no state of its own on disk.
+ * A durable commit writes its batch, then syncs the write-ahead log outside
+ * occ_lock, so that a sync does not hold up other commits.  A read-only
+ * engine is a read-only DB without the lock file; beginning a transaction
+ * on it fails with -EROFS.
  */
 #include "meta/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/util.h"
+#include "base/xxh.h"
 
 #define PREFIX_MAX 512
+#define OCC_SLOTS (1u << 18)
+#define TXN_SPARE 4
 
 struct rdb {
 	struct ckpt_engine base;
-	rocksdb_optimistictransactiondb_t *odb; /* NULL when read-only */
-	rocksdb_t *db; /* the base DB: plain reads, scans, sync, flush */
+	rocksdb_t *db;
+	bool read_only;
 	rocksdb_options_t *opts;
 	rocksdb_block_based_table_options_t *topts;
 	rocksdb_cache_t *cache;
 	rocksdb_filterpolicy_t *filter; /* owned by topts once set */
 	rocksdb_readoptions_t *ropts;
 	rocksdb_writeoptions_t *wopts;
-	rocksdb_optimistictransaction_options_t *topt;
 	rocksdb_flushoptions_t *fopts;
+	pthread_mutex_t occ_lock;
+	/* Protected by occ_lock: */
+	uint64_t seq;   /* commits so far */
+	uint64_t *last; /* OCC_SLOTS: per slot, the last commit writing there */
+	struct rtxn *spare[TXN_SPARE]; /* ended transactions kept for reuse */
+	unsigned nspare;
 };
+
+#define SLOT_WRITTEN 0x80000000u /* in rtxn.slots: the key was written */
 
 struct rtxn {
 	struct ckpt_txn base;
-	rocksdb_transaction_t *t;
+	rocksdb_writebatch_wi_t *wb;
+	uint64_t start;  /* commits made before this transaction began */
+	uint32_t *slots; /* tracked keys' slots, | SLOT_WRITTEN when written */
+	size_t n, cap;
 };
 
 struct rscan {
@@ -134,12 +152,8 @@ static void rdb_close(ckpt_engine *e)
 {
 	struct rdb *x = (struct rdb *)e;
 
-	if (x->odb) {
-		rocksdb_optimistictransactiondb_close_base_db(x->db);
-		rocksdb_optimistictransactiondb_close(x->odb);
-	} else if (x->db) {
+	if (x->db)
 		rocksdb_close(x->db);
-	}
 	if (x->opts)
 		rocksdb_options_destroy(x->opts);
 	if (x->topts)
@@ -150,10 +164,15 @@ static void rdb_close(ckpt_engine *e)
 		rocksdb_readoptions_destroy(x->ropts);
 	if (x->wopts)
 		rocksdb_writeoptions_destroy(x->wopts);
-	if (x->topt)
-		rocksdb_optimistictransaction_options_destroy(x->topt);
 	if (x->fopts)
 		rocksdb_flushoptions_destroy(x->fopts);
+	for (unsigned i = 0; i < x->nspare; i++) {
+		rocksdb_writebatch_wi_destroy(x->spare[i]->wb);
+		free(x->spare[i]->slots);
+		free(x->spare[i]);
+	}
+	pthread_mutex_destroy(&x->occ_lock);
+	free(x->last);
 	free(x);
 }
 
@@ -169,6 +188,16 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 		return r;
 	}
 	x->base.ops = &ckpt_engine_rocksdb;
+	x->read_only = o->read_only;
+	pthread_mutex_init(&x->occ_lock, NULL);
+	if (!o->read_only) {
+		x->last = calloc(OCC_SLOTS, sizeof(*x->last));
+		if (!x->last) {
+			snprintf(errbuf, errlen, "out of memory");
+			rdb_close(&x->base);
+			return r;
+		}
+	}
 	x->opts = rocksdb_options_create();
 	rocksdb_options_set_create_if_missing(x->opts, o->create);
 	rocksdb_options_increase_parallelism(x->opts, 2);
@@ -182,18 +211,14 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	x->filter = rocksdb_filterpolicy_create_bloom_full(10);
 	rocksdb_block_based_options_set_filter_policy(x->topts, x->filter);
 	rocksdb_options_set_block_based_table_factory(x->opts, x->topts);
-	if (o->read_only) {
+	if (o->read_only)
 		x->db = rocksdb_open_for_read_only(x->opts, dir, 0, &err);
-	} else {
-		x->odb = rocksdb_optimistictransactiondb_open(x->opts, dir, &err);
-		if (x->odb)
-			x->db = rocksdb_optimistictransactiondb_get_base_db(x->odb);
-	}
+	else
+		x->db = rocksdb_open(x->opts, dir, &err);
 	if (err) {
 		snprintf(errbuf, errlen, "cannot open index %s: %s", dir, err);
 		r = strstr(err, "lock") ? -EBUSY : -EIO;
 		rocksdb_free(err);
-		x->odb = NULL;
 		x->db = NULL;
 		rdb_close(&x->base);
 		return r;
@@ -201,7 +226,6 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	x->ropts = rocksdb_readoptions_create();
 	x->wopts = rocksdb_writeoptions_create();
 	rocksdb_writeoptions_set_sync(x->wopts, 0);
-	x->topt = rocksdb_optimistictransaction_options_create();
 	x->fopts = rocksdb_flushoptions_create();
 	rocksdb_flushoptions_set_wait(x->fopts, 1);
 	if (!o->read_only) {
@@ -214,30 +238,58 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	return 0;
 }
 
+/* Remember key's slot in t (written: t writes it). */
+static int track(struct rtxn *t, const void *key, size_t klen, bool written)
+{
+	uint32_t slot = (uint32_t)(XXH3_64bits(key, klen) % OCC_SLOTS);
+
+	if (t->n == t->cap) {
+		size_t nc = t->cap ? t->cap * 2 : 16;
+		uint32_t *nv = realloc(t->slots, nc * sizeof(*nv));
+		if (!nv)
+			return -ENOMEM;
+		t->slots = nv;
+		t->cap = nc;
+	}
+	t->slots[t->n++] = slot | (written ? SLOT_WRITTEN : 0);
+	return 0;
+}
+
 static int rdb_get(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, unsigned flags,
 		   ckpt_engine_val_fn fn, void *arg)
 {
 	struct rdb *x = (struct rdb *)e;
-	rocksdb_pinnableslice_t *ps;
-	const char *v;
 	char *err = NULL;
 	size_t vlen = 0;
 	int r;
 
-	if (!t)
-		ps = rocksdb_get_pinned(x->db, x->ropts, key, klen, &err);
-	else if (flags & CKPT_TXN_FOR_UPDATE)
-		ps = rocksdb_transaction_get_pinned_for_update(((struct rtxn *)t)->t, x->ropts, key,
-							       klen, 1, &err);
-	else
-		ps = rocksdb_transaction_get_pinned(((struct rtxn *)t)->t, x->ropts, key, klen, &err);
-	if (err)
-		return rocks_errno(err);
-	if (!ps)
-		return -ENOENT;
-	v = rocksdb_pinnableslice_value(ps, &vlen);
-	r = fn(arg, (const uint8_t *)v, vlen);
-	rocksdb_pinnableslice_destroy(ps);
+	if (t) {
+		struct rtxn *tx = (struct rtxn *)t;
+		char *v;
+
+		if ((flags & CKPT_TXN_FOR_UPDATE) && (r = track(tx, key, klen, false)) < 0)
+			return r;
+		v = rocksdb_writebatch_wi_get_from_batch_and_db(tx->wb, x->db, x->ropts, key, klen,
+								 &vlen, &err);
+		if (err)
+			return rocks_errno(err);
+		if (!v)
+			return -ENOENT;
+		r = fn(arg, (const uint8_t *)v, vlen);
+		rocksdb_free(v);
+	} else {
+		rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(x->db, x->ropts, key, klen, &err);
+		const char *v;
+
+		if (err)
+			return rocks_errno(err);
+		if (!ps)
+			return -ENOENT;
+		v = rocksdb_pinnableslice_value(ps, &vlen);
+
+		r = fn(arg, (const uint8_t *)v, vlen);
+		rocksdb_pinnableslice_destroy(ps);
+	}
 	return r;
 }
 
@@ -246,35 +298,43 @@ static int rdb_begin(ckpt_engine *e, ckpt_txn **ret)
 	struct rdb *x = (struct rdb *)e;
 	struct rtxn *t;
 
-	if (!x->odb)
+	if (x->read_only)
 		return -EROFS;
-	t = calloc(1, sizeof(*t));
-	if (!t)
-		return -ENOMEM;
-	t->base.engine = e;
-	t->t = rocksdb_optimistictransaction_begin(x->odb, x->wopts, x->topt, NULL);
-	if (!t->t) {
-		free(t);
-		return -ENOMEM;
+	pthread_mutex_lock(&x->occ_lock);
+	t = x->nspare ? x->spare[--x->nspare] : NULL;
+	pthread_mutex_unlock(&x->occ_lock);
+	if (!t) { /* a write batch costs an allocation of its arena: reuse them */
+		t = calloc(1, sizeof(*t));
+		if (!t)
+			return -ENOMEM;
+		t->base.engine = e;
+		t->wb = rocksdb_writebatch_wi_create(0, 1);
 	}
+	pthread_mutex_lock(&x->occ_lock);
+	t->start = x->seq;
+	pthread_mutex_unlock(&x->occ_lock);
 	*ret = &t->base;
 	return 0;
 }
 
 static int rdb_put(ckpt_txn *t, const void *key, size_t klen, const void *val, size_t vlen)
 {
-	char *err = NULL;
+	struct rtxn *tx = (struct rtxn *)t;
+	int r = track(tx, key, klen, true);
 
-	rocksdb_transaction_put(((struct rtxn *)t)->t, key, klen, val, vlen, &err);
-	return rocks_errno(err);
+	if (r == 0)
+		rocksdb_writebatch_wi_put(tx->wb, key, klen, val, vlen);
+	return r;
 }
 
 static int rdb_del(ckpt_txn *t, const void *key, size_t klen)
 {
-	char *err = NULL;
+	struct rtxn *tx = (struct rtxn *)t;
+	int r = track(tx, key, klen, true);
 
-	rocksdb_transaction_delete(((struct rtxn *)t)->t, key, klen, &err);
-	return rocks_errno(err);
+	if (r == 0)
+		rocksdb_writebatch_wi_delete(tx->wb, key, klen);
+	return r;
 }
 
 static int rdb_sync(ckpt_engine *e)
@@ -287,21 +347,55 @@ static int rdb_sync(ckpt_engine *e)
 
 static void rdb_abort(ckpt_txn *t)
 {
-	rocksdb_transaction_destroy(((struct rtxn *)t)->t); /* unapplied writes dropped */
-	free(t);
+	struct rtxn *tx = (struct rtxn *)t;
+	struct rdb *x = (struct rdb *)t->engine;
+
+	rocksdb_writebatch_wi_clear(tx->wb); /* unapplied writes dropped */
+	tx->n = 0;
+	tx->base.err = 0;
+	pthread_mutex_lock(&x->occ_lock);
+	if (x->nspare < TXN_SPARE && tx->cap <= 4096) {
+		x->spare[x->nspare++] = tx;
+		tx = NULL;
+	}
+	pthread_mutex_unlock(&x->occ_lock);
+	if (tx) {
+		rocksdb_writebatch_wi_destroy(tx->wb);
+		free(tx->slots);
+		free(tx);
+	}
 }
 
 static int rdb_commit(ckpt_txn *t, bool durable)
 {
-	ckpt_engine *e = t->engine;
+	struct rtxn *tx = (struct rtxn *)t;
+	struct rdb *x = (struct rdb *)t->engine;
 	char *err = NULL;
-	int r;
+	bool writes = false;
+	int r = 0;
 
-	rocksdb_transaction_commit(((struct rtxn *)t)->t, &err);
-	r = rocks_errno(err);
+	pthread_mutex_lock(&x->occ_lock);
+	for (size_t i = 0; i < tx->n; i++) {
+		if (x->last[tx->slots[i] & ~SLOT_WRITTEN] > tx->start) {
+			r = -EAGAIN; /* a commit since our begin wrote a key we track */
+			break;
+		}
+		writes |= (tx->slots[i] & SLOT_WRITTEN) != 0;
+	}
+	if (r == 0 && writes) {
+		rocksdb_write_writebatch_wi(x->db, x->wopts, tx->wb, &err);
+		r = rocks_errno(err);
+		if (r == 0) {
+			x->seq++;
+			for (size_t i = 0; i < tx->n; i++)
+				if (tx->slots[i] & SLOT_WRITTEN)
+					x->last[tx->slots[i] & ~SLOT_WRITTEN] = x->seq;
+		}
+	}
+	pthread_mutex_unlock(&x->occ_lock);
 	rdb_abort(t);
-	if (r == 0 && durable)
-		r = rdb_sync(e);
+	if (r == 0 && writes && durable)
+		r = rdb_sync(&x->base);
 	return r;
 }
 
@@ -368,7 +462,9 @@ static int rdb_scan_new(ckpt_engine *e, ckpt_txn *t, const void *prefix, size_t 
 	s->ropts = rocksdb_readoptions_create();
 	rocksdb_readoptions_set_fill_cache(s->ropts, 0);
 	if (t) {
-		s->it = rocksdb_transaction_create_iterator(((struct rtxn *)t)->t, s->ropts);
+		/* takes over the base iterator */
+		s->it = rocksdb_writebatch_wi_create_iterator_with_base(
+			((struct rtxn *)t)->wb, rocksdb_create_iterator(x->db, s->ropts));
 	} else {
 		s->snap = rocksdb_create_snapshot(x->db);
 		rocksdb_readoptions_set_snapshot(s->ropts, s->snap);

@@ -105,11 +105,15 @@ static int get_dir(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *
 	return 0;
 }
 
+/* Inode numbers a process reserves at a time (ckpt_store.ino_next). */
+#define ST_INO_BATCH 64
+
 struct mknode_arg {
 	uint64_t parent;
 	const char *name, *target;
 	uint32_t mode, uid, gid;
 	struct ckpt_inode *ret;
+	uint64_t reserved_end; /* set: the transaction reserved up to here */
 };
 
 static int mknode_txn(ckpt_store *s, ckpt_txn *t, void *arg)
@@ -128,9 +132,16 @@ static int mknode_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 	if (r != -ENOENT)
 		return r;
 	memset(&in, 0, sizeof(in));
-	r = st_meta_get_u64(s, t, "next_ino", &in.ino);
-	if (r < 0)
-		return r;
+	a->reserved_end = 0;
+	if (s->ino_next < s->ino_end) {
+		in.ino = s->ino_next;
+	} else {
+		r = st_meta_get_u64(s, t, "next_ino", &in.ino);
+		if (r < 0)
+			return r;
+		a->reserved_end = in.ino + ST_INO_BATCH;
+		st_put_meta_u64(t, "next_ino", a->reserved_end);
+	}
 	in.mode = a->mode;
 	in.uid = a->uid;
 	in.gid = a->gid;
@@ -149,7 +160,6 @@ static int mknode_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 	if (S_ISDIR(a->mode))
 		dir.nlink++;
 	st_put_inode(t, &dir);
-	st_put_meta_u64(t, "next_ino", in.ino + 1);
 	*a->ret = in;
 	return 0;
 }
@@ -158,7 +168,7 @@ int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t
 		      uint32_t uid, uint32_t gid, const char *symlink_target,
 		      struct ckpt_inode *ret)
 {
-	struct mknode_arg a = { parent, name, symlink_target, mode, uid, gid, ret };
+	struct mknode_arg a = { parent, name, symlink_target, mode, uid, gid, ret, 0 };
 	int r = check_name(name);
 
 	if (r < 0)
@@ -171,6 +181,11 @@ int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t
 		return -ENAMETOOLONG;
 	pthread_mutex_lock(&s->ns_lock);
 	r = st_txn_run(s, mknode_txn, &a, false);
+	if (r == 0) {
+		if (a.reserved_end)
+			s->ino_end = a.reserved_end;
+		s->ino_next = ret->ino + 1;
+	}
 	pthread_mutex_unlock(&s->ns_lock);
 	return r;
 }

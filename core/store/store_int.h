@@ -88,6 +88,11 @@ struct ckpt_store {
 	 * retries); the lock only keeps this process's own writers from
 	 * conflicting with each other needlessly. */
 	pthread_mutex_t ns_lock;
+	/* Protected by ns_lock: inode numbers [ino_next, ino_end) reserved by
+	 * this process in the "next_ino" meta record (a create takes the next
+	 * one; an empty range reserves ST_INO_BATCH more in its transaction),
+	 * so that creates do not all read and write that one record. */
+	uint64_t ino_next, ino_end;
 
 
 	pthread_mutex_t pending_lock;
