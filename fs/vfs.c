@@ -483,7 +483,6 @@ int vfs_write(struct vfs *v, struct tree_file *f, const void *buf, size_t len, u
 {
 	int r;
 
-	(void)v;
 	if (!f->writable)
 		return -EBADF;
 	r = f->ops->write(f, buf, len, off);
@@ -498,6 +497,5 @@ int vfs_write(struct vfs *v, struct tree_file *f, const void *buf, size_t len, u
 
 int vfs_commit(struct vfs *v, struct tree_file *f, bool durable)
 {
-	(void)v;
 	return f->ops->commit(f, durable);
 }
