@@ -199,8 +199,8 @@ static size_t buf_class_of(const uint8_t *buf)
  * or BUF_RESIZED).  Chunk sizes vary (content-defined: 128 KiB to 2 MiB
  * by default), so the pool often has no buffer of k's class; a buffer of
  * another class still beats a new mapping, whose every page is a fault and
- * a zeroing (and on this VM memory the host must first back; see
- * docs/performance.md 6f).  In order of preference:
+ * a zeroing (and, in a virtual machine, memory the host must first back).
+ * In order of preference:
  *  - the smallest of classes k .. k + max(BUF_SLACK, k), as it is (at most
  *    about half of it unused; the cache charges the whole buffer);
  *  - the largest of a smaller class, grown to k with mremap: its pages move

@@ -56,8 +56,8 @@ ckpt_cache_entry *ckpt_cache_reserve(ckpt_cache *c, const ckpt_digest *d);
  * with a budget of their own (default a quarter of the capacity, at most
  * CKPT_CACHE_STREAM_MAX): streaming a large file recycles that much memory
  * instead of filling the whole cache with chunks that the kernel's page
- * cache holds anyway.  Filling 256 MiB of fresh memory (page faults and
- * zeroing) cost about a fifth of the daemon's CPU time of a cold view read.
+ * cache holds anyway: fresh memory costs a page fault and a zeroing per
+ * page, a large share of a cold read's CPU time (docs/performance.md).
  */
 #define CKPT_CACHE_STREAM_MAX (64ull << 20)
 const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *data, size_t len,
@@ -66,8 +66,8 @@ const uint8_t *ckpt_cache_fill_as(ckpt_cache *c, ckpt_cache_entry *e, uint8_t *d
 /*
  * Chunk buffers recycled by the cache.  With malloc, chunk buffers loaded by
  * many threads spread over glibc's per-thread arenas, and each arena keeps
- * up to M_TRIM_THRESHOLD (32 MiB in the daemon) of freed memory: four
- * readers of a 2.2 GB view left 462 MB with malloc for 88 MB in use.  These
+ * up to M_TRIM_THRESHOLD of freed memory, so the daemon's memory grew to
+ * several times what the cache held after a few parallel readers.  These
  * buffers are anonymous mappings in 128 KiB steps; freed ones are kept for
  * reuse up to 32 MiB in all and unmapped beyond, so memory follows what the
  * cache holds.  A request takes a free buffer of its size class or up to
@@ -86,9 +86,8 @@ uint8_t *ckpt_cache_buf_alloc(ckpt_cache *c, size_t len);
  * ckpt_cache_buf_alloc then takes the first free run of the reserve that
  * fits before it tries the pool or maps anything; ckpt_cache_buf_free gives
  * the run back.  A buffer's first touch costs a page fault and a zeroing
- * per 4 KiB page (on this VM also the host backing the page: about a tenth
- * of a cold 0.5 GiB view read, docs/performance.md 6f and 6k), and the
- * pool keeps at most 32 MiB of freed buffers, so without a reserve a
+ * per 4 KiB page (in a virtual machine also the host backing the page),
+ * and the pool keeps at most 32 MiB of freed buffers, so without a reserve a
  * daemon keeps faulting memory in for every large read.  With one, reads
  * that fit it fault nothing: the cost is paid once, when the store opens,
  * and the memory stays resident (it counts in the daemon's RSS from then
@@ -116,8 +115,7 @@ void ckpt_cache_release(ckpt_cache *c, ckpt_cache_entry *e);
  * reader read in part and another will read the rest of (two tp4 ranks of
  * a view read the two halves of each row of a tp2 shard).  Under plain LRU
  * such a chunk was evicted, and loaded a second time, whenever the two
- * readers drifted apart by more than the stream budget
- * (docs/performance.md 6g).
+ * readers drifted apart by more than the stream budget.
  */
 void ckpt_cache_release_read(ckpt_cache *c, ckpt_cache_entry *e, size_t nread);
 

@@ -304,10 +304,9 @@ static ssize_t zstd_into(ZSTD_CCtx *cctx, uint8_t *dst, size_t cap, const void *
  *
  * pctx also sets ZSTD_c_minMatch 7: on byte planes of tensors (i.i.d.
  * values) shorter matches cost more to decode than they save.  Measured
- * with tools/bench/decode_planes (docs/performance.md 6m): fp32 optimizer
- * states in 256 KiB chunks 1.13x -> 1.19x and 1.5-1.7 -> 4.1 GB/s decoded
- * at level 1; minMatch 7 also gave better ratios and decode speeds at
- * levels 3 and 9.
+ * with tools/bench/decode_planes (figures in docs/performance.md): better
+ * ratios and much faster decoding of fp32 optimizer states at level 1,
+ * and better ratios and decode speeds at levels 3 and 9 too.
  *
  * Returns the compressed size, 0 if it does not fit in cap, or -errno.
  */
@@ -364,11 +363,10 @@ enum planes_mode {
  * (7 bytes and longer, by chance, in the low-entropy sign/exponent plane)
  * save fewer bits than they cost, and each one costs the decoder a
  * sequence to execute.  Measured with tools/bench/decode_planes on the
- * benchmark's c4-0.5g files, level 1, (d) planes with matches against (c)
- * literals only (docs/performance.md 6n): fp32 optimizer states in 1 MiB
- * chunks 1.188x -> 1.199x and 4.0-4.2 -> 5.2-5.9 GB/s decoded, in 256 KiB
- * chunks 1.189x -> 1.197x and 2.9-3.2 -> 4.4-4.6 GB/s; bf16 weights in
- * 1 MiB chunks 1.462x -> 1.494x and 1.8-1.9 -> 3.1-3.3 GB/s.
+ * benchmark's files, level 1, planes with matches against literals only
+ * (figures in docs/performance.md): literals only came out slightly
+ * smaller and decoded markedly faster, for fp32 optimizer states and bf16
+ * weights, in 256 KiB and 1 MiB chunks.
  * Data with real repeats (zero runs, repeated rows) still needs matches;
  * choose_planes() picks per chunk.
  *
@@ -461,8 +459,8 @@ static ssize_t planes_into(ckpt_compressor *c, enum planes_mode mode, size_t lim
 
 /*
  * Literals-only planes are kept unless they come out more than 1/64
- * larger than the planes with matches: they decode 1.3-1.8x as fast
- * (docs/performance.md 6n).
+ * larger than the planes with matches: they decode markedly faster (see
+ * zstd_planes_literals).
  */
 static bool literals_win(ssize_t lit, ssize_t match)
 {

@@ -67,20 +67,20 @@ void ckpt_compressor_free(ckpt_compressor *c);
  *  - elem_size 2/4 and larger chunks: a CKPT_COMPRESS_SAMPLE-byte sample
  *    (4 slices gathered from evenly spaced places) is compressed plain and,
  *    shuffled, one byte plane at a time; the whole chunk is then compressed
- *    once with the winner (ties go to plain).  Measured on 1 MiB chunks
- *    (bf16 and fp32 normal data, std 0.002..1, half-zero chunks, fp32 with
- *    a 2-byte hint; levels 1 and 3, 32 chunks each) this picked the same
- *    codec as compressing the whole chunk both ways in 448/448 cases, for
- *    about 12% extra CPU instead of 100%.  A single middle window compressed
- *    in one piece agreed in only 319/448 (up to 16% larger output).
+ *    once with the winner (ties go to plain).  Measured on 1 MiB chunks of
+ *    bf16 and fp32 data of several shapes, half-zero chunks and fp32 with a
+ *    2-byte hint, at levels 1 and 3, this picked the same codec as
+ *    compressing the whole chunk both ways in every case, for a small
+ *    fraction of that CPU time; a single middle window compressed in one
+ *    piece often picked the worse one.
  *  - a shuffled chunk is one zstd frame whose blocks end at every byte
  *    plane's end, so that no zstd block mixes two planes under one Huffman
- *    table (docs/performance.md 6m).  Its planes are coded either as
+ *    table.  Its planes are coded either as
  *    literals only, without a single LZ match (Huffman, raw or RLE blocks
  *    of at most 128 KiB), or with matches (ZSTD_c_minMatch 7).  The sample
  *    (or, for small chunks, the chunk) is coded both ways and literals
  *    only is kept unless it comes out more than 1/64 larger: on float
- *    tensors it is smaller and decodes 1.3-1.8x as fast (6n); data with
+ *    tensors it is smaller and decodes markedly faster; data with
  *    real repeats keeps its matches.  Literals only needs zstd's
  *    ZSTD_compressSequences (zstd >= 1.5, found by configure); without
  *    it planes always keep their matches.  Either way the frame decodes

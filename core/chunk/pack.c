@@ -20,10 +20,10 @@
  * POSIX_FADV_DONTNEED.  A pack's share of the page cache thus stays at
  * about three kicks, and the pages it frees are the ones the next appends
  * get.  On a VM whose host reclaims guest memory that the guest has freed
- * (virtio-balloon free page reporting), first touches of memory cost host
- * page faults: a 4 GiB save appending into fresh page-cache pages took
- * twice the CPU and 1.7x the time of one recycling them (docs/performance.md
- * 6c), and it is what made the cost per GB of a save grow with its size.
+ * (free page reporting), first touches of memory cost host page faults: a
+ * large save appending into fresh page-cache pages took far more CPU and
+ * time than one recycling them (docs/performance.md), and it is what made
+ * the cost per GB of a save grow with its size.
  * Chunk reads use O_DIRECT (ckpt_pack_read_direct), so the dropped pages
  * are not missed.
  */

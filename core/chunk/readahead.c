@@ -39,8 +39,8 @@ struct ckpt_readahead {
  * most 1/RA_SHARE of the queue: one sequential reader queues about 16
  * chunks per 8 MiB, so the workers take one or two each and the reader's
  * next chunk does not wait for a large batch's reads (a fixed batch of 8
- * made one reader 10% slower); several readers keep the queue deep and the
- * batches grow (four readers 1.09-1.16x faster, docs/performance.md 6d).
+ * made one reader slower); several readers keep the queue deep and the
+ * batches grow (which made four readers faster; docs/performance.md).
  */
 #define RA_BATCH 8
 #define RA_SHARE 8
@@ -64,9 +64,8 @@ static void ra_count(ckpt_readahead *ra, size_t n, int r, size_t loaded, size_t 
  * thread (CKPT_PREFETCH_INFLIGHT), and begins a batch ahead only while no
  * other worker is idle: with one reader the queue is short (about 16
  * chunks per 8 MiB), and a worker holding two batches made the reader wait
- * for its decodes where an idle worker would have taken the chunk (the
- * stored sources read by one reader took 0.459 s against 0.418 s,
- * docs/performance.md 6h).
+ * for its decodes where an idle worker would have taken the chunk (one
+ * reader of the stored sources was measurably slower).
  */
 #define RA_DEPTH CKPT_PREFETCH_INFLIGHT
 

@@ -55,13 +55,13 @@ void ckpt_readahead_get_stats(ckpt_readahead *ra, struct ckpt_ra_stats *ret);
  * How many bytes ahead of a sequential reader of a direct_io file to queue
  * chunks: a reader of such a file has one request in flight and no kernel
  * read-ahead, so only the workers' depth hides the disk's latency.  With
- * one stream a 24-32 MiB window read a 0.5 GiB view 1.05-1.13x faster than
- * 8 MiB, but four streams with such windows outran the cache's stream
- * budget (chunks were evicted before their reader came: 0.89x).  So the
+ * one stream a 24-32 MiB window read a view faster than 8 MiB, but four
+ * streams with such windows outran the cache's stream budget (chunks were
+ * evicted before their reader came, and reads got slower).  So the
  * streams, the direct_io read handles open at the moment, share 3/8 of
  * stream_cap (ckpt_cache_stats): at the default 64 MiB, 24 MiB for one
  * stream, 12 MiB each for two, never less than CKPT_RA_WINDOW_MIN or more
- * than CKPT_RA_WINDOW_MAX (docs/performance.md 6e).  streams 0 counts as 1.
+ * than CKPT_RA_WINDOW_MAX.  streams 0 counts as 1.
  */
 #define CKPT_RA_WINDOW_MIN (8ull << 20)
 #define CKPT_RA_WINDOW_MAX (32ull << 20)

@@ -323,7 +323,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		uint64_t want = o->buf_reserve;
 
 		/* the stream entries, the reply buffers and the chunks pinned or
-		 * read in part beside them (docs/performance.md 6k) */
+		 * read in part beside them */
 		ckpt_cache_get_stats(s->cache, &cs);
 		if (want == CKPT_BUF_RESERVE_AUTO)
 			want = cs.stream_cap + (32u << 20);

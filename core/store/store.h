@@ -151,10 +151,10 @@ void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
 /*
  * Read-ahead: load those of chunks d[0..n) that are not cached or being
  * loaded into the chunk cache (as stream entries), in the order given.
- * Records that lie close together in a pack are read with one O_DIRECT
- * request of up to 4 MiB into huge pages per run, a record alone with one
- * of its own (see docs/performance.md 6d, 6h); what does not fit a batch's
- * 8 MiB span buffer, or cannot be read so, is read alone.  *ret_loaded:
+ * The chunk backend's span reads fetch records that lie close together
+ * with one request (the pack backend: one O_DIRECT request of up to 4 MiB
+ * into huge pages per run); what does not fit a batch's span buffer, or
+ * cannot be read so, is read alone.  *ret_loaded:
  * chunks loaded, *ret_skipped: cached or being loaded already.  Returns how
  * many could not be loaded (their readers will load them and report the
  * error), or -ENOMEM.
@@ -169,8 +169,8 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
  * *ret_pf (or -ENOMEM).  _finish waits for those reads (or, without
  * submit, makes them with pread), decodes, fills the cache, frees pf and
  * returns as ckpt_store_prefetch_chunks.  Submit only a batch that is not
- * finished at once: waiting for an AIO read costs more than a pread here
- * (docs/performance.md 6h).  Both run on the same thread, which must finish
+ * finished at once: waiting for an AIO read at once costs more than a
+ * pread.  Both run on the same thread, which must finish
  * every batch it begins, in any order, and before it exits.  A thread has
  * CKPT_PREFETCH_INFLIGHT span buffers: a batch begun while all are held
  * reads its chunks one by one in _finish.  Without kernel AIO (or with
@@ -186,10 +186,10 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
  * Set up the calling thread for read-ahead now rather than at its first
  * batch: its decompressor (with its working buffer sized for the default
  * chunker's largest chunk and touched), its AIO context and its span
- * buffers, mapped and touched.  A span buffer is 8 MiB in huge pages; touched first by the
- * disk's read into it, the kernel zeroed those pages during the reader's
- * read (a tenth of the daemon's CPU in a cold 4-reader view read,
- * docs/performance.md 6k).  A read-ahead worker calls it when it starts.
+ * buffers, mapped and touched.  A span buffer is 8 MiB in huge pages;
+ * touched first by the disk's read into it, the kernel zeroed those pages
+ * during the reader's read, a visible share of the daemon's CPU time in a
+ * cold read.  A read-ahead worker calls it when it starts.
  * Does nothing in a store opened without a buffer reserve (opts.buf_reserve
  * or cache_size 0).  Returns 0 or -ENOMEM (the thread then maps what it
  * lacks on first use).
