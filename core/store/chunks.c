@@ -121,8 +121,12 @@ int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_l
 	return 0;
 }
 
-int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
-			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len)
+/* Pin chunk d in the chunk cache, loading and verifying it on a miss (one
+ * load per chunk however many threads ask at once; stream: for a
+ * sequential reader, see ckpt_cache_fill_as()); *ret_data holds *ret_len
+ * bytes until ckpt_cache_release(s->cache, *ret_entry). */
+int st_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream, ckpt_cache_entry **ret_entry,
+		 const uint8_t **ret_data, size_t *ret_len)
 {
 	ckpt_cache_entry *e;
 	const uint8_t *data = NULL;
@@ -150,11 +154,6 @@ int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
 	return 0;
 }
 
-void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e)
-{
-	ckpt_cache_release(s->cache, e);
-}
-
 
 void ckpt_store_cache_stats(ckpt_store *s, struct ckpt_cache_stats *ret)
 {
@@ -179,7 +178,7 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
 	size_t dlen;
 	int r;
 
-	r = ckpt_store_chunk_get(s, d, false, &e, &data, &dlen);
+	r = st_chunk_get(s, d, false, &e, &data, &dlen);
 	if (r < 0)
 		return r;
 	if (off > dlen || len > dlen - off) {

@@ -49,8 +49,8 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 		} else {
 			if (!c->e || c->ei != i) {
 				ckpt_store_cursor_done(s, c);
-				int r = ckpt_store_chunk_get(s, &e->digest, c->g && c->g->stream,
-							     &c->e, &c->data, &c->dlen);
+				int r = st_chunk_get(s, &e->digest, c->g && c->g->stream, &c->e,
+						     &c->data, &c->dlen);
 				if (r < 0)
 					return r;
 				c->ei = i;

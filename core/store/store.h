@@ -137,17 +137,10 @@ int ckpt_store_put_chunk(ckpt_store *s, const void *data, size_t len, unsigned e
 int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsigned elem_size,
 			  ckpt_digest *ret_digest);
 /* Copy len bytes at offset off of chunk d into dst.  Goes through the chunk
- * cache.  -EIO if the chunk is damaged (logged with pack and offset) or
+ * cache.  -EIO if the chunk is damaged (logged with where it lies) or
  * unknown (a file naming a chunk the store lacks is damaged too). */
 int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, void *dst,
 			  size_t len);
-/* Pin chunk d in the chunk cache, loading and verifying it on a miss (one
- * load per chunk however many threads ask at once; stream: for a sequential
- * reader, see ckpt_cache_fill_as()); *ret_data holds
- * *ret_len bytes until ckpt_store_chunk_put(). */
-int ckpt_store_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream,
-			 ckpt_cache_entry **ret_entry, const uint8_t **ret_data, size_t *ret_len);
-void ckpt_store_chunk_put(ckpt_store *s, ckpt_cache_entry *e);
 /*
  * Read-ahead: load those of chunks d[0..n) that are not cached or being
  * loaded into the chunk cache (as stream entries), in the order given.

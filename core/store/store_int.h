@@ -238,6 +238,8 @@ const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_dig
 			    const uint8_t *src, void *dst);
 int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 			void *dst, bool rec_csum);
+int st_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream, ckpt_cache_entry **ret_entry,
+		 const uint8_t **ret_data, size_t *ret_len);
 int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *known,
 		      uint8_t **ret_buf, size_t *ret_len);
 
