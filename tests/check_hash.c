@@ -168,6 +168,33 @@ START_TEST(test_hash_chunkv)
 }
 END_TEST
 
+/* The algorithm table: id 1 is keyed XXH3-128 with this header's digest
+ * and secret sizes; unknown ids (0 is never one) find nothing. */
+START_TEST(test_hash_algos)
+{
+	const struct ckpt_hash_algo *a = ckpt_hash_algo_by_id(CKPT_HASH_XXH3_128_KEYED);
+	size_t n = 0;
+
+	ck_assert_int_eq(CKPT_HASH_XXH3_128_KEYED, 1);
+	ck_assert_int_eq(CKPT_HASH_ALGO_DEFAULT, CKPT_HASH_XXH3_128_KEYED);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_uint_eq(a->id, 1);
+	ck_assert_str_eq(a->name, "xxh3-128-keyed");
+	ck_assert_uint_eq(a->digest_len, CKPT_DIGEST_LEN);
+	ck_assert_uint_eq(a->secret_len, CKPT_SECRET_LEN);
+	ck_assert_ptr_null(ckpt_hash_algo_by_id(0));
+	ck_assert_ptr_null(ckpt_hash_algo_by_id(2));
+	ck_assert_ptr_null(ckpt_hash_algo_by_id(UINT32_MAX));
+	for (uint32_t last = 0; ckpt_hash_algo_at(n); n++) {
+		a = ckpt_hash_algo_at(n);
+		ck_assert_uint_gt(a->id, last); /* id order, no 0 */
+		ck_assert_ptr_eq(ckpt_hash_algo_by_id(a->id), a);
+		last = a->id;
+	}
+	ck_assert_uint_eq(n, 1);
+}
+END_TEST
+
 START_TEST(test_hasher_copies_secret)
 {
 	uint8_t sec[CKPT_SECRET_LEN];
@@ -315,6 +342,7 @@ static Suite *hash_suite(void)
 	tcase_add_test(tc, test_hash_chunkv);
 	tcase_add_test(tc, test_hash_properties);
 	tcase_add_test(tc, test_hasher_copies_secret);
+	tcase_add_test(tc, test_hash_algos);
 	tcase_add_test(tc, test_hasher_bad_secret);
 	tcase_add_test(tc, test_digest_cmp_order);
 	tcase_add_test(tc, test_hex_round_trip);

@@ -349,6 +349,70 @@ START_TEST(test_open_refusals)
 }
 END_TEST
 
+/* The 'M' "hash_algo" record (value in *ret_id); 0 or -ENOENT. */
+static int hash_algo_of(ckpt_store *s, uint32_t *ret_id)
+{
+	uint8_t key[32], buf[4];
+	int r = ckpt_engine_get_fixed(ckpt_store_engine(s), key, ckpt_key_meta(key, "hash_algo"),
+				      buf, 4);
+
+	if (r == 0)
+		*ret_id = ckpt_get_le32(buf);
+	return r;
+}
+
+static void set_hash_algo(ckpt_store *s, bool present, uint32_t id)
+{
+	uint8_t key[32], buf[4];
+	ckpt_txn *t;
+
+	ckpt_put_le32(buf, id);
+	ck_assert_int_eq(ckpt_txn_begin(ckpt_store_engine(s), &t), 0);
+	if (present)
+		ckpt_txn_put(t, key, ckpt_key_meta(key, "hash_algo"), buf, 4);
+	else
+		ckpt_txn_delete(t, key, ckpt_key_meta(key, "hash_algo"));
+	ck_assert_int_eq(ckpt_txn_commit(t, true), 0);
+}
+
+/* Chunk identity is versioned: a new store records algorithm 1; a store
+ * from before the record reads as algorithm 1 and gets the record at its
+ * first read-write open (not at a read-only one); an unknown id is refused
+ * with a message naming the store and the id. */
+START_TEST(test_hash_algo_record)
+{
+	ckpt_store *s = open_rw();
+	uint32_t id = 0;
+	uint64_t f = mkfile(s, CKPT_ROOT_INO, "f");
+	char err[512];
+	struct ckpt_inode in;
+
+	ck_assert_int_eq(hash_algo_of(s, &id), 0);
+	ck_assert_uint_eq(id, CKPT_HASH_XXH3_128_KEYED);
+	/* as a store made before the record */
+	set_hash_algo(s, false, 0);
+	ckpt_store_free(s);
+	ck_assert_int_eq(try_open(CKPT_STORE_RO_SHARED, false, &s, err, sizeof(err)), 0);
+	ck_assert_int_eq(hash_algo_of(s, &id), -ENOENT);
+	ck_assert_int_eq(ckpt_store_getattr(s, f, &in), 0);
+	ckpt_store_free(s);
+	ck_assert_int_eq(try_open(CKPT_STORE_RW, false, &s, err, sizeof(err)), 0);
+	id = 0;
+	ck_assert_int_eq(hash_algo_of(s, &id), 0);
+	ck_assert_uint_eq(id, CKPT_HASH_XXH3_128_KEYED);
+	/* an id this ckptfs does not know */
+	set_hash_algo(s, true, 77);
+	ckpt_store_free(s);
+	for (int mode = 0; mode < 3; mode++) {
+		err[0] = '\0';
+		ck_assert_int_eq(try_open((enum ckpt_store_mode)mode, false, &s, err, sizeof(err)),
+				 -EPROTONOSUPPORT);
+		ck_assert_ptr_null(s);
+		ck_assert_msg(strstr(err, spath) && strstr(err, "hash algorithm id 77"), "%s", err);
+	}
+}
+END_TEST
+
 START_TEST(test_open_busy_and_shared)
 {
 	ckpt_store *s, *s2 = NULL, *ro = NULL;
@@ -2257,6 +2321,7 @@ static Suite *store_suite(void)
 	tcase_add_test(open, test_create_layout);
 	tcase_add_test(open, test_create_in_empty_dir_and_reopen);
 	tcase_add_test(open, test_open_refusals);
+	tcase_add_test(open, test_hash_algo_record);
 	tcase_add_test(open, test_open_busy_and_shared);
 
 	tcase_add_test(ns, test_mknode_lookup);

@@ -16,6 +16,23 @@ _Static_assert(CKPT_SECRET_LEN_MIN == XXH3_SECRET_SIZE_MIN, "secret minimum mism
 _Static_assert(CKPT_SECRET_LEN >= XXH3_SECRET_SIZE_MIN, "default secret too short");
 _Static_assert(sizeof(XXH128_canonical_t) == CKPT_DIGEST_LEN, "digest size mismatch");
 
+static const struct ckpt_hash_algo hash_algos[] = {
+	{ CKPT_HASH_XXH3_128_KEYED, "xxh3-128-keyed", CKPT_DIGEST_LEN, CKPT_SECRET_LEN },
+};
+
+const struct ckpt_hash_algo *ckpt_hash_algo_at(size_t i)
+{
+	return i < CKPT_ARRAY_SIZE(hash_algos) ? &hash_algos[i] : NULL;
+}
+
+const struct ckpt_hash_algo *ckpt_hash_algo_by_id(uint32_t id)
+{
+	for (size_t i = 0; i < CKPT_ARRAY_SIZE(hash_algos); i++)
+		if (hash_algos[i].id == id)
+			return &hash_algos[i];
+	return NULL;
+}
+
 struct ckpt_hasher {
 	size_t secret_len;
 	uint8_t secret[]; /* secret_len bytes */

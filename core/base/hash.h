@@ -28,6 +28,28 @@
 /* Minimum secret length accepted by ckpt_hasher_new() (== XXH3_SECRET_SIZE_MIN). */
 #define CKPT_SECRET_LEN_MIN 136
 
+/*
+ * Chunk hash algorithms, in the spirit of git's hash_algos[]: every store
+ * records the id of the algorithm its chunk names use (the 'M' "hash_algo"
+ * record, docs/format.md), and a store whose id is not in this table is
+ * refused at open.  Ids are never reused; 0 is never an id.  Today there is
+ * one: keyed XXH3-128, the hasher below.
+ */
+#define CKPT_HASH_XXH3_128_KEYED 1
+#define CKPT_HASH_ALGO_DEFAULT CKPT_HASH_XXH3_128_KEYED
+
+struct ckpt_hash_algo {
+	uint32_t id;       /* as stored */
+	const char *name;  /* for messages */
+	size_t digest_len; /* bytes of a digest */
+	size_t secret_len; /* bytes of the secret a new store gets */
+};
+
+/* The algorithm with this id, or NULL if this ckptfs does not know it. */
+const struct ckpt_hash_algo *ckpt_hash_algo_by_id(uint32_t id);
+/* The known algorithms, in id order; NULL past the end. */
+const struct ckpt_hash_algo *ckpt_hash_algo_at(size_t i);
+
 /* A chunk digest in canonical byte order.  Public, plain value type. */
 typedef struct ckpt_digest {
 	uint8_t bytes[CKPT_DIGEST_LEN];

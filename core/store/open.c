@@ -99,6 +99,8 @@ static int init_index(ckpt_store *s)
 	st_put_meta_bytes(t, "uuid", s->uuid, sizeof(s->uuid));
 	st_put_meta_u64(t, "next_ino", CKPT_ROOT_INO + 1);
 	st_put_meta_u64(t, "next_pack", 1);
+	ckpt_put_le32(buf, CKPT_HASH_ALGO_DEFAULT);
+	st_put_meta_bytes(t, "hash_algo", buf, 4);
 	memset(&root, 0, sizeof(root));
 	root.ino = CKPT_ROOT_INO;
 	root.mode = S_IFDIR | 0755;
@@ -110,6 +112,50 @@ static int init_index(ckpt_store *s)
 	root.generation = 1;
 	st_put_inode(t, &root);
 	return ckpt_txn_commit(t, true); /* a fresh engine: no one to conflict with */
+}
+
+/* Stores made before the "hash_algo" record existed name their chunks
+ * with algorithm 1; the first read-write open records it. */
+static int put_hash_algo(ckpt_store *s, ckpt_txn *t, void *arg)
+{
+	uint8_t buf[4];
+
+	ckpt_put_le32(buf, *(const uint32_t *)arg);
+	st_put_meta_bytes(t, "hash_algo", buf, 4);
+	return 0;
+}
+
+/* Refuse a store whose chunk names come from an algorithm this ckptfs does
+ * not know (chunk identity is versioned, base/hash.h). */
+static int check_hash_algo(ckpt_store *s, char *err, size_t errlen)
+{
+	const struct ckpt_hash_algo *a;
+	uint8_t key[32], buf[4];
+	uint32_t id = CKPT_HASH_XXH3_128_KEYED;
+	int r = ckpt_engine_get_fixed(s->eng, key, ckpt_key_meta(key, "hash_algo"), buf, 4);
+
+	if (r == 0)
+		id = ckpt_get_le32(buf);
+	else if (r != -ENOENT)
+		goto fail;
+	a = ckpt_hash_algo_by_id(id);
+	if (!a || a->digest_len != CKPT_DIGEST_LEN) {
+		snprintf(err, errlen,
+			 "%s: chunk hash algorithm id %u is unknown to this ckptfs (it knows id %u, "
+			 "%s); upgrade ckptfs",
+			 s->path, id, CKPT_HASH_ALGO_DEFAULT,
+			 ckpt_hash_algo_by_id(CKPT_HASH_ALGO_DEFAULT)->name);
+		return -EPROTONOSUPPORT;
+	}
+	if (r == 0 || s->opts.mode != CKPT_STORE_RW)
+		return 0;
+	r = st_txn_run(s, put_hash_algo, &id, true);
+	if (r == 0)
+		return 0;
+fail:
+	snprintf(err, errlen, "%s: cannot read or record the chunk hash algorithm: %s", s->path,
+		 strerror(-r));
+	return r;
 }
 
 static int load_meta(ckpt_store *s, char *err, size_t errlen)
@@ -140,6 +186,9 @@ static int load_meta(ckpt_store *s, char *err, size_t errlen)
 			 strerror(-r));
 		return r == -ENOENT ? -EIO : r;
 	}
+	r = check_hash_algo(s, err, errlen);
+	if (r < 0)
+		return r;
 	return ckpt_hasher_new(secret, sizeof(secret), &s->hasher);
 }
 
