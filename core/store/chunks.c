@@ -45,7 +45,7 @@ const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_dig
 int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 		    void *dst, bool rec_csum)
 {
-	struct rctx *x = st_rctx_get(s);
+	ckpt_loadctx *x = ckpt_loadctx_get(s->rctx);
 	struct ckpt_chunk_rec rec;
 	uint8_t *buf;
 	const uint8_t *src = NULL;
@@ -57,14 +57,14 @@ int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk
 	if (!x)
 		return -ENOMEM;
 	need = ckpt_cb_get_len(s->cb, loc);
-	buf = st_rec_buf(x, need, &mem);
+	buf = ckpt_loadctx_buf(x, need, &mem);
 	if (!buf) {
 		r = -ENOMEM;
 		goto out;
 	}
 	r = ckpt_cb_get(s->cb, loc, rec_csum, buf, need, &rec, &src, &why);
 	if (r == 0) {
-		why = st_decode_chunk(s, x->dc, d, loc, &rec, src, dst);
+		why = st_decode_chunk(s, ckpt_loadctx_dc(x), d, loc, &rec, src, dst);
 		if (why)
 			r = -EIO;
 	}
@@ -77,7 +77,7 @@ out:
 		ckpt_err("%s: chunk %s (%s) is damaged: %s", s->path, hex, at, why);
 	}
 	free(mem);
-	st_rctx_put(s, x);
+	ckpt_loadctx_put(s->rctx, x);
 	return r;
 }
 

@@ -67,7 +67,7 @@ static int victim_find(const struct victim *v, size_t n, uint64_t id)
 
 /* Copy chunk c's record out of its unit; 1 when it is damaged (logged).
  * reserve: keep the index's free-space reserve (st_check_space). */
-static int move_one(ckpt_store *s, struct rctx *x, const struct chunk_info *c, bool reserve,
+static int move_one(ckpt_store *s, ckpt_loadctx *x, const struct chunk_info *c, bool reserve,
 		    struct reloc *ret)
 {
 	const struct ckpt_chunk_loc *old = &c->loc;
@@ -76,7 +76,7 @@ static int move_one(ckpt_store *s, struct rctx *x, const struct chunk_info *c, b
 	const uint8_t *stored;
 	const char *why = NULL;
 	void *own;
-	uint8_t *buf = st_rec_buf(x, need, &own);
+	uint8_t *buf = ckpt_loadctx_buf(x, need, &own);
 	int r;
 
 	if (!buf)
@@ -112,7 +112,7 @@ static int move_one(ckpt_store *s, struct rctx *x, const struct chunk_info *c, b
 
 /* Move the indexed chunks (chunks[0..n)) of unit v out of it and reclaim
  * it.  1 when reclaimed, 0 when kept (damaged or named again), or -errno. */
-static int compact_one(ckpt_store *s, struct rctx *x, const struct victim *v,
+static int compact_one(ckpt_store *s, ckpt_loadctx *x, const struct victim *v,
 		       const struct chunk_info *chunks, size_t n, bool reserve,
 		       struct st_compact_stats *res)
 {
@@ -212,7 +212,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	struct chunk_info *chunks = NULL;
 	struct ckpt_chunk_unit *units = NULL;
 	struct victim *v = NULL;
-	struct rctx *x = NULL;
+	ckpt_loadctx *x = NULL;
 	size_t nchunks = 0, nunits = 0, nv = 0, done = 0;
 	int r;
 
@@ -266,7 +266,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	r = st_load_chunks(s, &chunks, &nchunks);
 	if (r < 0)
 		goto out;
-	x = st_rctx_get(s);
+	x = ckpt_loadctx_get(s->rctx);
 	if (!x) {
 		r = -ENOMEM;
 		goto out;
@@ -282,7 +282,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	r = (int)CKPT_MIN(done, (size_t)INT32_MAX);
 out:
 	if (x)
-		st_rctx_put(s, x);
+		ckpt_loadctx_put(s->rctx, x);
 	free(chunks);
 	free(units);
 	free(v);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * loadctx.c - read contexts and the per-thread state of chunk loads and read-ahead.
+ * loadctx.c - the per-thread compressor and decompressor, the read
+ * contexts made at open, and the store's simple accessors.
  */
 #include "store/store_int.h"
 
@@ -15,122 +16,13 @@ void st_tls_free(void *p)
 	free(t);
 }
 
-void st_rctx_free(struct rctx *x)
-{
-	if (!x)
-		return;
-	ckpt_decompressor_free(x->dc);
-	if (x->rec_map)
-		munmap(x->rec_map, x->rec_cap + CKPT_HUGE_ALIGN);
-	free(x);
-}
-
-/* A new read context, counted in s->rctx_made; NULL without memory. */
-static struct rctx *rctx_new(ckpt_store *s)
-{
-	struct rctx *x = calloc(1, sizeof(*x));
-
-	if (!x)
-		return NULL;
-	if (ckpt_decompressor_new(&x->dc) < 0) {
-		free(x);
-		return NULL;
-	}
-	/* every decoded chunk is checked against its keyed digest */
-	ckpt_decompressor_skip_checksum(x->dc);
-	pthread_mutex_lock(&s->rctx_lock);
-	s->rctx_made++;
-	pthread_mutex_unlock(&s->rctx_lock);
-	return x;
-}
-
-/* x's record buffer, at least need bytes (need <= RCTX_REC_MAX); NULL
- * without memory (x keeps its old buffer). */
-uint8_t *st_rctx_rec(struct rctx *x, size_t need)
-{
-	size_t cap = (need + CKPT_HUGE_ALIGN - 1) / CKPT_HUGE_ALIGN * CKPT_HUGE_ALIGN;
-	void *m;
-	uint8_t *a;
-
-	if (x->rec && x->rec_cap >= need)
-		return x->rec;
-	a = ckpt_map_huge(cap, &m);
-	if (!a)
-		return NULL;
-	if (x->rec_map)
-		munmap(x->rec_map, x->rec_cap + CKPT_HUGE_ALIGN);
-	x->rec_map = m;
-	x->rec = a;
-	x->rec_cap = cap;
-	return a;
-}
-
-/* A buffer for a record the backend's get needs need bytes for: x's, or
- * for a record larger than any chunker makes by default one of its own
- * (*ret_own, the caller frees it).  NULL without memory. */
-uint8_t *st_rec_buf(struct rctx *x, size_t need, void **ret_own)
-{
-	*ret_own = NULL;
-	if (need <= RCTX_REC_MAX)
-		return st_rctx_rec(x, need);
-	if (posix_memalign(ret_own, CKPT_CHUNK_BUF_ALIGN, need) != 0)
-		*ret_own = NULL;
-	return *ret_own;
-}
-
-/* A read context off the free list, or a new one; NULL without memory. */
-struct rctx *st_rctx_get(ckpt_store *s)
-{
-	struct rctx *x;
-
-	pthread_mutex_lock(&s->rctx_lock);
-	x = s->rctx_free;
-	if (x) {
-		s->rctx_free = x->next;
-		s->rctx_nfree--;
-	}
-	pthread_mutex_unlock(&s->rctx_lock);
-	return x ? x : rctx_new(s);
-}
-
-void st_rctx_put(ckpt_store *s, struct rctx *x)
-{
-	pthread_mutex_lock(&s->rctx_lock);
-	if (s->rctx_nfree < RCTX_KEEP) {
-		x->next = s->rctx_free;
-		s->rctx_free = x;
-		s->rctx_nfree++;
-		x = NULL;
-	}
-	pthread_mutex_unlock(&s->rctx_lock);
-	st_rctx_free(x);
-}
-
 /* Make RCTX_WARM read contexts, sized for the default chunker's largest
  * chunk and touched (st_touch_at_open()).  Failing is not an error: loads
  * then make their own. */
 void st_rctx_warm(ckpt_store *s)
 {
-	size_t need = ckpt_cb_get_len_max(s->cb, CKPT_CDC_DEFAULT_MAX);
-
-	if (need > RCTX_REC_MAX)
-		return;
-
-	for (int i = 0; i < RCTX_WARM; i++) {
-		struct rctx *x = rctx_new(s);
-
-		if (!x)
-			return;
-		if (!st_rctx_rec(x, need) || ckpt_decompressor_reserve(x->dc, CKPT_CDC_DEFAULT_MAX) < 0) {
-			st_rctx_free(x);
-			return;
-		}
-		ckpt_mem_populate(x->rec, x->rec_cap);
-		pthread_mutex_lock(&s->rctx_lock);
-		s->rctx_warm++;
-		pthread_mutex_unlock(&s->rctx_lock);
-		st_rctx_put(s, x);
-	}
+	ckpt_loadctx_warm(s->rctx, RCTX_WARM, ckpt_cb_get_len_max(s->cb, CKPT_CDC_DEFAULT_MAX),
+			  CKPT_CDC_DEFAULT_MAX);
 }
 
 struct tls_ctx *st_tls_get(ckpt_store *s)

@@ -289,7 +289,6 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, st_tls_free);
-	pthread_mutex_init(&s->rctx_lock, NULL);
 
 	r = read_marker(dfd, path, err, errlen);
 	if (r == -ENOENT) {
@@ -365,6 +364,9 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		}
 	}
 	r = ckpt_cache_new(o->cache_size, &s->cache);
+	if (r < 0)
+		goto fail;
+	r = ckpt_loadctx_pool_new(RCTX_KEEP, &s->rctx);
 	if (r < 0)
 		goto fail;
 	if (st_touch_at_open(o)) {
@@ -460,13 +462,7 @@ void ckpt_store_free(ckpt_store *s)
 	st_tls_free(t);
 	pthread_setspecific(s->tls_key, NULL);
 	pthread_key_delete(s->tls_key);
-	while (s->rctx_free) {
-		struct rctx *x = s->rctx_free;
-
-		s->rctx_free = x->next;
-		st_rctx_free(x);
-	}
-	pthread_mutex_destroy(&s->rctx_lock);
+	ckpt_loadctx_pool_free(s->rctx);
 	ckpt_engine_close(s->eng);
 	ckpt_cache_free(s->cache);
 	ckpt_hasher_free(s->hasher);

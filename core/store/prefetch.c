@@ -107,11 +107,12 @@ int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loa
 
 void ckpt_store_load_ctx_stats(ckpt_store *s, struct ckpt_load_ctx_stats *ret)
 {
-	pthread_mutex_lock(&s->rctx_lock);
-	ret->made = s->rctx_made;
-	ret->warm = s->rctx_warm;
-	ret->free = s->rctx_nfree;
-	pthread_mutex_unlock(&s->rctx_lock);
+	struct ckpt_loadctx_stats st;
+
+	ckpt_loadctx_stats(s->rctx, &st);
+	ret->made = st.made;
+	ret->warm = st.warm;
+	ret->free = st.free;
 }
 
 void ckpt_store_prefetch_stats(ckpt_store *s, struct ckpt_prefetch_stats *ret)

@@ -30,6 +30,7 @@
 #include "chunk/cache.h"
 #include "chunk/chunker.h"
 #include "chunk/compress.h"
+#include "chunk/loadctx.h"
 #include "chunk/backend.h"
 #include "meta/engine.h"
 #include "base/util.h"
@@ -77,10 +78,7 @@ struct ckpt_store {
 	ckpt_cache *cache;
 	uint8_t uuid[16];
 	pthread_key_t tls_key; /* per-thread compressor/decompressor */
-	pthread_mutex_t rctx_lock;
-	struct rctx *rctx_free; /* read contexts not in use (rctx_get), rctx_lock */
-	unsigned rctx_nfree;    /* their number, rctx_lock */
-	uint64_t rctx_made, rctx_warm; /* made in all, made at open (rctx_lock) */
+	ckpt_loadctx_pool *rctx; /* what chunk loads work in (chunk/loadctx.h) */
 
 	/* ns_lock serializes this process's read-modify-write transactions on
 	 * namespace and chunk records.  Atomicity comes from the engine's
@@ -144,33 +142,10 @@ struct tls_ctx {
 };
 
 
-/*
- * Read contexts: what one chunk load by st_verify_chunk() works in (a
- * record buffer for the backend's get and a decompressor), borrowed from
- * the store's free list for that one load by whatever thread loads it.
- * Not per thread: libfuse starts and ends worker threads as the load
- * changes, and a new thread's first load would fault in and zero a new
- * record buffer and decompressor on the read path.  The free list outlives
- * the threads, and when the store opens with touch_at_open() RCTX_WARM of
- * them are made and touched for chunks of the default chunker's maximum
- * size.  At most RCTX_KEEP are kept free; a load finding none makes one.
- *
- * The record buffer is in huge pages (ckpt_map_huge): the pack backend
- * reads into it with O_DIRECT, which costs the kernel less per byte into
- * huge pages than into 4 KiB pages (docs/performance.md has the figures).
- */
+/* Read contexts (chunk/loadctx.h): made and touched at open when
+ * st_touch_at_open(), at most RCTX_KEEP kept free. */
 #define RCTX_WARM 4
 #define RCTX_KEEP 16
-#define RCTX_REC_MAX (8u << 20) /* larger records get a buffer of their own */
-
-struct rctx {
-	ckpt_decompressor *dc;
-	void *rec_map;  /* rec_cap + CKPT_HUGE_ALIGN bytes, or NULL */
-	uint8_t *rec;   /* rec_cap bytes, huge-page aligned */
-	size_t rec_cap; /* a multiple of CKPT_HUGE_ALIGN, at most RCTX_REC_MAX */
-	struct rctx *next; /* on the free list */
-};
-
 
 struct chunk_info {
 	ckpt_digest d;
@@ -192,11 +167,6 @@ struct delta {
 
 /* loadctx.c */
 void st_tls_free(void *p);
-void st_rctx_free(struct rctx *x);
-uint8_t *st_rctx_rec(struct rctx *x, size_t need);
-uint8_t *st_rec_buf(struct rctx *x, size_t need, void **ret_own);
-struct rctx *st_rctx_get(ckpt_store *s);
-void st_rctx_put(ckpt_store *s, struct rctx *x);
 void st_rctx_warm(ckpt_store *s);
 struct tls_ctx *st_tls_get(ckpt_store *s);
 bool st_touch_at_open(const struct ckpt_store_opts *o);
