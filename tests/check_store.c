@@ -1983,6 +1983,44 @@ START_TEST(test_gc_same_session)
 }
 END_TEST
 
+/* gc while the background thread compresses and compacts the same store:
+ * the two move chunks one after the other, nothing is lost. */
+START_TEST(test_gc_with_background)
+{
+	struct ckpt_store_opts o;
+	struct ckpt_gc_stats gs;
+	struct problems p;
+	ckpt_store *s;
+	uint64_t keep;
+	uint8_t *data, *got;
+	size_t len, glen;
+
+	ckpt_store_opts_init(&o);
+	o.create = true;
+	o.bg = CKPT_BG_ALL;
+	o.pack_max = 1u << 20;
+	s = open_opts(&o);
+	write_gc_fixture(s, &keep, &data, &len);
+	ck_assert_int_eq(ckpt_store_gc(s, &gs), 0);
+	ck_assert_uint_eq(gs.chunks_dropped, 2);
+	ck_assert_int_eq(ckpt_store_settle(s, 20000), 0);
+	ck_assert_int_eq(ckpt_store_gc(s, &gs), 0);
+	got = tl_read_file(s, keep, &glen);
+	ck_assert_uint_eq(glen, len);
+	ck_assert_mem_eq(got, data, len);
+	free(got);
+	ck_assert_int_eq(fsck(s, &p), 0);
+	ckpt_store_free(s);
+	s = open_rw();
+	got = tl_read_file(s, keep, &glen);
+	ck_assert_mem_eq(got, data, len);
+	free(got);
+	ck_assert_int_eq(fsck(s, &p), 0);
+	free(data);
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* A mostly-dead pack holding a damaged live chunk is kept (the damaged
  * chunk is not lost further); its intact live chunks stay readable. */
 START_TEST(test_gc_keeps_damaged_pack)
@@ -2357,6 +2395,7 @@ static Suite *store_suite(void)
 	tcase_add_test(mt, test_fsck_other_damage);
 	tcase_add_test(mt, test_gc_after_reopen);
 	tcase_add_test(mt, test_gc_same_session);
+	tcase_add_test(mt, test_gc_with_background);
 	tcase_add_test(mt, test_gc_deletes_dead_pack);
 	tcase_add_test(mt, test_gc_keeps_damaged_pack);
 	tcase_add_test(mt, test_many_packs);

@@ -100,6 +100,9 @@ static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
 
 	if (!t)
 		return;
+	/* no compaction meanwhile: it could reclaim the unit these appends go
+	 * to before they are published */
+	pthread_mutex_lock(&s->compact_lock);
 	for (size_t i = 0; i < n; i++) {
 		struct ckpt_chunk_loc loc, nl;
 		struct ckpt_chunk_rec rec;
@@ -142,6 +145,7 @@ static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
 	free(raw);
 	if (nrel && sync_relocs(s, rel, nrel) == 0)
 		st_publish(s, rel, nrel);
+	pthread_mutex_unlock(&s->compact_lock);
 }
 
 /* Compact one mostly-dead unit.  Returns 1 if one was reclaimed, 0 if none

@@ -189,21 +189,21 @@ out:
  * is sealed (no new put goes to it), then puts still in flight are waited
  * for, then a candidate with a pending chunk is dropped, and only then is
  * the index read for the chunks to move.  From then on nothing new can
- * name the unit: puts go to other units, a chunk that was pending in it
- * was seen there (a commit indexes a chunk before it leaves the pending
- * table), and a commit that rewrites an index entry reads it under ns_lock,
- * which st_publish holds to switch it.  Every move is synced before it is
- * published, and the index's log is synced before the unit is reclaimed,
- * so every step is crash-safe.
+ * name the unit: puts go to other units (so do background compression's,
+ * which holds compact_lock while it appends and publishes), a chunk that
+ * was pending in it was seen there (a commit indexes a chunk before it
+ * leaves the pending table), and a commit that rewrites an index entry
+ * reads it under ns_lock, which st_publish holds to switch it.  Every move
+ * is synced before it is published, and the index's log is synced before
+ * the unit is reclaimed, so every step is crash-safe.
  *
  * Units with a damaged record are kept (their other chunks still move) and
  * left alone from then on.  reserve: copies keep the index's free-space
  * reserve (the daemon's background work, which shares the disk with the
  * index's writes); without it a copy only needs the space it takes (`ckpt
  * gc`, which has the store to itself and frees each unit right after
- * copying it).  One thread compacts at a time (the background thread, or
- * gc in a store without one).  Returns the number of units reclaimed, or
- * -errno; *res (may be NULL) counts what was done.
+ * copying it).  compact_lock is held throughout.  Returns the number of
+ * units reclaimed, or -errno; *res (may be NULL) counts what was done.
  */
 int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_stats *res)
 {
@@ -218,6 +218,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 
 	if (!res)
 		res = &dummy;
+	pthread_mutex_lock(&s->compact_lock);
 	r = st_load_chunks(s, &chunks, &nchunks);
 	if (r == 0)
 		r = ckpt_cb_units(s->cb, &units, &nunits);
@@ -281,6 +282,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	}
 	r = (int)CKPT_MIN(done, (size_t)INT32_MAX);
 out:
+	pthread_mutex_unlock(&s->compact_lock);
 	if (x)
 		ckpt_loadctx_put(s->rctx, x);
 	free(chunks);

@@ -122,7 +122,12 @@ struct ckpt_store {
 	/* Atomic: */
 	atomic_llong last_put_ns;
 	atomic_int puts_inflight;
-	uint64_t *bg_skip; /* units compaction leaves alone (st_compact's caller) */
+	/* Held throughout by what moves chunks to new units: st_compact (the
+	 * background thread's, or ckpt_store_gc's) and background compression,
+	 * so that none reclaims a unit another is appending to.  Taken before
+	 * commit_lock and ns_lock. */
+	pthread_mutex_t compact_lock;
+	uint64_t *bg_skip; /* units compaction leaves alone (compact_lock) */
 	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
