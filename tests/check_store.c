@@ -30,13 +30,6 @@
 #include "testlib.h"
 #include "base/util.h"
 
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
-#ifndef RENAME_EXCHANGE
-#define RENAME_EXCHANGE (1 << 1)
-#endif
-
 static char tdir[96]; /* per test, inside the test case's base directory */
 static char spath[128];
 

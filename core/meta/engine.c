@@ -213,6 +213,28 @@ bool ckpt_txn_retry(int r, unsigned *attempt)
 	return true;
 }
 
+int ckpt_txn_run(ckpt_engine *e, ckpt_txn_fn fn, void *arg, bool durable)
+{
+	unsigned attempt = 0;
+	ckpt_txn *t;
+	int r;
+
+	do {
+		r = ckpt_txn_begin(e, &t);
+		if (r < 0)
+			return r;
+		r = fn(t, arg);
+		if (r == 0) {
+			r = ckpt_txn_commit(t, durable);
+		} else {
+			ckpt_txn_abort(t);
+			if (r > 0)
+				r = 0;
+		}
+	} while (ckpt_txn_retry(r, &attempt));
+	return r;
+}
+
 int ckpt_scan_new(ckpt_engine *e, ckpt_txn *t, const void *prefix, size_t plen,
 		  const void *start, size_t slen, ckpt_scan **ret)
 {

@@ -134,6 +134,14 @@ void ckpt_txn_abort(ckpt_txn *t);
 #define CKPT_TXN_TRIES 64
 bool ckpt_txn_retry(int r, unsigned *attempt);
 
+/* Run fn in a new transaction of e until it commits or fails otherwise
+ * than by a conflict (a conflict runs fn again in a new transaction: fn
+ * must read what it decides on through t and keep no effects outside t
+ * before the commit).  fn returns 0 to commit, > 0 to end without writing
+ * (ckpt_txn_run then returns 0), < 0 to fail with that error. */
+typedef int (*ckpt_txn_fn)(ckpt_txn *t, void *arg);
+int ckpt_txn_run(ckpt_engine *e, ckpt_txn_fn fn, void *arg, bool durable);
+
 /* ---- scans ---- */
 
 /* Iterate, in key order, the keys that start with prefix (and are >= start

@@ -48,14 +48,14 @@ static int publish_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 
 		if (pending_relocate(s, v))
 			continue;
-		r = st_get_chunk(s, t, &v->d, &cur, &refs);
+		r = ckpt_meta_get_chunk(s->eng, t, &v->d, &cur, &refs);
 		if (r == -ENOENT)
 			continue;
 		if (r < 0)
 			return r;
 		if (!ckpt_chunk_loc_same(&cur, &v->old))
 			continue;
-		st_put_chunk(t, &v->d, &v->new, refs);
+		ckpt_meta_put_chunk(t, &v->d, &v->new, refs);
 		nput++;
 	}
 	return nput > 0 ? 0 : 1;

@@ -12,7 +12,7 @@ int ckpt_store_chunk_loc(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_
 			*ret_refcount = 0;
 		return 0;
 	}
-	return st_get_chunk(s, NULL, d, ret_loc, ret_refcount);
+	return ckpt_meta_get_chunk(s->eng, NULL, d, ret_loc, ret_refcount);
 }
 
 /* Decode the record rec (stored bytes at src) of chunk d into dst (loc->raw_len

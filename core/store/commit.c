@@ -43,7 +43,7 @@ int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		struct ckpt_chunk_loc loc;
 		uint64_t refs = 0;
-		int r = st_get_chunk(s, t, &v[i].d, &loc, &refs);
+		int r = ckpt_meta_get_chunk(s->eng, t, &v[i].d, &loc, &refs);
 
 		if (r == -ENOENT) {
 			if (v[i].n < 0 || !st_pending_find(s, &v[i].d, &loc)) {
@@ -64,7 +64,7 @@ int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n)
 		} else {
 			refs = (uint64_t)((int64_t)refs + v[i].n);
 		}
-		st_put_chunk(t, &v[i].d, &loc, refs);
+		ckpt_meta_put_chunk(t, &v[i].d, &loc, refs);
 	}
 	return 0;
 }
@@ -129,33 +129,12 @@ static size_t delta_merge(struct delta *v, size_t n)
 	return k;
 }
 
-int st_db_getattr(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *ret)
-{
-	uint8_t key[16], val[CKPT_INODE_REC_LEN];
-	int r = st_get_fixed(s, t, key, ckpt_key_ino(key, CKPT_KEY_INODE, ino), val, sizeof(val));
-
-	if (r < 0)
-		return r;
-	return ckpt_inode_decode(ino, val, sizeof(val), ret);
-}
-
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list)
 {
-	uint8_t key[16];
-	uint8_t *val;
-	size_t vlen;
-	int r = st_get(s, t, key, ckpt_key_ino(key, CKPT_KEY_FILE, ino), &val, &vlen);
+	int r = ckpt_meta_get_extents(s->eng, t, ino, ret_list);
 
-	if (r == -ENOENT) {
-		*ret_list = ckpt_extent_list_new();
-		return *ret_list ? 0 : -ENOMEM;
-	}
-	if (r < 0)
-		return r;
-	r = ckpt_extent_list_decode(val, vlen, ret_list);
-	free(val);
-	if (r < 0)
+	if (r == -EIO)
 		ckpt_err("%s: extent list of inode %" PRIu64 " is damaged", s->path, ino);
 	return r;
 }
@@ -179,7 +158,7 @@ static int commit_txn(ckpt_store *s, struct commit *const *v, size_t n, bool dur
 		uint8_t key[16], *enc = NULL;
 		size_t enclen;
 
-		r = st_db_getattr(s, t, v[i]->ino, &in);
+		r = ckpt_meta_get_inode(s->eng, t, v[i]->ino, &in);
 		if (r == -ENOENT || (r == 0 && !S_ISREG(in.mode))) {
 			r = 0; /* deleted meanwhile */
 			continue;
@@ -207,7 +186,7 @@ static int commit_txn(ckpt_store *s, struct commit *const *v, size_t n, bool dur
 		in.flags = v[i]->flags;
 		in.mtime_ns = v[i]->mtime_ns;
 		in.ctime_ns = v[i]->mtime_ns;
-		st_put_inode(t, &in);
+		ckpt_meta_put_inode(t, &in);
 	}
 	*ndv = delta_merge(*dv, *ndv);
 	r = st_apply_delta(s, t, *dv, *ndv);

@@ -278,7 +278,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 			free(path);
 			continue;
 		}
-		if (st_db_getattr(s, NULL, ino, &in) < 0) {
+		if (ckpt_meta_get_inode(s->eng, NULL, ino, &in) < 0) {
 			cb(ud, path, "extent list without inode");
 			problems++;
 		} else if (in.size != l->size) {
@@ -335,7 +335,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	/* 4. every name points at a live inode */
 	for (size_t i = 0; i < nnames; i++) {
 		struct ckpt_inode in;
-		if (st_db_getattr(s, NULL, names[i].ino, &in) < 0 || in.nlink == 0) {
+		if (ckpt_meta_get_inode(s->eng, NULL, names[i].ino, &in) < 0 || in.nlink == 0) {
 			char *path = name_path(names, nnames, names[i].ino);
 			cb(ud, path, "directory entry points at a missing inode");
 			problems++;
@@ -373,7 +373,7 @@ static int drop_unreferenced(ckpt_store *s, ckpt_txn *t, void *arg)
 
 		if (c->refs != 0)
 			continue;
-		r = st_get_chunk(s, t, &c->d, &c->loc, &c->refs);
+		r = ckpt_meta_get_chunk(s->eng, t, &c->d, &c->loc, &c->refs);
 		if (r == -ENOENT)
 			continue;
 		if (r < 0)

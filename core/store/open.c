@@ -94,13 +94,13 @@ static int init_index(ckpt_store *s)
 	if (r < 0)
 		return r;
 	ckpt_put_le32(buf, CKPT_STORE_FORMAT);
-	st_put_meta_bytes(t, "format", buf, 4);
-	st_put_meta_bytes(t, "secret", secret, sizeof(secret));
-	st_put_meta_bytes(t, "uuid", s->uuid, sizeof(s->uuid));
-	st_put_meta_u64(t, "next_ino", CKPT_ROOT_INO + 1);
-	st_put_meta_u64(t, "next_pack", 1);
+	ckpt_meta_put_bytes(t, "format", buf, 4);
+	ckpt_meta_put_bytes(t, "secret", secret, sizeof(secret));
+	ckpt_meta_put_bytes(t, "uuid", s->uuid, sizeof(s->uuid));
+	ckpt_meta_put_u64(t, "next_ino", CKPT_ROOT_INO + 1);
+	ckpt_meta_put_u64(t, "next_pack", 1);
 	ckpt_put_le32(buf, CKPT_HASH_ALGO_DEFAULT);
-	st_put_meta_bytes(t, "hash_algo", buf, 4);
+	ckpt_meta_put_bytes(t, "hash_algo", buf, 4);
 	memset(&root, 0, sizeof(root));
 	root.ino = CKPT_ROOT_INO;
 	root.mode = S_IFDIR | 0755;
@@ -110,7 +110,7 @@ static int init_index(ckpt_store *s)
 	root.atime_ns = root.mtime_ns = root.ctime_ns = ckpt_now_ns();
 	root.parent = CKPT_ROOT_INO;
 	root.generation = 1;
-	st_put_inode(t, &root);
+	ckpt_meta_put_inode(t, &root);
 	return ckpt_txn_commit(t, true); /* a fresh engine: no one to conflict with */
 }
 
@@ -121,7 +121,7 @@ static int put_hash_algo(ckpt_store *s, ckpt_txn *t, void *arg)
 	uint8_t buf[4];
 
 	ckpt_put_le32(buf, *(const uint32_t *)arg);
-	st_put_meta_bytes(t, "hash_algo", buf, 4);
+	ckpt_meta_put_bytes(t, "hash_algo", buf, 4);
 	return 0;
 }
 
@@ -178,9 +178,9 @@ static int load_meta(ckpt_store *s, char *err, size_t errlen)
 					  sizeof(s->uuid));
 	/* the counters are read where they are used, in its transaction */
 	if (r == 0)
-		r = st_meta_get_u64(s, NULL, "next_ino", &next_ino);
+		r = ckpt_meta_get_u64(s->eng, NULL, "next_ino", &next_ino);
 	if (r == 0)
-		r = st_meta_get_u64(s, NULL, "next_pack", &next_pack);
+		r = ckpt_meta_get_u64(s->eng, NULL, "next_pack", &next_pack);
 	if (r < 0) {
 		snprintf(err, errlen, "%s: index metadata missing or damaged (%s)", s->path,
 			 strerror(-r));
@@ -342,6 +342,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		};
 		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
 	}
+	if (r == 0)
+		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
 	if (r < 0)
 		goto fail;
 	if (fresh) {
@@ -464,6 +466,7 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_setspecific(s->tls_key, NULL);
 	pthread_key_delete(s->tls_key);
 	ckpt_loadctx_pool_free(s->rctx);
+	ckpt_ns_free(s->ns);
 	ckpt_engine_close(s->eng);
 	ckpt_cache_free(s->cache);
 	ckpt_hasher_free(s->hasher);

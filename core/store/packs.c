@@ -12,10 +12,10 @@
 static int take_unit_id(ckpt_store *s, ckpt_txn *t, void *arg)
 {
 	uint64_t *id = arg;
-	int r = st_meta_get_u64(s, t, "next_pack", id);
+	int r = ckpt_meta_get_u64(s->eng, t, "next_pack", id);
 
 	if (r == 0)
-		st_put_meta_u64(t, "next_pack", *id + 1);
+		ckpt_meta_put_u64(t, "next_pack", *id + 1);
 	return r;
 }
 

@@ -58,10 +58,10 @@
 
 #include "chunk/cache.h"
 #include "base/hash.h"
+#include "meta/ns.h"
 #include "meta/records.h"
 
 #define CKPT_STORE_FORMAT 1
-#define CKPT_ROOT_INO 1
 
 typedef struct ckpt_store ckpt_store;
 
@@ -331,27 +331,15 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 /* Delete an orphan inode (nlink == 0) and release its chunks.  No-op
  * returning 0 if the inode is not an orphan. */
 int ckpt_store_reap(ckpt_store *s, uint64_t ino);
-/* Set mode/uid/gid/times; CKPT_SET_* select fields; size is not handled
- * here (content changes go through commit_file). */
-#define CKPT_SET_MODE 0x1u
-#define CKPT_SET_UID 0x2u
-#define CKPT_SET_GID 0x4u
-#define CKPT_SET_ATIME 0x8u
-#define CKPT_SET_MTIME 0x10u
-#define CKPT_SET_CTIME 0x20u
+/* Set mode/uid/gid/times; CKPT_SET_* (meta/ns.h) select fields; size is
+ * not handled here (content changes go through commit_file). */
 int ckpt_store_setattr(ckpt_store *s, uint64_t ino, unsigned what, const struct ckpt_inode *in,
 		       struct ckpt_inode *ret);
 
-struct ckpt_dirent {
-	char *name;
-	uint64_t ino;
-	uint32_t mode;
-};
 /* All entries of directory ino, in name order (no "." / "..").  Caller
- * frees with ckpt_dirents_free. */
+ * frees with ckpt_dirents_free (meta/ns.h). */
 int ckpt_store_readdir(ckpt_store *s, uint64_t ino, struct ckpt_dirent **ret_ents,
 		       size_t *ret_n);
-void ckpt_dirents_free(struct ckpt_dirent *ents, size_t n);
 int ckpt_store_statfs(ckpt_store *s, struct statvfs *ret);
 
 /* Full path of ino (for messages), malloc'd; "?" components if unknown. */

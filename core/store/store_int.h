@@ -36,12 +36,6 @@
 #include "base/util.h"
 
 
-#ifndef RENAME_NOREPLACE
-#define RENAME_NOREPLACE (1 << 0)
-#endif
-#ifndef RENAME_EXCHANGE
-#define RENAME_EXCHANGE (1 << 1)
-#endif
 
 #define MARKER_NAME "ckptfs-store"
 #define MARKER_MAGIC "ckptfs-store"
@@ -86,11 +80,7 @@ struct ckpt_store {
 	 * retries); the lock only keeps this process's own writers from
 	 * conflicting with each other needlessly. */
 	pthread_mutex_t ns_lock;
-	/* Protected by ns_lock: inode numbers [ino_next, ino_end) reserved by
-	 * this process in the "next_ino" meta record (a create takes the next
-	 * one; an empty range reserves ST_INO_BATCH more in its transaction),
-	 * so that creates do not all read and write that one record. */
-	uint64_t ino_next, ino_end;
+	ckpt_ns *ns; /* the namespace (meta/ns.h), its writer lock ns_lock */
 
 
 	pthread_mutex_t pending_lock;
@@ -176,22 +166,8 @@ void st_rctx_warm(ckpt_store *s);
 struct tls_ctx *st_tls_get(ckpt_store *s);
 bool st_touch_at_open(const struct ckpt_store_opts *o);
 
-/* meta.c: record reads and writes over the engine.  t == NULL reads
- * committed state; otherwise the read is made in t for update (tracked for
- * conflicts).  The st_put_* calls buffer in t: their errors surface at
- * commit (engine.h). */
-int st_get_fixed(ckpt_store *s, ckpt_txn *t, const void *key, size_t klen, void *buf,
-		 size_t len);
-int st_get(ckpt_store *s, ckpt_txn *t, const void *key, size_t klen, uint8_t **ret_val,
-	   size_t *ret_len);
-int st_meta_get_u64(ckpt_store *s, ckpt_txn *t, const char *name, uint64_t *ret);
-void st_put_meta_u64(ckpt_txn *t, const char *name, uint64_t v);
-void st_put_meta_bytes(ckpt_txn *t, const char *name, const void *v, size_t len);
-void st_put_inode(ckpt_txn *t, const struct ckpt_inode *in);
-int st_get_chunk(ckpt_store *s, ckpt_txn *t, const ckpt_digest *d, struct ckpt_chunk_loc *ret_loc,
-		 uint64_t *ret_refs);
-void st_put_chunk(ckpt_txn *t, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
-		  uint64_t refs);
+/* meta.c: st_txn_run is ckpt_txn_run (meta/engine.h) for a function of
+ * the store. */
 /* Run fn in a transaction until it commits or fails otherwise than by a
  * conflict (a conflict runs fn again in a new transaction: fn must read
  * everything it decides on through t and keep no effects outside t before
@@ -233,7 +209,6 @@ int st_requeue_deferred(ckpt_store *s);
 int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
 		       struct delta **ret, size_t *ret_n);
 int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n);
-int st_db_getattr(ckpt_store *s, ckpt_txn *t, uint64_t ino, struct ckpt_inode *ret);
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list);
 void st_commit_free(struct commit *c);
