@@ -211,7 +211,7 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 	int r = ckpt_view_build(s, dir, &l11, NULL, &v, err, sizeof(err));
 
 	if (r < 0) {
-		fprintf(stderr, "ckpt: %s: %s\n", path, err);
+		fprintf(stderr, "ckpt: %s: %s: %s\n", ckpt_store_path(s), path, err);
 		return 1;
 	}
 	for (size_t g = 0; g < ckpt_view_ngroups(v); g++) {
@@ -224,15 +224,22 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 	}
 	ckpt_view_unref(v);
 	r = ckpt_store_readdir(s, dir, &ents, &n);
-	if (r < 0)
+	if (r < 0) {
+		fprintf(stderr, "ckpt: %s: %s: cannot list: %s\n", ckpt_store_path(s), path,
+			strerror(-r));
 		return 1;
+	}
 	for (size_t i = 0; i < n; i++) {
 		char *sub;
 		if (!S_ISDIR(ents[i].mode))
 			continue;
 		sub = join(path, ents[i].name);
-		if (sub && ls_dir(s, ents[i].ino, sub))
+		if (!sub) {
+			fprintf(stderr, "ckpt: %s: %s\n", path, strerror(ENOMEM));
 			r = 1;
+		} else if (ls_dir(s, ents[i].ino, sub)) {
+			r = 1;
+		}
 		free(sub);
 	}
 	ckpt_dirents_free(ents, n);
@@ -405,12 +412,13 @@ static int export_dir(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 	}
 	r = ckpt_view_build(s, dir, l, rules, &v, err, sizeof(err));
 	if (r < 0) {
-		fprintf(stderr, "ckpt: %s: %s\n", src_path, err);
+		fprintf(stderr, "ckpt: %s: %s: %s\n", ckpt_store_path(s), src_path, err);
 		return 1;
 	}
 	r = ckpt_store_readdir(s, dir, &ents, &n);
 	if (r < 0) {
-		fprintf(stderr, "ckpt: %s: %s\n", src_path, strerror(-r));
+		fprintf(stderr, "ckpt: %s: %s: cannot list: %s\n", ckpt_store_path(s), src_path,
+			strerror(-r));
 		ckpt_view_unref(v);
 		return 1;
 	}
@@ -418,15 +426,22 @@ static int export_dir(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 		char *sp = join(src_path, ents[i].name), *op = join(out, ents[i].name);
 		struct ckpt_inode in;
 
-		if (!sp || !op || ckpt_store_getattr(s, ents[i].ino, &in) < 0) {
+		if (!sp || !op) {
+			fprintf(stderr, "ckpt: %s: %s\n", src_path, strerror(ENOMEM));
+			bad = 1;
+		} else if ((r = ckpt_store_getattr(s, ents[i].ino, &in)) < 0) {
+			fprintf(stderr, "ckpt: %s: %s: %s\n", ckpt_store_path(s), sp, strerror(-r));
 			bad = 1;
 		} else if (S_ISDIR(in.mode)) {
 			bad |= export_dir(s, in.ino, l, rules, sp, op);
 		} else if (S_ISLNK(in.mode)) {
 			char *target = NULL;
-			if (ckpt_store_readlink(s, in.ino, &target) < 0 ||
-			    (symlink(target, op) < 0 && errno != EEXIST)) {
-				fprintf(stderr, "ckpt: %s: cannot copy symlink\n", sp);
+			r = ckpt_store_readlink(s, in.ino, &target);
+			if (r == 0 && symlink(target, op) < 0 && errno != EEXIST)
+				r = -errno;
+			if (r < 0) {
+				fprintf(stderr, "ckpt: %s -> %s: cannot copy symlink: %s\n", sp, op,
+					strerror(-r));
 				bad = 1;
 			}
 			free(target);
