@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_ns.c - unit tests for core/meta/ns.c, the namespace over a metadata
- * engine, without a store: the operations and their errors, orphans and
- * their release hook, and two namespaces with separate writer locks
- * sharing one engine (as two daemons sharing a PostgreSQL engine would):
- * their concurrent creates in one directory lose nothing and never hand out
- * an inode number twice, because every operation's transaction conflicts
- * with the other's and is run again.
+ * check_ns.c - unit tests for core/meta/ns.c and core/meta/commit.c, the
+ * namespace and content commits over a metadata engine, without a store:
+ * the operations and their errors, orphans and their release hook, commits
+ * and their reference counts, and two writers with separate locks sharing
+ * one engine (as two daemons sharing a PostgreSQL engine would): their
+ * concurrent creates in one directory lose nothing and never hand out an
+ * inode number twice, and their concurrent commits lose no reference,
+ * because each transaction conflicts with the other's and is run again.
  */
 #include <check.h>
 #include <errno.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "meta/commit.h"
 #include "meta/engine.h"
 #include "meta/ns.h"
 #include "meta/records.h"
@@ -262,6 +264,169 @@ START_TEST(test_ns_two_writers_share_engine)
 }
 END_TEST
 
+/* The "pending table" of these tests: every chunk is unindexed at a
+ * location derived from its digest. */
+static bool unindexed(void *arg, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
+{
+	(void)arg;
+	memset(ret, 0, sizeof(*ret));
+	memcpy(ret->where, d->bytes, CKPT_DIGEST_LEN < CKPT_CHUNK_WHERE_LEN ?
+					     CKPT_DIGEST_LEN : CKPT_CHUNK_WHERE_LEN);
+	ret->stored_len = ret->raw_len = 4096;
+	return true;
+}
+
+static const struct ckpt_commit_env *env(void)
+{
+	static struct ckpt_commit_env e;
+
+	e = (struct ckpt_commit_env){ eng, unindexed, NULL, "test" };
+	return &e;
+}
+
+static uint64_t refs_of(uint32_t k)
+{
+	ckpt_digest d = tl_digest(k);
+	struct ckpt_chunk_loc loc;
+	uint64_t refs = 0;
+	int r = ckpt_meta_get_chunk(eng, NULL, &d, &loc, &refs);
+
+	return r == -ENOENT ? UINT64_MAX : refs;
+}
+
+/* An extent list of one 4096-byte extent per digest key in ks. */
+static struct ckpt_extent_list *list_of(const uint32_t *ks, size_t n)
+{
+	struct ckpt_extent_list *l = ckpt_extent_list_new();
+
+	for (size_t i = 0; i < n; i++) {
+		ckpt_digest d = tl_digest(ks[i]);
+		ck_assert_int_eq(ckpt_extent_list_append(l, 4096, CKPT_EXT_CHUNK, &d), 0);
+	}
+	return l;
+}
+
+START_TEST(test_commit_refcounts)
+{
+	ckpt_ns *ns = ns_new(&lock_a, true);
+	struct ckpt_inode f, g, in;
+	static const uint32_t k1[] = { 1, 2, 2 }, k2[] = { 2, 3 };
+	struct ckpt_extent_list *l1 = list_of(k1, 3), *l2 = list_of(k2, 2), *got;
+	struct ckpt_refdelta *dv;
+	ckpt_digest *added;
+	size_t ndv, nadded;
+
+	/* the delta: merged per digest, zero sums dropped */
+	ck_assert_int_eq(ckpt_refdelta_build(l2, l1, &dv, &ndv), 0);
+	ck_assert_uint_eq(ndv, 3); /* 1: -1, 2: -1, 3: +1 */
+	for (size_t i = 1; i < ndv; i++)
+		ck_assert_int_lt(ckpt_digest_cmp(&dv[i - 1].d, &dv[i].d), 0);
+	free(dv);
+
+	ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, "f", S_IFREG | 0644, 0, 0, NULL, &f), 0);
+	ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, "g", S_IFREG | 0644, 0, 0, NULL, &g), 0);
+	{
+		struct ckpt_content c[] = { { f.ino, l1, CKPT_INODE_F_SAFETENSORS, 777 },
+					    { g.ino, l2, 0, 778 } };
+		ck_assert_int_eq(ckpt_content_commit(env(), c, 2, true, &added, &nadded), 0);
+	}
+	ck_assert_uint_eq(nadded, 3);
+	free(added);
+	ck_assert_uint_eq(refs_of(1), 1);
+	ck_assert_uint_eq(refs_of(2), 3);
+	ck_assert_uint_eq(refs_of(3), 1);
+	in = attr(f.ino);
+	ck_assert_uint_eq(in.size, 3 * 4096);
+	ck_assert_uint_eq(in.flags, CKPT_INODE_F_SAFETENSORS);
+	ck_assert_int_eq(in.mtime_ns, 777);
+	ck_assert_int_eq(ckpt_meta_get_extents(eng, NULL, f.ino, &got), 0);
+	ck_assert_uint_eq(got->n, 3);
+	ckpt_extent_list_free(got);
+
+	/* f now holds g's content: 1 drops to 0 (kept for gc), 2 to 2, 3 to 2 */
+	{
+		struct ckpt_content c = { f.ino, l2, 0, 779 };
+		ck_assert_int_eq(ckpt_content_commit(env(), &c, 1, false, NULL, NULL), 0);
+	}
+	ck_assert_uint_eq(refs_of(1), 0);
+	ck_assert_uint_eq(refs_of(2), 2);
+	ck_assert_uint_eq(refs_of(3), 2);
+	/* a file gone is skipped; a chunk found nowhere is an error */
+	ck_assert_int_eq(ckpt_ns_unlink(ns, CKPT_ROOT_INO, "g", false), 0);
+	{
+		bool gone;
+		ck_assert_int_eq(ckpt_ns_reap(ns, g.ino, NULL, NULL, &gone), 0);
+		ck_assert(gone);
+		struct ckpt_content c = { g.ino, l1, 0, 780 };
+		ck_assert_int_eq(ckpt_content_commit(env(), &c, 1, false, NULL, NULL), 0);
+		ck_assert_uint_eq(refs_of(1), 0);
+	}
+	{
+		struct ckpt_commit_env none = { eng, NULL, NULL, "test" };
+		static const uint32_t k9[] = { 9 };
+		struct ckpt_extent_list *l9 = list_of(k9, 1);
+		struct ckpt_content c = { f.ino, l9, 0, 781 };
+
+		ck_assert_int_eq(ckpt_content_commit(&none, &c, 1, false, NULL, NULL), -EIO);
+		ck_assert_uint_eq(refs_of(9), UINT64_MAX);
+		ck_assert_uint_eq(attr(f.ino).mtime_ns, 779); /* nothing applied */
+		ckpt_extent_list_free(l9);
+	}
+	ckpt_extent_list_free(l1);
+	ckpt_extent_list_free(l2);
+	ckpt_ns_free(ns);
+}
+END_TEST
+
+struct committer {
+	uint64_t ino;
+	int err;
+};
+
+static void *commit_loop(void *arg)
+{
+	struct committer *c = arg;
+	static const uint32_t shared[] = { 42 };
+	struct ckpt_extent_list *l = list_of(shared, 1), *empty = ckpt_extent_list_new();
+
+	for (int i = 0; i <= 200 && !c->err; i++) {
+		struct ckpt_content x = { c->ino, i % 2 ? empty : l, 0, i };
+		c->err = ckpt_content_commit(env(), &x, 1, false, NULL, NULL);
+	}
+	ckpt_extent_list_free(l);
+	ckpt_extent_list_free(empty);
+	return NULL;
+}
+
+/* Writers without a common lock commit files sharing one chunk: every
+ * increment and decrement of its count survives. */
+START_TEST(test_commit_concurrent_refcounts)
+{
+	ckpt_ns *ns = ns_new(&lock_a, true);
+	struct committer c[4];
+	pthread_t th[4];
+
+	for (int i = 0; i < 4; i++) {
+		struct ckpt_inode in;
+		char name[8];
+		snprintf(name, sizeof(name), "f%d", i);
+		ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, name, S_IFREG | 0644, 0, 0, NULL,
+						&in),
+				 0);
+		c[i] = (struct committer){ in.ino, 0 };
+	}
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(pthread_create(&th[i], NULL, commit_loop, &c[i]), 0);
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		ck_assert_int_eq(c[i].err, 0);
+	}
+	/* each file ends naming the chunk once (i = 200 is even) */
+	ck_assert_uint_eq(refs_of(42), 4);
+	ckpt_ns_free(ns);
+}
+END_TEST
+
 static Suite *ns_suite(void)
 {
 	Suite *s = suite_create("ns");
@@ -273,6 +438,8 @@ static Suite *ns_suite(void)
 	tcase_add_test(tc, test_ns_operations);
 	tcase_add_test(tc, test_ns_reap);
 	tcase_add_test(tc, test_ns_two_writers_share_engine);
+	tcase_add_test(tc, test_commit_refcounts);
+	tcase_add_test(tc, test_commit_concurrent_refcounts);
 	suite_add_tcase(s, tc);
 	return s;
 }

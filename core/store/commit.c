@@ -1,73 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * commit.c - refcount deltas, commits of file content, the overlay and its flusher.
+ * commit.c - the overlay of closed files and its flusher, and commits of
+ * their content: the chunks they reference are synced through the chunk
+ * backend first, then meta/commit.h writes the index transaction.
  */
 #include "store/store_int.h"
 
-
-static int delta_cmp(const void *a, const void *b)
-{
-	return memcmp(((const struct delta *)a)->d.bytes, ((const struct delta *)b)->d.bytes,
-		      CKPT_DIGEST_LEN);
-}
-
-static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
-		     int sign);
-static size_t delta_merge(struct delta *v, size_t n);
-
-/* +1 for every chunk extent of add, -1 for every one of sub, merged per
- * digest; *ret_n entries with a nonzero sum. */
-int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
-		       struct delta **ret, size_t *ret_n)
-{
-	struct delta *v = NULL;
-	size_t n = 0, cap = 0;
-	int r = delta_add(&v, &n, &cap, add, 1);
-
-	if (r == 0)
-		r = delta_add(&v, &n, &cap, sub, -1);
-	if (r < 0) {
-		free(v);
-		return r;
-	}
-	*ret_n = delta_merge(v, n);
-	*ret = v;
-	return 0;
-}
-
-/* Add refcount changes to t, reading each chunk record in t for update.
- * Caller holds ns_lock.  New entries come from the pending table (their
- * packs were synced by the caller). */
-int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		struct ckpt_chunk_loc loc;
-		uint64_t refs = 0;
-		int r = ckpt_meta_get_chunk(s->eng, t, &v[i].d, &loc, &refs);
-
-		if (r == -ENOENT) {
-			if (v[i].n < 0 || !st_pending_find(s, &v[i].d, &loc)) {
-				char hex[33];
-				ckpt_digest_to_hex(&v[i].d, hex);
-				ckpt_err("%s: chunk %s referenced but unknown", s->path, hex);
-				return -EIO;
-			}
-		} else if (r < 0) {
-			return r;
-		}
-		if (v[i].n < 0 && refs < (uint64_t)-v[i].n) {
-			char hex[33];
-			ckpt_digest_to_hex(&v[i].d, hex);
-			ckpt_warn("%s: refcount underflow on chunk %s (fsck will report)", s->path,
-				  hex);
-			refs = 0;
-		} else {
-			refs = (uint64_t)((int64_t)refs + v[i].n);
-		}
-		ckpt_meta_put_chunk(t, &v[i].d, &loc, refs);
-	}
-	return 0;
-}
 
 /* Make the records of the pending chunks that l references durable (I1):
  * the backend syncs each of their units once, up to the last of them. */
@@ -91,44 +29,6 @@ static int sync_pending_of(ckpt_store *s, const struct ckpt_extent_list *l)
 }
 
 
-/* Add +sign for every chunk extent of l to the delta vector. */
-static int delta_add(struct delta **v, size_t *n, size_t *cap, const struct ckpt_extent_list *l,
-		     int sign)
-{
-	for (size_t i = 0; l && i < l->n; i++) {
-		if (l->v[i].kind != CKPT_EXT_CHUNK)
-			continue;
-		if (*n == *cap) {
-			size_t nc = *cap ? *cap * 2 : 256;
-			struct delta *nv = realloc(*v, nc * sizeof(*nv));
-			if (!nv)
-				return -ENOMEM;
-			*v = nv;
-			*cap = nc;
-		}
-		(*v)[(*n)++] = (struct delta){ l->v[i].digest, sign };
-	}
-	return 0;
-}
-
-/* Sort and merge per digest, dropping zero sums. */
-static size_t delta_merge(struct delta *v, size_t n)
-{
-	size_t out = 0, k = 0;
-
-	qsort(v, n, sizeof(*v), delta_cmp);
-	for (size_t i = 0; i < n; i++) {
-		if (out > 0 && memcmp(v[out - 1].d.bytes, v[i].d.bytes, CKPT_DIGEST_LEN) == 0)
-			v[out - 1].n += v[i].n;
-		else
-			v[out++] = v[i];
-	}
-	for (size_t i = 0; i < out; i++)
-		if (v[i].n != 0)
-			v[k++] = v[i];
-	return k;
-}
-
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list)
 {
@@ -139,88 +39,28 @@ int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 	return r;
 }
 
-/* One attempt of commit_many: in one transaction, replace the extent lists
- * of the n files and apply the refcount changes, reading every record the
- * result depends on (inode, old extent list, chunk records) for update.
- * The merged delta is left in *dv / *ndv (the caller frees *dv). */
-static int commit_txn(ckpt_store *s, struct commit *const *v, size_t n, bool durable,
-		      struct delta **dv, size_t *ndv, size_t *cap)
-{
-	ckpt_txn *t;
-	int r = ckpt_txn_begin(s->eng, &t);
-
-	*ndv = 0;
-	if (r < 0)
-		return r;
-	for (size_t i = 0; i < n; i++) {
-		struct ckpt_extent_list *old = NULL;
-		struct ckpt_inode in;
-		uint8_t key[16], *enc = NULL;
-		size_t enclen;
-
-		r = ckpt_meta_get_inode(s->eng, t, v[i]->ino, &in);
-		if (r == -ENOENT || (r == 0 && !S_ISREG(in.mode))) {
-			r = 0; /* deleted meanwhile */
-			continue;
-		}
-		if (r == 0)
-			r = st_db_load_extents(s, t, v[i]->ino, &old);
-		if (r == 0)
-			r = delta_add(dv, ndv, cap, v[i]->list, 1);
-		if (r == 0)
-			r = delta_add(dv, ndv, cap, old, -1);
-		ckpt_extent_list_free(old);
-		if (r < 0)
-			goto fail;
-		ckpt_key_ino(key, CKPT_KEY_FILE, v[i]->ino);
-		if (v[i]->list->n > 0) {
-			r = ckpt_extent_list_encode(v[i]->list, &enc, &enclen);
-			if (r < 0)
-				goto fail;
-			ckpt_txn_put(t, key, 9, enc, enclen);
-			free(enc);
-		} else {
-			ckpt_txn_delete(t, key, 9);
-		}
-		in.size = v[i]->list->size;
-		in.flags = v[i]->flags;
-		in.mtime_ns = v[i]->mtime_ns;
-		in.ctime_ns = v[i]->mtime_ns;
-		ckpt_meta_put_inode(t, &in);
-	}
-	*ndv = delta_merge(*dv, *ndv);
-	r = st_apply_delta(s, t, *dv, *ndv);
-	if (r < 0)
-		goto fail;
-	return ckpt_txn_commit(t, durable);
-fail:
-	ckpt_txn_abort(t);
-	return r;
-}
-
 /* Write the content of n files into the index in one transaction.  Caller
  * holds commit_lock.  Files that no longer exist are skipped. */
 static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
 {
-	struct delta *dv = NULL;
-	size_t ndv = 0, cap = 0;
-	unsigned attempt = 0;
-	int r = 0;
+	struct ckpt_content *cv = calloc(n ? n : 1, sizeof(*cv));
+	ckpt_digest *added = NULL;
+	size_t nadded = 0;
+	int r = cv ? 0 : -ENOMEM;
 
-	for (size_t i = 0; i < n && r == 0; i++)
+	for (size_t i = 0; i < n && r == 0; i++) {
 		r = sync_pending_of(s, v[i]->list);
-	if (r < 0)
-		return r;
-	pthread_mutex_lock(&s->ns_lock);
-	do
-		r = commit_txn(s, v, n, durable, &dv, &ndv, &cap);
-	while (ckpt_txn_retry(r, &attempt));
-	if (r == 0)
-		for (size_t i = 0; i < ndv; i++)
-			if (dv[i].n > 0)
-				st_pending_remove(s, &dv[i].d);
-	pthread_mutex_unlock(&s->ns_lock);
-	free(dv);
+		cv[i] = (struct ckpt_content){ v[i]->ino, v[i]->list, v[i]->flags, v[i]->mtime_ns };
+	}
+	if (r == 0) {
+		pthread_mutex_lock(&s->ns_lock);
+		r = ckpt_content_commit(&s->cenv, cv, n, durable, &added, &nadded);
+		for (size_t i = 0; r == 0 && i < nadded; i++)
+			st_pending_remove(s, &added[i]); /* the index names it now */
+		pthread_mutex_unlock(&s->ns_lock);
+	}
+	free(added);
+	free(cv);
 	return r;
 }
 

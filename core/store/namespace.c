@@ -80,12 +80,12 @@ int ckpt_store_rename(ckpt_store *s, uint64_t parent, const char *name, uint64_t
 static int release_extents(void *arg, ckpt_txn *t, const struct ckpt_extent_list *old)
 {
 	ckpt_store *s = arg;
-	struct delta *dv = NULL;
+	struct ckpt_refdelta *dv = NULL;
 	size_t ndv = 0;
-	int r = st_build_delta(NULL, old, &dv, &ndv);
+	int r = ckpt_refdelta_build(NULL, old, &dv, &ndv);
 
 	if (r == 0)
-		r = st_apply_delta(s, t, dv, ndv);
+		r = ckpt_refdelta_apply(&s->cenv, t, dv, ndv);
 	free(dv);
 	return r;
 }

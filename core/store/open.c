@@ -344,6 +344,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
+	s->cenv = (struct ckpt_commit_env){ s->eng, st_unindexed, s, s->path };
 	if (r < 0)
 		goto fail;
 	if (fresh) {

@@ -74,6 +74,12 @@ bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc 
 	return found;
 }
 
+/* The pending table as meta/commit.h's ckpt_unindexed_fn. */
+bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
+{
+	return st_pending_find(store, d, ret);
+}
+
 /* Insert unless present; returns true if it was inserted. */
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc)
 {

@@ -32,6 +32,7 @@
 #include "chunk/compress.h"
 #include "chunk/loadctx.h"
 #include "chunk/backend.h"
+#include "meta/commit.h"
 #include "meta/engine.h"
 #include "base/util.h"
 
@@ -81,6 +82,7 @@ struct ckpt_store {
 	 * conflicting with each other needlessly. */
 	pthread_mutex_t ns_lock;
 	ckpt_ns *ns; /* the namespace (meta/ns.h), its writer lock ns_lock */
+	struct ckpt_commit_env cenv; /* content commits (meta/commit.h); set at open */
 
 
 	pthread_mutex_t pending_lock;
@@ -155,10 +157,6 @@ struct reloc {
 	struct ckpt_chunk_loc old, new;
 };
 
-struct delta {
-	ckpt_digest d;
-	int64_t n;
-};
 
 /* loadctx.c */
 void st_tls_free(void *p);
@@ -180,6 +178,7 @@ int st_txn_run(ckpt_store *s, st_txn_fn fn, void *arg, bool durable);
 int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen);
 unsigned st_pending_bucket(const ckpt_digest *d);
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
+bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
 void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
 
@@ -206,9 +205,6 @@ void *st_bg_main(void *arg);
 int st_requeue_deferred(ckpt_store *s);
 
 /* commit.c */
-int st_build_delta(const struct ckpt_extent_list *add, const struct ckpt_extent_list *sub,
-		       struct delta **ret, size_t *ret_n);
-int st_apply_delta(ckpt_store *s, ckpt_txn *t, const struct delta *v, size_t n);
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list);
 void st_commit_free(struct commit *c);
