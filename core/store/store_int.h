@@ -32,8 +32,7 @@
 #include "chunk/compress.h"
 #include "chunk/loadctx.h"
 #include "chunk/backend.h"
-#include "meta/commit.h"
-#include "meta/engine.h"
+#include "meta/meta.h"
 #include "base/util.h"
 
 
