@@ -169,7 +169,7 @@ static int check_name(const char *name)
 	return 0;
 }
 
-/* t == NULL: committed state; otherwise read in t for update (meta.c). */
+/* t == NULL: committed state; otherwise read in t for update (ns.h). */
 static int get_dentry(ckpt_ns *ns, ckpt_txn *t, uint64_t parent, const char *name,
 		      uint64_t *ret_ino, uint32_t *ret_mode)
 {

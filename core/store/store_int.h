@@ -88,7 +88,8 @@ struct ckpt_store {
 	/* Protected by pending_lock: */
 	struct pending *pending[PENDING_BUCKETS];
 
-	/* Lock order: commit_lock -> ns_lock -> {pending,overlay}_lock. */
+	/* Lock order: commit_lock -> ns_lock -> {pending,overlay}_lock; the
+	 * engine's own locks are innermost (held only inside an engine call). */
 	pthread_mutex_t commit_lock; /* serializes writers of file content to the index */
 	pthread_mutex_t overlay_lock;
 	/* Protected by overlay_lock: */
