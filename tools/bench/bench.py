@@ -1339,12 +1339,12 @@ class Bench:
             w = csv.writer(f)
             w.writerow(["case", "measure", "unit", "ckptfs_median", "ckptfs_samples", "baseline",
                         "baseline_median", "baseline_samples", "ratio", "target", "verdict",
-                        "note"])
+                        "note", "better"])
             for r in self.rows:
                 w.writerow([r.case, r.metric, r.unit, r.ck_med,
                             " ".join(f"{x:.6g}" for x in r.ck), r.base_name, r.base_med,
                             " ".join(f"{x:.6g}" for x in r.base), r.ratio,
-                            r.target[3] if r.target else "", r.verdict(), r.note])
+                            r.target[3] if r.target else "", r.verdict(), r.note, r.better])
         with open(os.path.join(self.out, "samples.csv"), "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["case", "phase", "variant", "rep", "key", "value"])
