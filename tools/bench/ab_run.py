@@ -46,9 +46,8 @@ def main(argv):
     p.add_argument("b")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default="/var/tmp/ckptfs-ab")
-    p.add_argument("run_args", nargs=argparse.REMAINDER)
-    a = p.parse_args(argv)
-    run_args = [x for x in a.run_args if x != "--"]
+    run_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     os.makedirs(a.out, exist_ok=True)
     data = os.path.join(a.out, "data")
     samples = {"a": {}, "b": {}}
