@@ -235,6 +235,34 @@ static int get_dir(ckpt_ns *ns, ckpt_txn *t, uint64_t ino, struct ckpt_inode *re
 	return 0;
 }
 
+/* 0 when directory parent (read in t) has no entry name, -EEXIST when it
+ * has, or -errno. */
+static int name_free(ckpt_ns *ns, ckpt_txn *t, uint64_t parent, const char *name)
+{
+	uint64_t ino;
+	uint32_t mode;
+	int r = get_dentry(ns, t, parent, name, &ino, &mode);
+
+	if (r == 0)
+		return -EEXIST;
+	return r == -ENOENT ? 0 : r;
+}
+
+/* Run fn as one transaction of a namespace change: -EROFS on a read-only
+ * namespace; under ns->lock, so that this process's writers never conflict
+ * with each other (another process's writers can, and then fn runs again). */
+static int ns_write(ckpt_ns *ns, int (*fn)(ckpt_txn *t, void *arg), void *arg)
+{
+	int r;
+
+	if (!ns->writable)
+		return -EROFS;
+	pthread_mutex_lock(ns->lock);
+	r = ckpt_txn_run(ns->eng, fn, arg, false);
+	pthread_mutex_unlock(ns->lock);
+	return r;
+}
+
 struct mknode_arg {
 	ckpt_ns *ns;
 	uint64_t parent;
@@ -249,16 +277,9 @@ static int mknode_txn(ckpt_txn *t, void *arg)
 	struct mknode_arg *a = arg;
 	ckpt_ns *ns = a->ns;
 	struct ckpt_inode dir, in;
-	uint64_t ino;
-	uint32_t m;
 	int r = get_dir(ns, t, a->parent, &dir);
 
-	if (r < 0)
-		return r;
-	r = get_dentry(ns, t, a->parent, a->name, &ino, &m);
-	if (r == 0)
-		return -EEXIST;
-	if (r != -ENOENT)
+	if (r < 0 || (r = name_free(ns, t, a->parent, a->name)) < 0)
 		return r;
 	memset(&in, 0, sizeof(in));
 	a->reserved_end = 0;
@@ -331,21 +352,13 @@ static int link_txn(ckpt_txn *t, void *arg)
 	struct link_arg *a = arg;
 	ckpt_ns *ns = a->ns;
 	struct ckpt_inode dir, in;
-	uint64_t x;
-	uint32_t m;
 	int r = get_dir(ns, t, a->newparent, &dir);
 
-	if (r < 0)
-		return r;
-	r = ckpt_meta_get_inode(ns->eng, t, a->ino, &in);
-	if (r < 0)
+	if (r < 0 || (r = ckpt_meta_get_inode(ns->eng, t, a->ino, &in)) < 0)
 		return r;
 	if (S_ISDIR(in.mode))
 		return -EPERM;
-	r = get_dentry(ns, t, a->newparent, a->newname, &x, &m);
-	if (r == 0)
-		return -EEXIST;
-	if (r != -ENOENT)
+	if ((r = name_free(ns, t, a->newparent, a->newname)) < 0)
 		return r;
 	if (in.nlink == 0)
 		put_orphan(t, a->ino, false);
@@ -367,12 +380,7 @@ int ckpt_ns_link(ckpt_ns *ns, uint64_t ino, uint64_t newparent, const char *newn
 
 	if (r < 0)
 		return r;
-	if (!ns->writable)
-		return -EROFS;
-	pthread_mutex_lock(ns->lock);
-	r = ckpt_txn_run(ns->eng, link_txn, &a, false);
-	pthread_mutex_unlock(ns->lock);
-	return r;
+	return ns_write(ns, link_txn, &a);
 }
 
 int ckpt_ns_readlink(ckpt_ns *ns, uint64_t ino, char **ret_target)
@@ -486,12 +494,7 @@ int ckpt_ns_unlink(ckpt_ns *ns, uint64_t parent, const char *name, bool rmdir)
 
 	if (r < 0)
 		return r;
-	if (!ns->writable)
-		return -EROFS;
-	pthread_mutex_lock(ns->lock);
-	r = ckpt_txn_run(ns->eng, unlink_txn, &a, false);
-	pthread_mutex_unlock(ns->lock);
-	return r;
+	return ns_write(ns, unlink_txn, &a);
 }
 
 /* Is `anc` an ancestor of (or equal to) dir `ino`?  Reads in t. */
@@ -667,12 +670,7 @@ int ckpt_ns_rename(ckpt_ns *ns, uint64_t parent, const char *name, uint64_t newp
 		return -EINVAL;
 	if ((flags & RENAME_NOREPLACE) && (flags & RENAME_EXCHANGE))
 		return -EINVAL;
-	if (!ns->writable)
-		return -EROFS;
-	pthread_mutex_lock(ns->lock);
-	r = ckpt_txn_run(ns->eng, rename_txn, &a, false);
-	pthread_mutex_unlock(ns->lock);
-	return r;
+	return ns_write(ns, rename_txn, &a);
 }
 
 struct reap_arg {
@@ -773,11 +771,7 @@ int ckpt_ns_setattr(ckpt_ns *ns, uint64_t ino, unsigned what, const struct ckpt_
 	struct setattr_arg a = { .ns = ns, .ino = ino, .what = what, .in = in };
 	int r;
 
-	if (!ns->writable)
-		return -EROFS;
-	pthread_mutex_lock(ns->lock);
-	r = ckpt_txn_run(ns->eng, setattr_txn, &a, false);
-	pthread_mutex_unlock(ns->lock);
+	r = ns_write(ns, setattr_txn, &a);
 	if (r == 0 && ret)
 		*ret = a.cur;
 	return r;
