@@ -209,3 +209,22 @@ int64_t ckpt_mono_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+int ckpt_opendir_dup(int dfd, DIR **ret_dir)
+{
+	int fd = dup(dfd);
+	DIR *d;
+
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		int e = errno;
+
+		close(fd);
+		return -e;
+	}
+	rewinddir(d); /* a duplicate shares dfd's offset */
+	*ret_dir = d;
+	return 0;
+}

@@ -10,6 +10,7 @@
 #ifndef CKPT_UTIL_H
 #define CKPT_UTIL_H
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -72,6 +73,11 @@ static inline uint64_t ckpt_get_be64(const uint8_t *p)
 		v = (v << 8) | p[i];
 	return v;
 }
+
+/* A directory stream over a duplicate of directory descriptor dfd, at its
+ * first entry; dfd stays open and usable.  0 and *ret_dir (closedir() it),
+ * or -errno. */
+int ckpt_opendir_dup(int dfd, DIR **ret_dir);
 
 /* Clocks, in nanoseconds: CLOCK_REALTIME (file times) and CLOCK_MONOTONIC
  * (intervals). */

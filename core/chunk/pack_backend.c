@@ -266,21 +266,15 @@ static int unit_cmp(const void *a, const void *b)
 static int pb_units(ckpt_chunk_backend *cb, struct ckpt_chunk_unit **ret, size_t *ret_n)
 {
 	struct pack_be *b = PB(cb);
-	int fd = dup(b->dirfd);
 	struct ckpt_chunk_unit *v = NULL;
 	size_t n = 0, cap = 0;
 	uint64_t wid = 0, bid = 0;
 	struct dirent *de;
 	DIR *d;
+	int r = ckpt_opendir_dup(b->dirfd, &d);
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
-	rewinddir(d);
+	if (r < 0)
+		return r;
 	pthread_mutex_lock(&b->lock);
 	wid = ckpt_pack_id(b->wpack); /* 0 (never a pack id) for none */
 	bid = ckpt_pack_id(b->bgpack);
@@ -315,7 +309,8 @@ static int pb_units(ckpt_chunk_backend *cb, struct ckpt_chunk_unit **ret, size_t
 		n++;
 	}
 	closedir(d);
-	qsort(v, n, sizeof(*v), unit_cmp);
+	if (n)
+		qsort(v, n, sizeof(*v), unit_cmp);
 	*ret = v;
 	*ret_n = n;
 	return 0;

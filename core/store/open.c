@@ -37,18 +37,12 @@ static int read_marker(int dfd, const char *path, char *err, size_t errlen)
 
 static int dir_is_empty_fs(int dfd)
 {
-	int fd = dup(dfd);
 	DIR *d;
 	struct dirent *de;
-	int empty = 1;
+	int empty = 1, r = ckpt_opendir_dup(dfd, &d);
 
-	if (fd < 0)
-		return -errno;
-	d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -errno;
-	}
+	if (r < 0)
+		return r;
 	while ((de = readdir(d)))
 		if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
 		    strcmp(de->d_name, "lost+found"))
