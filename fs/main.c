@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "base/util.h"
-#include "chunk/readahead.h"
+#include "store/readahead.h"
 #include "fuse_ops.h"
 #include "options.h"
 #include "store/file.h"

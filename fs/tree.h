@@ -30,7 +30,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "chunk/readahead.h"
+#include "store/readahead.h"
 #include "store/store.h"
 
 /* What a lookup (or a create) hands to the kernel. */

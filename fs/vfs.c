@@ -358,7 +358,7 @@ void vfs_release(struct vfs *v, struct tree_file *f)
 }
 
 /*
- * Read-ahead (chunk/readahead.h): a read that continues the file's previous
+ * Read-ahead (store/readahead.h): a read that continues the file's previous
  * one queues the chunks of the next window for the workers before this
  * request is served, so they are read and decompressed while this request
  * and the next ones are.  Through the page cache the kernel's own

@@ -19,7 +19,7 @@
 #include <sys/statvfs.h>
 #include <sys/types.h>
 
-#include "chunk/readahead.h"
+#include "store/readahead.h"
 #include "store/file.h"
 #include "store/store.h"
 #include "tree.h"

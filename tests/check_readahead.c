@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * check_readahead.c - chunk read-ahead (chunk/readahead.h): the window
+ * check_readahead.c - chunk read-ahead (store/readahead.h): the window
  * arithmetic, sequential-read detection, and the workers loading queued
  * chunks into a store's cache (loaded, skipped, failed and dropped counts;
  * the chunks they loaded are cache hits for the reader).
@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chunk/readahead.h"
+#include "store/readahead.h"
 #include "testlib.h"
 
 static char dir[512];

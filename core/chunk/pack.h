@@ -5,8 +5,8 @@
  * A pack file lives in the store's pack directory under the name
  * "pack-%016" PRIx64 ".ckpk" of its 64-bit id.  It starts with a 64-byte
  * file header followed by records.  The pack layer treats the chunk digest
- * and the codec as opaque bytes; the RocksDB index (not this module) maps
- * digest -> (pack id, record offset, stored_len, raw_len, codec).
+ * and the codec as opaque bytes; the store's metadata (not this module)
+ * maps digest -> (location, stored_len, raw_len, codec).
  *
  * On-disk format, version 1.  All integers are little-endian.  Checksums
  * are XXH3-64 with seed 0 (unkeyed), the function ckpt_checksum() uses.

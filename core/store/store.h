@@ -1,7 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * store.h - a ckptfs store: content-addressed chunks in append-only packs,
- * the namespace (inodes, directory entries, file extent lists) in RocksDB.
+ * store.h - a ckptfs store, the contract of core/store: content-addressed
+ * chunks in a chunk backend (chunk/backend.h; pack files by default), the
+ * namespace, extent lists and chunk index in a metadata engine
+ * (meta/engine.h; RocksDB by default).  The store wires the two: open,
+ * create and recovery, the put path, background compression and the one
+ * compactor, reads of extent lists, stat/fsck/gc.
  *
  * On-disk layout of a store directory STORE (docs/format.md):
  *   STORE/ckptfs-store   format marker: "ckptfs-store <format-version>\n"

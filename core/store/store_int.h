@@ -27,13 +27,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "chunk/cache.h"
-#include "chunk/chunker.h"
-#include "chunk/compress.h"
-#include "chunk/loadctx.h"
-#include "chunk/backend.h"
+#include "base/base.h"
+#include "chunk/chunk.h"
 #include "meta/meta.h"
-#include "base/util.h"
 
 
 

@@ -2,7 +2,7 @@
 /*
  * readahead.c - worker threads that load chunks ahead of sequential readers.
  */
-#include "chunk/readahead.h"
+#include "store/readahead.h"
 
 #include <errno.h>
 #include <pthread.h>
