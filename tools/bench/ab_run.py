@@ -14,6 +14,8 @@ and B/A.  Whether a row is better higher or lower is the suite's (column
 "better" below: ratio > 1 is better for "higher" rows, < 1 for "lower").
 
 Results: OUT/ab.txt and OUT/ab.csv; each single run in OUT/rR-{a,b}/.
+--report-only reports what the rounds already in OUT hold (a run that was
+stopped early: complete runs only).
 """
 import argparse
 import csv
@@ -25,11 +27,15 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_once(build, out, data, run_args):
+def run_once(build, out, data, run_args, report_only=False):
     cmd = [os.path.join(HERE, "run"), "--ckptfs", os.path.join(build, "fs/ckptfs"),
            "--ckpt", os.path.join(build, "tools/ckpt"), "--out", out, "--data", data] + run_args
-    print(f"ab_run: {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True)
+    if report_only:
+        if not os.path.exists(os.path.join(out, "results.csv")):
+            return {}
+    else:
+        print(f"ab_run: {' '.join(cmd)}", flush=True)
+        subprocess.run(cmd, check=True)
     rows = {}
     with open(os.path.join(out, "results.csv"), newline="") as f:
         for r in csv.DictReader(f):
@@ -46,6 +52,8 @@ def main(argv):
     p.add_argument("b")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default="/var/tmp/ckptfs-ab")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: report the rounds' results already in OUT")
     run_args = argv[argv.index("--") + 1:] if "--" in argv else []
     a = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     os.makedirs(a.out, exist_ok=True)
@@ -54,7 +62,8 @@ def main(argv):
     for rnd in range(a.rounds):
         order = ["a", "b"] if rnd % 2 == 0 else ["b", "a"]
         for v in order:
-            rows = run_once(getattr(a, v), os.path.join(a.out, f"r{rnd}-{v}"), data, run_args)
+            rows = run_once(getattr(a, v), os.path.join(a.out, f"r{rnd}-{v}"), data, run_args,
+                            a.report_only)
             for k, (ck, base, better) in rows.items():
                 samples[v].setdefault(k, ([], [], better))
                 samples[v][k][0].extend(ck)

@@ -350,7 +350,7 @@ def _read_ranges(ranges, direct):
     """Read (path, offset, length) ranges with 4 MiB requests into one buffer, with
     O_DIRECT or through the page cache; returns bytes read.  The buffer is 2 MiB aligned
     and advised MADV_HUGEPAGE, as the daemon's pack-read buffers: this disk serves
-    O_DIRECT reads into 4 KiB pages at about half the speed (docs/performance.md 6e).  It
+    O_DIRECT reads into 4 KiB pages at about half the speed (docs/performance.md section 6).  It
     is private memory: Python's default MAP_SHARED anonymous mapping is shmem, which
     gets no huge pages here."""
     region = mmap.mmap(-1, DIRECT_IO + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -2,7 +2,7 @@
 /*
  * read_limits - CPU cost of every step of ckptfs's chunk read path, measured
  * on the chunks of a real store (the measurement behind docs/performance.md
- * section "Read path limits").
+ * section 6, "Limits of this machine").
  *
  * Loads every record of every pack of STORE into memory (so no disk I/O is
  * timed), then runs each step over all of them with 1 and 2 threads (each

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Physical limits of reading a ckptfs store on this machine (docs/performance.md,
-"Read path limits").  Needs root; run from the repository root after `make bench`.
+"""Physical limits of reading a ckptfs store on this machine (docs/performance.md
+section 6, "Limits of this machine").  Needs root; run from the repository root after `make bench`.
 
     tools/bench/read_limits.py STORE [--reps 3] [--files 20] [--file-mib 24.6]
 
