@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Install, build, and run the ckptfs main job on a default local store:
-# mount ./ckptfs-demo/mnt (store ./ckptfs-demo/store), save a sharded
-# checkpoint series with plain writes, read it back, show the store's
-# accounting, unmount and fsck.  Idempotent: each run starts a fresh demo.
+# mount ./ckptfs-demo/mnt (store ./ckptfs-demo/store); save a sharded
+# checkpoint series with plain writes and read it back through the views;
+# run the trainer example (tools/example/run.sh: torchrun, FSDP2 x TP, async
+# ckptfs.save, an evaluator on the consolidated view, a resume on fewer
+# processes); show the store's accounting, unmount and fsck.
+# Idempotent: each run starts a fresh demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -27,6 +30,8 @@ echo "== mounting $store on $mnt"
 echo "== main job: 3 training steps x (2 TP x 2 DP) safetensors shards, read back as saved"
 echo "   and through the resharded views /tp1_pp1 (consolidated) and /tp4_pp2"
 /usr/bin/python3 "$top/tools/demo_job.py" "$mnt"
+echo "== trainer example (tools/example/run.sh)"
+"$top/tools/example/run.sh" "$mnt" "$demo/example"
 echo "== files"
 ls -l "$mnt" "$mnt/step_0003" "$mnt/tp4_pp2/step_0003"
 echo "== checkpoints in the store (ckpt ls)"
