@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Run the whole test suite: unit tests (Check) and FUSE integration tests.
+# Run the whole test suite: unit tests (Check), FUSE integration tests (make check), then the
+# Python suite (tests/python, pytest from ./.venv).  Prints one summary line that adds both up
+# and exits non-zero if anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
 status=0
 make -j"$(nproc)" check || status=$?
-# One summary line for humans and CI.
+pass=0 fail=0 skip=0
 if [ -f test-suite.log ]; then
 	count() { cat tests/*.trs tests/integration/*.trs 2>/dev/null | grep -c "^:test-result: $1" || true; }
 	pass=$(count PASS)
@@ -14,6 +16,55 @@ if [ -f test-suite.log ]; then
 	if [ "$status" -ne 0 ]; then
 		cat test-suite.log
 	fi
-	echo "$pass passed, $fail failed, $skip skipped"
+	echo "make check: $pass passed, $fail failed, $skip skipped"
+elif [ "$status" -ne 0 ]; then
+	# make check stopped before any test ran (a build error): no counts, but a failure
+	fail=1
+fi
+
+# Python suite.  pytest's exit code 5 means it collected no tests: that is a failure once
+# tests/python holds test files (a broken import or a renamed folder must not pass silently).
+py_files=$(find tests/python -name 'test_*.py' -o -name '*_test.py' 2>/dev/null | head -1)
+if [ -n "$py_files" ]; then
+	junit=$(mktemp "${TMPDIR:-/tmp}/ckptfs-pytest.XXXXXX")
+	trap 'rm -f "$junit"' EXIT
+	pyrc=0
+	.venv/bin/python -m pytest -p no:cacheprovider -rfEs --junitxml="$junit" tests/python || pyrc=$?
+	# passed/failed/skipped from pytest's own JUnit report (tests, failures, errors, skipped)
+	read -r ppass pfail pskip < <(.venv/bin/python - "$junit" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+try:
+    root = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):
+    print(0, 0, 0)
+    raise SystemExit
+suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+t = f = s = 0
+for su in suites:
+    t += int(su.get("tests", 0))
+    f += int(su.get("failures", 0)) + int(su.get("errors", 0))
+    s += int(su.get("skipped", 0))
+print(t - f - s, f, s)
+PY
+)
+	if [ "$pyrc" -eq 5 ]; then
+		echo "pytest: no tests collected from tests/python, which holds test files" >&2
+		pfail=$((pfail + 1))
+	elif [ "$pyrc" -ne 0 ] && [ "$pfail" -eq 0 ]; then
+		# interrupted, internal or usage error: pytest's report may count nothing failed
+		echo "pytest: exited with $pyrc" >&2
+		pfail=$((pfail + 1))
+	fi
+	[ "$pyrc" -eq 0 ] || status=1
+	echo "pytest: $ppass passed, $pfail failed, $pskip skipped"
+	pass=$((pass + ppass)) fail=$((fail + pfail)) skip=$((skip + pskip))
+else
+	echo "pytest: tests/python holds no test files yet"
+fi
+# One summary line for humans and CI.
+echo "$pass passed, $fail failed, $skip skipped"
+if [ "$fail" -ne 0 ] && [ "$status" -eq 0 ]; then
+	status=1
 fi
 exit "$status"
