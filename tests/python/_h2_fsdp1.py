@@ -1,0 +1,86 @@
+"""The FSDP1 job of the tests: a small model with nested FSDP units, trained a few steps.
+
+Sizes are chosen so that chunks are uneven: with 3 or 4 ranks some parameters lie in no part
+of some rank's chunk, others are split across ranks, and the flat parameters are padded.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.lin1 = nn.Linear(d, h)
+        self.lin2 = nn.Linear(h, d, bias=False)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return self.norm(x + self.lin2(torch.tanh(self.lin1(x))))
+
+
+class Net(nn.Module):
+    VOCAB = 11
+
+    def __init__(self, d: int = 6, h: int = 5):
+        super().__init__()
+        self.emb = nn.Embedding(self.VOCAB, d)
+        self.blocks = nn.ModuleList([Block(d, h) for _ in range(2)])
+        self.head = nn.Linear(d, self.VOCAB)
+        self.register_buffer("scale", torch.tensor([1.0, 0.5, 0.25]))
+        self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    def forward(self, tok):
+        x = self.emb(tok)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x) * self.scale[0]
+
+
+def batch(step: int, rank: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    tok = torch.randint(0, Net.VOCAB, (4, 5), generator=g)
+    return tok, torch.roll(tok, 1, dims=1)
+
+
+def build_fsdp1(seed: int):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    torch.manual_seed(seed)
+    net = Net()
+    return FSDP(net, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
+                device_id=torch.device("cpu"), sync_module_states=False)
+
+
+def train(model, steps: int, rank: int):
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for s in range(steps):
+        tok, tgt = batch(s, rank)
+        logits = model(tok)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, Net.VOCAB), tgt.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return opt
+
+
+def full_state(model, opt):
+    """FSDP1's own consolidated model and optimizer state, on every rank (the reference)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import (FullOptimStateDictConfig, FullStateDictConfig,
+                                        StateDictType)
+    with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False),
+                              FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+        sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        osd = FSDP.optim_state_dict(model, opt) if opt is not None else None
+    optim = {}
+    if osd is not None:
+        for fqn, st in osd["state"].items():
+            for k, v in st.items():
+                if isinstance(v, torch.Tensor):
+                    optim[f"state.{fqn}.{k}"] = v.detach().clone()
+    dist.barrier()
+    return sd, optim
