@@ -5,7 +5,9 @@
  * overlapping pieces must agree, every element must be covered, pieces
  * must agree on dtype, global shape and tp_dim; each problem is reported
  * with the group, tensor, files and range, and files without one still
- * open.  Set-up code: viewlib.h.
+ * open.  Plain files (no ckptfs metadata) that hold one tensor with
+ * different bytes or shapes are reported as lacking sharding metadata.
+ * Set-up code: viewlib.h.
  */
 #include <check.h>
 #include <errno.h>
@@ -16,6 +18,7 @@
 
 #include "viewlib.h"
 #include "base/util.h"
+#include "views/view_int.h"
 
 /* ---- replicas and consistency ----------------------------------------- */
 
@@ -55,9 +58,10 @@ START_TEST(test_dp_replicas_differ)
 	char err[1024];
 
 	w2[11] = -1.0f; /* one element differs */
-	put_st(dir, "dp0.safetensors", NULL, &t, 1);
+	/* files with ckptfs metadata: a replica that differs is just that */
+	put_st(dir, "dp0.safetensors", "{\"version\": 1}", &t, 1);
 	t.data = w2;
-	put_st(dir, "dp1.safetensors", NULL, &t, 1);
+	put_st(dir, "dp1.safetensors", "{\"version\": 1}", &t, 1);
 	put_st(dir, "other.safetensors", "{\"version\": 1, \"group\": \"other\"}", &ok, 1);
 	v = build(dir, 1, 1, NULL);
 	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
@@ -72,9 +76,211 @@ START_TEST(test_dp_replicas_differ)
 		      rp.why[0]);
 	group_info(v, "other", &gi);
 	ck_assert_uint_eq(gi.problems, 0);
+	group_info(v, "model", &gi);
+	ck_assert_uint_eq(gi.problems, 0);
+	ck_assert_uint_eq(gi.nometa, 0);
 	ckpt_view_unref(v);
 	free(w);
 	free(w2);
+}
+END_TEST
+
+/* ---- plain per-rank files (no ckptfs metadata) ------------------------- */
+
+#define HINT "describe it (docs/views.md section 3) or save with ckptfs.save (docs/trainer.md)"
+
+/*
+ * What a user of plain safetensors writes when each TP rank saves its own
+ * slice under the global name, slices of one shape: the "replicas" differ.
+ * Reported as missing sharding metadata (open, check, group info), while a
+ * tensor the files hold with equal bytes is fine and a TP layout's file
+ * that does not hold the tensor opens.
+ */
+START_TEST(test_naive_shards_bytes)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "naive");
+	float *w0 = fgen(6, 1), *w1 = fgen(6, 100), *n = fgen(4, 7);
+	struct tdef t0[2] = { { "embed_tokens.weight", CKPT_DT_F32, 2, { 2, 3 }, w0 },
+			      { "norm.weight", CKPT_DT_F32, 1, { 4 }, n } };
+	struct tdef t1[2] = { { "embed_tokens.weight", CKPT_DT_F32, 2, { 2, 3 }, w1 },
+			      { "norm.weight", CKPT_DT_F32, 1, { 4 }, n } };
+	static const char want[] =
+		"group 'model', tensor 'embed_tokens.weight' is in 2 files (rank0.safetensors, "
+		"rank1.safetensors) with different bytes and no sharding metadata: " HINT;
+	struct ckpt_view_group_info gi;
+	struct reports rp = { 0 };
+	char err[1024];
+	ckpt_view *v;
+
+	put_st(dir, "rank0.safetensors", NULL, t0, 2);
+	put_st(dir, "rank1.safetensors", NULL, t1, 2);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_str_eq(err, want);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_str_eq(rp.file[0], "model.safetensors");
+	ck_assert_str_eq(rp.why[0], want);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.tensors, 2);
+	ck_assert_uint_eq(gi.files, 2);
+	ck_assert_uint_eq(gi.nometa, 1); /* the chunk digests differ */
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+	/* pp2: the embedding is on stage 0, the norm on stage 1 */
+	v = build(dir, 1, 2, NULL);
+	ck_assert_int_eq(try_open(v, "model_tp0_pp0.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_str_eq(err, want);
+	ck_assert_int_eq(try_open(v, "model_tp0_pp1.safetensors", err, sizeof(err)), 0);
+	ckpt_view_unref(v);
+	free(w0);
+	free(w1);
+	free(n);
+}
+END_TEST
+
+/* More than four files: the first four are named. */
+START_TEST(test_naive_shards_many_files)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "naive5");
+	struct reports rp = { 0 };
+	struct ckpt_view_group_info gi;
+	ckpt_view *v;
+
+	for (int r = 0; r < 5; r++) {
+		float *w = fgen(4, 10.0f * (float)r);
+		struct tdef t = { "w", CKPT_DT_F32, 1, { 4 }, w };
+		char name[32];
+		snprintf(name, sizeof(name), "r%d.safetensors", r);
+		put_st(dir, name, NULL, &t, 1);
+		free(w);
+	}
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 1);
+	ck_assert_str_eq(rp.why[0],
+			 "group 'model', tensor 'w' is in 5 files (r0.safetensors, r1.safetensors, "
+			 "r2.safetensors, r3.safetensors, and 1 more) with different bytes and no "
+			 "sharding metadata: " HINT);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.nometa, 1);
+	ckpt_view_unref(v);
+}
+END_TEST
+
+/*
+ * TP slices of different shapes saved under the global name (rows 0:3 and
+ * 3:5 of a [5, 3] tensor): found at build, reported with both shapes.  The
+ * same with one file carrying ckptfs metadata keeps the global-shape
+ * message (the writer described its tensors).
+ */
+START_TEST(test_naive_shards_shape)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "naive");
+	uint64_t dir2 = mkdir_in(CKPT_ROOT_INO, "half");
+	float *w = fgen(15, 1);
+	struct tdef t0 = { "w", CKPT_DT_F32, 2, { 3, 3 }, w };
+	struct tdef t1 = { "w", CKPT_DT_F32, 2, { 2, 3 }, w + 9 };
+	static const char want[] =
+		"group 'model', tensor 'w' is in 2 files (r0.safetensors, r1.safetensors) with "
+		"different shapes ([3, 3] in r0.safetensors, [2, 3] in r1.safetensors) and no "
+		"sharding metadata: " HINT;
+	struct ckpt_view_group_info gi;
+	struct reports rp = { 0 };
+	char err[1024];
+	ckpt_view *v;
+
+	put_st(dir, "r0.safetensors", NULL, &t0, 1);
+	put_st(dir, "r1.safetensors", NULL, &t1, 1);
+	v = build(dir, 2, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model_tp0_pp0.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_str_eq(err, want);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 2); /* both TP files */
+	ck_assert_str_eq(rp.why[0], want);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.nometa, 1);
+	ck_assert_uint_eq(gi.problems, 0);
+	ckpt_view_unref(v);
+
+	put_st(dir2, "r0.safetensors", "{\"version\": 1}", &t0, 1);
+	put_st(dir2, "r1.safetensors", NULL, &t1, 1);
+	v = build(dir2, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_str_eq(err, "group 'model', tensor 'w': pieces disagree on global shape: [3, 3] "
+			      "in r0.safetensors, [2, 3] in r1.safetensors");
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.nometa, 0);
+	ck_assert_uint_eq(gi.problems, 1);
+	ckpt_view_unref(v);
+	free(w);
+}
+END_TEST
+
+/* Plain files holding the same tensor with equal bytes are replicas: no
+ * problem anywhere. */
+START_TEST(test_naive_replicas_equal)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "dp");
+	float *w = fgen(3 << 18, 5); /* 3 MiB: several chunks */
+	struct tdef t = { "w", CKPT_DT_F32, 1, { 3 << 18 }, w };
+	struct ckpt_view_group_info gi;
+	struct reports rp = { 0 };
+	ckpt_view *v;
+
+	put_st(dir, "dp0.safetensors", NULL, &t, 1);
+	put_st(dir, "dp1.safetensors", NULL, &t, 1);
+	v = build(dir, 1, 1, NULL);
+	ckpt_view_group_info(v, 0, &gi);
+	ck_assert_uint_eq(gi.nometa, 0);
+	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 0);
+	ckpt_view_unref(v);
+	free(w);
+}
+END_TEST
+
+/* vw_same_digests: what the extents alone prove. */
+static struct ckpt_extent_list *exts(const uint32_t *len, const uint8_t *id, size_t n)
+{
+	struct ckpt_extent_list *l = ckpt_extent_list_new();
+
+	ck_assert_ptr_nonnull(l);
+	for (size_t i = 0; i < n; i++) {
+		ckpt_digest d;
+		memset(&d, 0, sizeof(d));
+		d.bytes[0] = id[i];
+		ck_assert_int_eq(ckpt_extent_list_append(l, len[i],
+							 id[i] ? CKPT_EXT_CHUNK : CKPT_EXT_ZERO,
+							 id[i] ? &d : NULL),
+				 0);
+	}
+	return l;
+}
+
+START_TEST(test_same_digests)
+{
+	/* a: header 100, tensor of 10 + 10 + 5 bytes (chunks 1, 2, 3) */
+	const uint32_t la[] = { 100, 10, 10, 5 }, lb[] = { 60, 10, 10, 5 };
+	const uint32_t lc[] = { 60, 10, 10, 5 }, ld[] = { 60, 10, 15 };
+	const uint32_t le[] = { 60, 10, 10, 5 }, lf[] = { 55, 15, 10, 5 };
+	const uint8_t ia[] = { 9, 1, 2, 3 }, ib[] = { 8, 1, 2, 3 }, ic[] = { 8, 1, 0, 3 };
+	const uint8_t id[] = { 8, 1, 7 }, ie[] = { 8, 1, 2, 4 }, jf[] = { 8, 1, 2, 3 };
+	struct ckpt_extent_list *a = exts(la, ia, 4), *b = exts(lb, ib, 4), *c = exts(lc, ic, 4);
+	struct ckpt_extent_list *d = exts(ld, id, 3), *e = exts(le, ie, 4), *f = exts(lf, jf, 4);
+
+	ck_assert_int_eq(vw_same_digests(a, 100, b, 60, 25), 1);
+	ck_assert_int_eq(vw_same_digests(a, 100, b, 60, 0), 1);
+	ck_assert_int_eq(vw_same_digests(a, 100, b, 60, 12), 1);  /* a prefix of one chunk */
+	ck_assert_int_eq(vw_same_digests(a, 100, e, 60, 23), -1); /* chunks 3, 4 extend past */
+	ck_assert_int_eq(vw_same_digests(a, 100, b, 60, 20), 1);
+	ck_assert_int_eq(vw_same_digests(a, 100, c, 60, 25), 0);  /* zero run vs chunk */
+	ck_assert_int_eq(vw_same_digests(a, 100, e, 60, 25), 0);  /* last chunk differs */
+	ck_assert_int_eq(vw_same_digests(a, 100, d, 60, 25), -1); /* cut differently */
+	ck_assert_int_eq(vw_same_digests(a, 100, f, 60, 25), -1); /* not at an extent start */
+	ck_assert_int_eq(vw_same_digests(a, 100, b, 60, 30), -1); /* past the end */
+	ckpt_extent_list_free(a);
+	ckpt_extent_list_free(b);
+	ckpt_extent_list_free(c);
+	ckpt_extent_list_free(d);
+	ckpt_extent_list_free(e);
+	ckpt_extent_list_free(f);
 }
 END_TEST
 
@@ -239,8 +445,9 @@ END_TEST
 
 /*
  * group_info.problems counts the build-time conflicts only (docs/views.md
- * sections 11 and 13: `ckpt ls` does not flag missing pieces or disagreeing
- * replicas, which opening a file finds).
+ * section 11: `ckpt ls` does not flag missing pieces or disagreeing
+ * replicas of described files, which opening a file finds); nometa counts
+ * plain files whose copies of a tensor differ by their chunk digests.
  */
 START_TEST(test_group_info_problems_build_time_only)
 {
@@ -264,6 +471,8 @@ START_TEST(test_group_info_problems_build_time_only)
 	ck_assert_uint_eq(gi.tensors, 2);
 	ck_assert_uint_eq(gi.files, 3);
 	ck_assert_uint_eq(gi.problems, 0);
+	/* r1 and r2 (plain files) differ by their chunk digests */
+	ck_assert_uint_eq(gi.nometa, 1);
 	/* ckpt_view_check finds both: one report per (file, tensor) */
 	ck_assert_int_eq(ckpt_view_check(v, report_cb, &rp), 2);
 	ck_assert_int_eq(rp.n, 2);
@@ -393,6 +602,11 @@ static Suite *vcheck_suite(void)
 
 	tcase_add_test(cons, test_dp_replicas_equal);
 	tcase_add_test(cons, test_dp_replicas_differ);
+	tcase_add_test(cons, test_naive_shards_bytes);
+	tcase_add_test(cons, test_naive_shards_many_files);
+	tcase_add_test(cons, test_naive_shards_shape);
+	tcase_add_test(cons, test_naive_replicas_equal);
+	tcase_add_test(cons, test_same_digests);
 	tcase_add_test(cons, test_overlap_disagree);
 	tcase_add_test(cons, test_overlap_disagree_after_contiguous_tensor);
 	tcase_add_test(cons, test_overlap_agree);

@@ -119,7 +119,7 @@ static uint64_t prec_var(const uint8_t *v, size_t n, size_t *pos)
 	}
 }
 
-/* Split a version-2 'P' record (docs/format.md 5.8) into its tensor
+/* Split a version-3 'P' record (docs/format.md 5.8) into its tensor
  * entries: *ret_hdr gets the length of the part before them, names[i] each
  * entry's whole name, rest[i] / lens[i] what follows the name. */
 static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, char (*names)[64],
@@ -129,7 +129,8 @@ static size_t prec_split(const uint8_t *v, size_t n, size_t *ret_hdr, char (*nam
 	uint32_t nt32;
 	uint16_t gl;
 
-	ck_assert_uint_eq(v[0], 2);
+	ck_assert_uint_eq(v[0], 3);
+	ck_assert_uint_le(v[3], 1); /* flags: whether the file has ckptfs metadata */
 	memcpy(&nt32, v + pos, 4);
 	nt = nt32;
 	pos += 4 + 8 + 8 + 8;
@@ -268,6 +269,76 @@ START_TEST(test_persisted_parse)
 	vbuf_free(&b);
 	vbuf_free(&c);
 	tp_teardown(&x);
+}
+END_TEST
+
+/*
+ * Whether a source carries ckptfs metadata survives in its persisted parse:
+ * after the store is reopened (views built from the records), plain per-rank
+ * files that differ are still reported as lacking sharding metadata, and
+ * described replicas that differ still as disagreeing replicas.
+ */
+START_TEST(test_persisted_described)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, "naive");
+	float *a = fgen(6, 1), *b = fgen(6, 100);
+	struct tdef ta = { "w", CKPT_DT_F32, 2, { 2, 3 }, a }, tb = ta;
+	struct tdef ga = { "g", CKPT_DT_F32, 2, { 2, 3 }, a }, gb = ga;
+	static const char *gmeta = "{\"version\": 1, \"group\": \"described\"}";
+	uint64_t ino[4];
+	struct ckpt_store_opts o;
+	char err[1024] = "", err2[1024] = "", err3[1024] = "", err4[1024] = "";
+	uint8_t *val = NULL;
+	size_t vlen;
+	ckpt_view *v;
+
+	tb.data = b;
+	gb.data = b;
+	ino[0] = put_st(dir, "rank0.safetensors", NULL, &ta, 1);
+	ino[1] = put_st(dir, "rank1.safetensors", NULL, &tb, 1);
+	ino[2] = put_st(dir, "g0.safetensors", gmeta, &ga, 1);
+	ino[3] = put_st(dir, "g1.safetensors", gmeta, &gb, 1);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err, sizeof(err)), -EIO);
+	ck_assert_int_eq(try_open(v, "described.safetensors", err3, sizeof(err3)), -EIO);
+	ckpt_view_unref(v);
+	ck_assert_msg(strstr(err, "no sharding metadata") != NULL, "%s", err);
+	ck_assert_msg(strstr(err3, "replicas disagree") != NULL, "%s", err3);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_int_eq(ckpt_store_parsed_get(st, ino[i], &val, &vlen), 0);
+		ck_assert_uint_ge(vlen, 4);
+		ck_assert_uint_eq(val[0], 3);
+		ck_assert_uint_eq(val[3], i < 2 ? 0 : 1);
+		free(val);
+	}
+	ckpt_pool_free(pool);
+	ckpt_view_forget_store(st);
+	ckpt_store_free(st);
+	ckpt_store_opts_init(&o);
+	ck_assert_int_eq(ckpt_store_open(spath, &o, &st, err2, sizeof(err2)), 0);
+	ck_assert_int_eq(ckpt_pool_new(2, &pool), 0);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err2, sizeof(err2)), -EIO);
+	ck_assert_int_eq(try_open(v, "described.safetensors", err4, sizeof(err4)), -EIO);
+	ckpt_view_unref(v);
+	ck_assert_str_eq(err2, err);
+	ck_assert_str_eq(err4, err3);
+	/* the views take the flag from the record: marked as described, the
+	 * plain files' replicas are reported as such */
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(ckpt_store_parsed_get(st, ino[i], &val, &vlen), 0);
+		val[3] = 1;
+		ck_assert_int_eq(ckpt_store_parsed_put(st, ino[i], val, vlen), 0);
+		free(val);
+	}
+	ckpt_view_forget_store(st);
+	v = build(dir, 1, 1, NULL);
+	ck_assert_int_eq(try_open(v, "model.safetensors", err2, sizeof(err2)), -EIO);
+	ckpt_view_unref(v);
+	ck_assert_msg(strstr(err2, "replicas disagree (rank0.safetensors and rank1.safetensors"),
+		      "%s", err2);
+	free(a);
+	free(b);
 }
 END_TEST
 
@@ -1527,6 +1598,7 @@ static Suite *view_suite(void)
 
 	tcase_add_test(tp, test_tp1_whole);
 	tcase_add_test(tp, test_persisted_parse);
+	tcase_add_test(tp, test_persisted_described);
 	tcase_add_test(tp, test_tp4_uneven);
 	tcase_add_test(tp, test_tp3_cross_dim);
 	tcase_add_test(tp, test_header_and_reads);

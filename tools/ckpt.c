@@ -216,11 +216,17 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 	}
 	for (size_t g = 0; g < ckpt_view_ngroups(v); g++) {
 		struct ckpt_view_group_info gi;
+		char nometa[160] = "";
 		ckpt_view_group_info(v, g, &gi);
+		if (gi.nometa)
+			snprintf(nometa, sizeof(nometa),
+				 "  (NO SHARDING METADATA: %zu tensors in several files differ; run "
+				 "ckpt check)",
+				 gi.nometa);
 		printf("%s  group %s: %zu tensors in %zu files, saved as tp%u_pp%u, %" PRIu64
-		       " layers%s\n",
+		       " layers%s%s\n",
 		       path, gi.name, gi.tensors, gi.files, gi.saved_tp, gi.saved_pp, gi.num_layers,
-		       gi.problems ? "  (INCOMPLETE: run ckpt check)" : "");
+		       gi.problems ? "  (INCOMPLETE: run ckpt check)" : "", nometa);
 	}
 	ckpt_view_unref(v);
 	r = ckpt_store_readdir(s, dir, &ents, &n);

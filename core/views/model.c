@@ -10,6 +10,10 @@
  * What pieces disagree on (dtype, global shape, tp_dim) is recorded on the
  * global tensor as its problem, reported when a file holding it is opened;
  * coverage and the bytes of replicas are checked at open (vcheck.c).
+ * Pieces from files without ckptfs metadata that differ in shape (or, by
+ * their chunk digests, in bytes) are what per-rank slices saved under the
+ * global name look like: they are flagged as such, counted for `ckpt ls`
+ * and logged once per build.
  */
 #include "views/view_int.h"
 
@@ -220,17 +224,40 @@ out:
 	return 0;
 }
 
-static void problem(struct gtensor *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void problem(struct gtensor *g, const char *fmt, ...)
+/* Record the first problem of g; returns true if this one was recorded. */
+static bool problem(struct gtensor *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool problem(struct gtensor *g, const char *fmt, ...)
 {
 	va_list ap;
 
 	if (g->problem)
-		return; /* keep the first */
+		return false; /* keep the first */
 	va_start(ap, fmt);
 	if (vasprintf(&g->problem, fmt, ap) < 0)
 		g->problem = NULL;
 	va_end(ap);
+	return g->problem != NULL;
+}
+
+void vw_fmt_files(const struct vmodel *m, const struct gtensor *g, char *buf, size_t len)
+{
+	size_t n = g->p1 - g->p0, used;
+	int w = snprintf(buf, len, "%zu files (", n);
+
+	if (w < 0 || (size_t)w >= len)
+		return;
+	used = (size_t)w;
+	for (size_t i = 0; i < n && i < 4 && used < len; i++) {
+		w = snprintf(buf + used, len - used, "%s%s", i ? ", " : "",
+			     m->srcs[m->pieces[g->p0 + i].src].name);
+		if (w < 0)
+			return;
+		used += (size_t)w;
+	}
+	if (used < len && n > 4)
+		used += (size_t)snprintf(buf + used, len - used, ", and %zu more", n - 4);
+	if (used < len)
+		snprintf(buf + used, len - used, ")");
 }
 
 /* Resolve dtype, shape, tp_dim and pp of one global tensor. */
@@ -258,6 +285,16 @@ static void resolve(struct vmodel *v, struct gtensor *g, const ckpt_tp_rules *ru
 			char a[128], b[128];
 			ckpt_st_fmt_shape(a, sizeof(a), g->gshape, g->ndim);
 			ckpt_st_fmt_shape(b, sizeof(b), p->m->gs, p->m->ndim);
+			if (!v->srcs[p0->src].d->described && !v->srcs[p->src].d->described) {
+				/* whole tensors of plain files: most likely each rank saved
+				 * its own slice under the global name */
+				char files[512];
+				vw_fmt_files(v, g, files, sizeof(files));
+				if (problem(g, "is in %s with different shapes (%s in %s, %s in %s) "
+					       "and no sharding metadata: " VW_NOMETA_HINT,
+					    files, a, v->srcs[p0->src].name, b, v->srcs[p->src].name))
+					g->problem_nometa = true;
+			}
 			problem(g, "pieces disagree on global shape: %s in %s, %s in %s", a,
 				v->srcs[p0->src].name, b, v->srcs[p->src].name);
 		}
@@ -289,6 +326,34 @@ static void resolve(struct vmodel *v, struct gtensor *g, const ckpt_tp_rules *ru
 	g->tp_dim = tp;
 	if (!have_pp)
 		ckpt_pp_from_name(g->name, &g->pp);
+}
+
+/*
+ * Do g's pieces without sharding metadata (whole tensors of plain files, of
+ * one shape since g has no problem) hold different bytes?  Decided from
+ * the chunk digests in memory, without I/O: undecided comparisons (chunks
+ * that do not line up) count as equal here and are settled by an open.
+ */
+static void find_nometa_bytes(const struct vmodel *v, struct gtensor *g)
+{
+	const struct piece *first = NULL;
+
+	if (g->problem || g->p1 - g->p0 < 2)
+		return;
+	for (size_t i = g->p0; i < g->p1 && !g->nometa_bytes; i++) {
+		const struct piece *p = &v->pieces[i];
+		const struct srcdata *d = v->srcs[p->src].d, *fd;
+		if (d->described || !d->ext)
+			continue;
+		if (!first) {
+			first = p;
+			continue;
+		}
+		fd = v->srcs[first->src].d;
+		if (vw_same_digests(fd->ext, fd->data_start + first->t->begin, d->ext,
+				    d->data_start + p->t->begin, p->t->end - p->t->begin) == 0)
+			g->nometa_bytes = true;
+	}
 }
 
 /* Infer the layout the sources of a group were saved in. */
@@ -379,6 +444,7 @@ static int build_groups(struct vmodel *v, const ckpt_tp_rules *rules)
 		g->p1 = j;
 		g->group = v->ngroups - 1;
 		resolve(v, g, rules);
+		find_nometa_bytes(v, g);
 		v->ngts++;
 		v->groups[v->ngroups - 1].g1 = v->ngts;
 		i = j;
@@ -423,6 +489,41 @@ void vw_part_box(const struct gtensor *g, unsigned T, unsigned t, struct ckpt_bo
 		ckpt_tp_bounds(g->gshape[g->tp_dim], T, t, &lo, &hi);
 		b->off[g->tp_dim] = lo;
 		b->shape[g->tp_dim] = hi - lo;
+	}
+}
+
+/* Log, once per build of a model, the tensors of each group that several
+ * plain files hold with different contents: every view file holding one
+ * will fail to open, and the fix is on the writer's side. */
+static void warn_nometa(const struct vmodel *v)
+{
+	for (size_t gi = 0; gi < v->ngroups; gi++) {
+		const struct vgroup *grp = &v->groups[gi];
+		const struct gtensor *first = NULL;
+		size_t n = 0;
+		char files[512], more[64] = "";
+
+		for (size_t k = grp->g0; k < grp->g1; k++) {
+			const struct gtensor *g = &v->gts[k];
+			if (!g->problem_nometa && !g->nometa_bytes)
+				continue;
+			if (!first)
+				first = g;
+			n++;
+		}
+		if (!first)
+			continue;
+		if (n > 1)
+			snprintf(more, sizeof(more), " (and %zu more tensor(s) like it)", n - 1);
+		if (first->problem_nometa) {
+			ckpt_warn("group '%s', tensor '%s' %s%s", grp->name, first->name,
+				  first->problem, more);
+		} else {
+			vw_fmt_files(v, first, files, sizeof(files));
+			ckpt_warn("group '%s', tensor '%s' is in %s with different bytes and no "
+				  "sharding metadata: " VW_NOMETA_HINT "%s",
+				  grp->name, first->name, files, more);
+		}
 	}
 }
 
@@ -484,6 +585,7 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 		m = NULL;
 		goto out;
 	}
+	warn_nometa(m);
 	vcache_insert(&model_cache, &m->node, s); /* the caller's reference and the cache's */
 out:
 	ckpt_dirents_free(ents, nents);

@@ -162,7 +162,7 @@ int vw_parsrec_encode(const struct srcdata *d, const struct ckpt_extent_list *ex
 	wb_u8(&b, CKPT_PARSREC_VERSION);
 	wb_u8(&b, d->source);
 	wb_u8(&b, d->has_nl);
-	wb_u8(&b, 0);
+	wb_u8(&b, d->described ? CKPT_PARSREC_F_DESCRIBED : 0);
 	wb_u32(&b, (uint32_t)d->ntensors);
 	wb_u64(&b, vw_parsrec_fingerprint(ext, d->data_start));
 	wb_u64(&b, d->data_start);
@@ -268,6 +268,7 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 	size_t names, dims, pos_names, pos_dims = 0;
 	uint32_t nt;
 	uint16_t glen;
+	uint8_t flags;
 	uint64_t fp;
 	uint64_t *shapes;
 	char *strs;
@@ -281,13 +282,14 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 		goto bad;
 	d->source = rb_u8(&b);
 	d->has_nl = rb_u8(&b);
-	rb_u8(&b);
+	flags = rb_u8(&b);
+	d->described = (flags & CKPT_PARSREC_F_DESCRIBED) != 0;
 	nt = rb_u32(&b);
 	fp = rb_u64(&b);
 	d->data_start = rb_u64(&b);
 	d->nl = rb_u64(&b);
 	glen = rb_u16(&b);
-	if (b.bad || nt > len || (!d->source && nt))
+	if (b.bad || nt > len || (!d->source && nt) || (flags & ~CKPT_PARSREC_F_DESCRIBED))
 		goto bad;
 	if (vw_parsrec_fingerprint(ext, d->data_start) != fp) {
 		r = -ESTALE;

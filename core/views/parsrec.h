@@ -15,21 +15,25 @@
 
 #include "views/view_int.h"
 
-#define CKPT_PARSREC_VERSION 2 /* 1: fixed-width fields, names whole */
+/* 1: fixed-width fields, names whole; 2: no flags (byte 3 zero) */
+#define CKPT_PARSREC_VERSION 3
+/* Byte 3 of a record: flags. */
+#define CKPT_PARSREC_F_DESCRIBED 0x01 /* __metadata__ has a "ckptfs" key */
 
 /* Fingerprint of the extents of l that hold bytes [0, data_start), or 0
  * when out of memory (which matches no record). */
 uint64_t vw_parsrec_fingerprint(const struct ckpt_extent_list *l, uint64_t data_start);
 
-/* The record of d's parse (source, has_nl, nl, data_start, group and its
+/* The record of d's parse (source, described, has_nl, nl, data_start, group and its
  * ntensors tensors and metas), for a file whose extents are ext.  *ret is
  * malloc'd.  Errors: -ENOMEM. */
 int vw_parsrec_encode(const struct srcdata *d, const struct ckpt_extent_list *ext,
 		      uint8_t **ret, size_t *ret_len);
 
 /* Decode record rec of a file whose extents are ext into d: source,
- * has_nl, nl, data_start, group, tensors, metas, ntensors and blob (which
- * holds the names and dims; d's other fields are untouched).  Errors:
+ * described, has_nl, nl, data_start, group, tensors, metas, ntensors and
+ * blob (which holds the names and dims); d's other fields are untouched.
+ * Errors:
  * -ESTALE (made for other header chunks), -EINVAL (another version,
  * truncated, inconsistent), -ENOMEM; d is then to be discarded (blob,
  * tensors and metas are freed and NULL). */

@@ -144,6 +144,7 @@ static int parse_source(ckpt_store *s, const char *name, struct srcdata *d, char
 		return -EIO;
 	}
 	d->data_start = 8 + n;
+	d->described = ckpt_st_metadata_get(d->hdr, "ckptfs") != NULL;
 	r = ckpt_shardmeta_parse(d->hdr, &d->meta, why, sizeof(why));
 	if (r < 0) {
 		ckpt_warn("%s: ckptfs metadata not usable (%s); served as an ordinary file", name,

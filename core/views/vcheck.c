@@ -12,7 +12,9 @@
  * (layout.c), and a sweep over the runs in target order checks coverage and
  * compares the bytes where pieces of different geometry overlap
  * (vw_tensor_runs).  Every error names the group, the tensor, the source
- * files and the range.
+ * files and the range.  Replicas that differ where neither file carries
+ * ckptfs metadata are reported as what they most likely are: per-rank
+ * slices saved under the global name, which need sharding metadata.
  */
 #include "views/view_int.h"
 
@@ -99,6 +101,43 @@ static void piece_geom(const struct piece *p, struct ckpt_piece_geom *ret)
 	ret->flat_end = m->flat_end;
 }
 
+int vw_same_digests(const struct ckpt_extent_list *la, uint64_t oa,
+		    const struct ckpt_extent_list *lb, uint64_t ob, uint64_t len)
+{
+	size_t ia = ckpt_extent_list_find(la, oa), ib = ckpt_extent_list_find(lb, ob);
+
+	if (len == 0)
+		return 1;
+	/* extents must start at the same relative offsets (what tensor-aligned
+	 * chunking gives for tensors of equal size) */
+	if (ia >= la->n || ib >= lb->n || la->v[ia].off != oa || lb->v[ib].off != ob)
+		return -1;
+	for (uint64_t done = 0; done < len; ia++, ib++) {
+		const struct ckpt_extent *x, *y;
+		uint64_t nx, ny;
+		bool whole;
+		if (ia >= la->n || ib >= lb->n)
+			return -1;
+		x = &la->v[ia];
+		y = &lb->v[ib];
+		nx = CKPT_MIN((uint64_t)x->len, len - done);
+		ny = CKPT_MIN((uint64_t)y->len, len - done);
+		if (nx != ny)
+			return -1;
+		/* both extents inside the range: a chunk is never all zeros
+		 * (those become zero extents), and different keyed digests mean
+		 * different chunks */
+		whole = x->len == nx && y->len == ny;
+		if (x->kind != y->kind)
+			return whole ? 0 : -1;
+		if (x->kind == CKPT_EXT_CHUNK &&
+		    memcmp(x->digest.bytes, y->digest.bytes, CKPT_DIGEST_LEN))
+			return whole ? 0 : -1;
+		done += nx;
+	}
+	return 1;
+}
+
 /* Compare bytes [off, off+len) of two sources by their chunk digests when
  * both are chunked identically, else by reading.  1 equal, 0 different,
  * <0 error. */
@@ -106,30 +145,13 @@ static int same_bytes(ckpt_view *v, size_t sa, uint64_t oa, size_t sb, uint64_t 
 		      uint64_t len)
 {
 	const struct ckpt_extent_list *la = v->m->srcs[sa].d->ext, *lb = v->m->srcs[sb].d->ext;
-	size_t ia = ckpt_extent_list_find(la, oa), ib = ckpt_extent_list_find(lb, ob);
 	uint8_t *ba = NULL, *bb = NULL;
 	int r = 1;
 
-	/* fast path: extents start at the same relative offsets with equal
-	 * digests (what tensor-aligned chunking gives for equal tensors) */
-	if (ia < la->n && ib < lb->n && la->v[ia].off == oa && lb->v[ib].off == ob) {
-		uint64_t done = 0;
-		while (done < len && ia < la->n && ib < lb->n) {
-			const struct ckpt_extent *x = &la->v[ia], *y = &lb->v[ib];
-			uint64_t nx = CKPT_MIN((uint64_t)x->len, len - done);
-			if (x->len != y->len && !(nx == len - done && y->len >= nx))
-				break;
-			if (x->kind != y->kind ||
-			    (x->kind == CKPT_EXT_CHUNK &&
-			     memcmp(x->digest.bytes, y->digest.bytes, CKPT_DIGEST_LEN)))
-				break;
-			done += nx;
-			ia++;
-			ib++;
-		}
-		if (done >= len)
-			return 1;
-	}
+	/* equal digests prove equal bytes; anything else is settled by reading
+	 * (a digest mismatch may be chunks that extend past the range) */
+	if (vw_same_digests(la, oa, lb, ob, len) == 1)
+		return 1;
 	ba = malloc(1u << 20);
 	bb = malloc(1u << 20);
 	if (!ba || !bb) {
@@ -196,6 +218,17 @@ static int unique_pieces(ckpt_view *v, const struct gtensor *g, size_t *uniq, si
 			       m->srcs[p->src].d->data_start + p->t->begin, p->t->end - p->t->begin);
 		if (r < 0)
 			return r;
+		if (r == 0 && !m->srcs[q->src].d->described && !m->srcs[p->src].d->described) {
+			/* whole tensors of plain files: most likely each rank saved its
+			 * own slice under the global name */
+			char files[512];
+			vw_fmt_files(m, g, files, sizeof(files));
+			ckpt_errf(err, errlen,
+				  "group '%s', tensor '%s' is in %s with different bytes and no "
+				  "sharding metadata: " VW_NOMETA_HINT,
+				  m->groups[g->group].name, g->name, files);
+			return -EIO;
+		}
 		if (r == 0) {
 			ckpt_errf(err, errlen,
 				  "group '%s', tensor '%s': replicas disagree (%s and %s hold the "
@@ -226,7 +259,8 @@ int vw_tensor_runs(ckpt_view *v, const struct vfile_plan *f, const struct vtenso
 	int r = 0;
 
 	if (g->problem) {
-		ckpt_errf(err, errlen, "group '%s', tensor '%s': %s", gname, g->name, g->problem);
+		ckpt_errf(err, errlen, "group '%s', tensor '%s'%s %s", gname, g->name,
+			  g->problem_nometa ? "" : ":", g->problem);
 		return -EIO;
 	}
 	if (vt->nbytes == 0)

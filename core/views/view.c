@@ -144,7 +144,11 @@ void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_i
 	ret->saved_tp = g->saved_tp;
 	ret->saved_pp = g->saved_pp;
 	ret->num_layers = g->num_layers;
-	for (size_t k = g->g0; k < g->g1; k++)
-		if (v->m->gts[k].problem)
+	for (size_t k = g->g0; k < g->g1; k++) {
+		const struct gtensor *t = &v->m->gts[k];
+		if (t->problem_nometa || t->nometa_bytes)
+			ret->nometa++;
+		else if (t->problem)
 			ret->problems++;
+	}
 }

@@ -90,8 +90,13 @@ struct ckpt_view_group_info {
 	unsigned saved_pp;
 	uint64_t num_layers;
 	size_t problems;       /* tensors whose pieces conflict (dtype, global shape,
-				* tp_dim); missing pieces and disagreeing replicas
-				* are found when files are opened (ckpt check) */
+				* tp_dim) other than those counted in nometa;
+				* missing pieces and disagreeing replicas are
+				* found when files are opened (ckpt check) */
+	size_t nometa;         /* tensors held by several files without ckptfs
+				* metadata that differ: in shape, or in bytes
+				* as far as chunk digests tell (no data is read;
+				* ckpt check compares the bytes) */
 };
 size_t ckpt_view_ngroups(const ckpt_view *v);
 void ckpt_view_group_info(const ckpt_view *v, size_t i, struct ckpt_view_group_info *ret);

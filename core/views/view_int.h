@@ -63,6 +63,9 @@ struct srcdata {
 	ckpt_shardmeta *meta; /* NULL then too, and when not reshardable */
 	uint64_t data_start;  /* 8 + header length */
 	bool source;          /* reshardable: consumed by the views */
+	bool described;       /* __metadata__ has a "ckptfs" key: the writer
+			       * described its tensors (else they are taken
+			       * whole, which is all a plain writer can mean) */
 	struct smeta *metas;  /* per tensor (parallel to tensors) */
 	uint64_t *mdims;      /* their dims (parsed JSON; else in blob) */
 	/* The tensor table the views use, in strcmp order of names when memory
@@ -120,6 +123,14 @@ struct gtensor {
 	int tp_dim;
 	struct ckpt_pp pp;
 	char *problem; /* non-NULL: every file holding it fails to open */
+	/* problem is the no-sharding-metadata kind (pieces of different shapes,
+	 * none described); it then reads "is in N files (...) ..." and follows
+	 * "group 'G', tensor 'T' " without a colon */
+	bool problem_nometa;
+	/* pieces without sharding metadata whose chunk digests prove that
+	 * their bytes differ (found at build without I/O; an open reports it
+	 * after comparing the bytes itself) */
+	bool nometa_bytes;
 };
 
 struct vgroup {
@@ -157,6 +168,22 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 		 struct vmodel **ret, char *err, size_t errlen);
 void vw_model_unref(struct vmodel *m); /* accepts NULL */
 void vw_model_forget_store(ckpt_store *s);
+
+/* What a reader must do about a tensor held by several files with
+ * different contents and no sharding metadata. */
+#define VW_NOMETA_HINT \
+	"describe it (docs/views.md section 3) or save with ckptfs.save (docs/trainer.md)"
+
+/* "N files (a, b, ...)" for the sources holding global tensor g: at most 4
+ * names, then "and K more". */
+void vw_fmt_files(const struct vmodel *m, const struct gtensor *g, char *buf, size_t len);
+
+/* Compare len bytes at oa of extent list la and at ob of lb by chunk
+ * digests only: 1 equal, 0 different, -1 undecided (the extents do not
+ * start at oa and ob or do not line up, e.g. zero runs merged across a
+ * tensor boundary).  Pure: no I/O. */
+int vw_same_digests(const struct ckpt_extent_list *la, uint64_t oa,
+		    const struct ckpt_extent_list *lb, uint64_t ob, uint64_t len);
 
 /* The part of global tensor g that TP rank t of T holds, in global
  * coordinates (section 5 of docs/views.md). */
