@@ -1,0 +1,888 @@
+/* load_io.c: ckptfs_load(): from requests to copy runs to parallel reads.
+ *
+ * Planning, per request (one thread, the caller's):
+ *   1. The request's target is a box of the global tensor, or a flat range of a box; a flat
+ *      range is cut into at most 2*ndim boxes that are each contiguous in the flattening and
+ *      whose own row-major order is the flattening's (a partial slice at the head, whole
+ *      slices, a partial slice at the tail, recursively), so both kinds are boxes with a base
+ *      offset in the destination.
+ *   2. Every stored piece whose box meets a target box yields its copy runs (ckpt_box_runs:
+ *      destination offset, source offset, length, merged maximally, no per-element work).
+ *   3. The runs of all pieces are ordered by (destination, piece) and swept once: a run covers
+ *      what lies past the part already covered, so of overlapping pieces (replicas) the one
+ *      starting first, then the one in the first file by name, is read, and each destination
+ *      byte is read once.  A hole is an error naming the tensor and the first element's
+ *      global index.
+ * Then for all requests together: the chosen runs are sorted by (file, offset), runs adjacent
+ * in both file and memory are merged, and runs of one file separated by gaps of at most
+ * gap_max bytes are gathered into one read: one preadv() whose vector points into the
+ * destinations, the gaps into a scratch buffer.  Reads are cut at chunk_max bytes so that
+ * io_threads threads, which take reads in file order from a shared counter, all work.
+ * Descriptors are opened once per file per load.  Device destinations are read into a host
+ * staging buffer and copied to the device once the reads are done.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "trainer/load.h"
+#include "views/shardmeta.h"
+
+/* The copy engine (trainer/copy.h, built with the save pipeline).  Declared weak so that the
+ * loader links, and refuses device destinations with -ENODEV, in a library without it. */
+extern int tr_copy_to_device(void *dst, int device, const void *src, size_t len)
+	__attribute__((weak));
+extern int tr_cuda_usable(void) __attribute__((weak));
+extern const char *tr_copy_error(void) __attribute__((weak));
+
+static bool have_device_copy(void)
+{
+	return tr_copy_to_device && tr_cuda_usable && tr_cuda_usable();
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A copy run of one request: dst relative to the request's destination. */
+struct run {
+	uint64_t dst, src, len;
+	uint32_t file, prio;
+};
+
+/* A chosen run of the load: dst absolute. */
+struct grun {
+	uint8_t *dst;
+	uint64_t src, len;
+	uint32_t file;
+};
+
+/* A part of a read: len bytes into dst, or a skipped gap (dst NULL). */
+struct seg {
+	uint8_t *dst;
+	uint64_t len;
+};
+
+struct rd {
+	uint32_t file;
+	uint64_t off, len;
+	size_t seg, nseg;
+};
+
+/* A device destination, staged in host memory. */
+struct stage {
+	void *host, *dev;
+	int device;
+	uint64_t len;
+	size_t req;
+};
+
+/* Growable arrays of the plan; freed by plan_free. */
+struct plan {
+	struct ckptfs_loader *l;
+	struct run *r;
+	size_t nr, capr;
+	struct grun *g;
+	size_t ng, capg;
+	struct stage *st;
+	size_t nst, capst;
+	/* while enumerating the runs of one piece into one target box */
+	uint64_t base, poff;
+	uint32_t file, prio;
+	bool sorted;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t size)
+{
+	size_t nc;
+	void *np;
+
+	if (need <= *cap)
+		return 0;
+	nc = *cap ? *cap : 64;
+	while (nc < need)
+		nc *= 2;
+	np = realloc(*p, nc * size);
+	if (!np)
+		return -ENOMEM;
+	*p = np;
+	*cap = nc;
+	return 0;
+}
+
+static int run_cb(void *ud, uint64_t dst_off, uint64_t src_off, uint64_t len)
+{
+	struct plan *p = ud;
+	struct run *r;
+
+	if (grow((void **)&p->r, &p->capr, p->nr + 1, sizeof(*p->r)))
+		return -ENOMEM;
+	r = &p->r[p->nr];
+	r->dst = p->base + dst_off;
+	r->src = p->poff + src_off;
+	r->len = len;
+	r->file = p->file;
+	r->prio = p->prio;
+	if (p->nr) {
+		const struct run *q = r - 1;
+
+		if (q->dst > r->dst || (q->dst == r->dst && q->prio > r->prio))
+			p->sorted = false;
+	}
+	p->nr++;
+	return 0;
+}
+
+static int cmp_run(const void *a, const void *b)
+{
+	const struct run *x = a, *y = b;
+
+	if (x->dst != y->dst)
+		return x->dst < y->dst ? -1 : 1;
+	return x->prio < y->prio ? -1 : x->prio > y->prio;
+}
+
+static int cmp_grun(const void *a, const void *b)
+{
+	const struct grun *x = a, *y = b;
+
+	if (x->file != y->file)
+		return x->file < y->file ? -1 : 1;
+	if (x->src != y->src)
+		return x->src < y->src ? -1 : 1;
+	return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+/* The request, resolved: the box B (global coordinates), the flat range of its flattening
+ * the destination holds ([0, elems(B)) for a box request), the element size. */
+struct target {
+	const struct ld_tensor *t;
+	struct ckpt_box box;
+	uint64_t a, b;
+	unsigned eb;
+	uint64_t bytes;
+};
+
+static void fmt_u64s(char *buf, size_t len, const uint64_t *v, unsigned n)
+{
+	ckpt_st_fmt_shape(buf, len, v, n);
+}
+
+/* "[i, j]": the global index of element e (counted from a) of the target. */
+static void fmt_index(char *buf, size_t len, const struct target *tg, uint64_t e)
+{
+	uint64_t idx[CKPT_MAX_DIMS], f = tg->a + e;
+
+	for (unsigned k = tg->box.ndim; k-- > 0;) {
+		uint64_t s = tg->box.shape[k];
+
+		idx[k] = tg->box.off[k] + (s ? f % s : 0);
+		f = s ? f / s : 0;
+	}
+	fmt_u64s(buf, len, idx, tg->box.ndim);
+}
+
+/* Validates request q against the index; fills *tg. */
+static int resolve(struct ckptfs_loader *l, const struct ckptfs_load_req *q, struct target *tg)
+{
+	const char *group = q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT;
+	const struct ld_tensor *t;
+	char a[200], b[200];
+	unsigned bits;
+	uint64_t n;
+	long i;
+
+	if (!q->name)
+		return ld_fail(l, -EINVAL, "%s: group '%s': a load request without a tensor name",
+			       l->dir, group);
+	i = ld_find(l, group, q->name);
+	if (i < 0)
+		return ld_fail(l, -ENOENT, "%s: group '%s', tensor '%s': not in the checkpoint",
+			       l->dir, group, q->name);
+	t = &l->tensors[i];
+	tg->t = t;
+	if (!q->dtype || strcmp(q->dtype, ckpt_dtype_name(t->dtype)) != 0)
+		return ld_fail(l, -EINVAL,
+			       "%s: group '%s', tensor '%s': dtype mismatch: requested %s, stored %s",
+			       l->dir, group, q->name, q->dtype ? q->dtype : "(none)",
+			       ckpt_dtype_name(t->dtype));
+	fmt_u64s(b, sizeof(b), t->shape, t->ndim);
+	if (q->ndim != (int)t->ndim)
+		return ld_fail(l, -EINVAL,
+			       "%s: group '%s', tensor '%s': global shape mismatch: requested %d "
+			       "dimensions, stored global shape %s", l->dir, group, q->name, q->ndim,
+			       b);
+	tg->box.ndim = t->ndim;
+	for (unsigned k = 0; k < t->ndim; k++) {
+		const int64_t *shp = q->flat ? q->box_shape : q->shape;
+		int64_t o = q->offsets ? q->offsets[k] : 0;
+		int64_t s = shp ? shp[k] : (int64_t)t->shape[k] - o;
+
+		if (o < 0 || s < 0 || (uint64_t)o > t->shape[k] ||
+		    (uint64_t)s > t->shape[k] - (uint64_t)o) {
+			uint64_t ov[CKPT_MAX_DIMS], sv[CKPT_MAX_DIMS];
+
+			for (unsigned j = 0; j < t->ndim; j++) {
+				ov[j] = q->offsets ? (uint64_t)q->offsets[j] : 0;
+				sv[j] = shp ? (uint64_t)shp[j] : t->shape[j];
+			}
+			fmt_u64s(a, sizeof(a), sv, t->ndim);
+			{
+				char c[200];
+
+				fmt_u64s(c, sizeof(c), ov, t->ndim);
+				return ld_fail(l, -EINVAL,
+					       "%s: group '%s', tensor '%s': global shape mismatch: "
+					       "the requested box %s at %s does not fit the stored "
+					       "global shape %s", l->dir, group, q->name, a, c, b);
+			}
+		}
+		tg->box.off[k] = (uint64_t)o;
+		tg->box.shape[k] = (uint64_t)s;
+	}
+	n = ckpt_box_elems(&tg->box);
+	if (q->flat) {
+		if (q->flat_start < 0 || q->flat_end < q->flat_start ||
+		    (uint64_t)q->flat_end > n)
+			return ld_fail(l, -EINVAL,
+				       "%s: group '%s', tensor '%s': flat range [%lld, %lld) outside "
+				       "the %llu elements of its box", l->dir, group, q->name,
+				       (long long)q->flat_start, (long long)q->flat_end,
+				       (unsigned long long)n);
+		tg->a = (uint64_t)q->flat_start;
+		tg->b = (uint64_t)q->flat_end;
+	} else {
+		tg->a = 0;
+		tg->b = n;
+	}
+	if (q->device >= 0 && !have_device_copy())
+		return ld_fail(l, -ENODEV,
+			       "%s: group '%s', tensor '%s': a device destination (device %d), but "
+			       "no usable GPU (or a library built without CUDA)", l->dir, group,
+			       q->name, q->device);
+	bits = ckpt_dtype_bits(t->dtype);
+	tg->eb = bits / 8;
+	if (bits % 8) {
+		/* bit-packed: plan_packed() decides */
+		tg->eb = 0;
+		tg->bytes = 0;
+		return 0;
+	}
+	tg->bytes = (tg->b - tg->a) * tg->eb; /* fits: the global tensor's bytes do */
+	if (tg->bytes && !q->dst)
+		return ld_fail(l, -EINVAL, "%s: group '%s', tensor '%s': no destination", l->dir,
+			       group, q->name);
+	return 0;
+}
+
+/* Calls emit(p, box, dst element base) for the boxes that tile elements [a, b) of the
+ * flattening of B in order (see the top of the file). */
+static int flat_boxes(struct plan *p, const struct target *tg,
+		      int (*emit)(struct plan *, const struct target *, const struct ckpt_box *,
+				  uint64_t))
+{
+	const struct ckpt_box *B = &tg->box;
+	uint64_t s[CKPT_MAX_DIMS], pos = tg->a;
+	unsigned n = B->ndim;
+	int rc;
+
+	if (tg->a >= tg->b)
+		return 0;
+	if (n == 0 || (tg->a == 0 && tg->b == ckpt_box_elems(B)))
+		return emit(p, tg, B, 0);
+	s[n - 1] = 1;
+	for (unsigned k = n - 1; k-- > 0;)
+		s[k] = s[k + 1] * B->shape[k + 1];
+	while (pos < tg->b) {
+		struct ckpt_box c;
+		uint64_t idx[CKPT_MAX_DIMS], f = pos, cnt;
+		unsigned d = 0;
+
+		for (unsigned k = n; k-- > 0;) {
+			idx[k] = f % B->shape[k];
+			f /= B->shape[k];
+		}
+		while (d + 1 < n && (pos % s[d] != 0 || tg->b - pos < s[d]))
+			d++;
+		cnt = (tg->b - pos) / s[d];
+		if (cnt > B->shape[d] - idx[d])
+			cnt = B->shape[d] - idx[d];
+		c.ndim = n;
+		for (unsigned k = 0; k < n; k++) {
+			if (k < d) {
+				c.off[k] = B->off[k] + idx[k];
+				c.shape[k] = 1;
+			} else if (k == d) {
+				c.off[k] = B->off[k] + idx[k];
+				c.shape[k] = cnt;
+			} else {
+				c.off[k] = B->off[k];
+				c.shape[k] = B->shape[k];
+			}
+		}
+		rc = emit(p, tg, &c, pos - tg->a);
+		if (rc)
+			return rc;
+		pos += cnt * s[d];
+	}
+	return 0;
+}
+
+static bool box_meets(const struct ckpt_box *x, const struct ckpt_box *y)
+{
+	for (unsigned k = 0; k < x->ndim; k++) {
+		if (x->off[k] >= y->off[k] + y->shape[k] || y->off[k] >= x->off[k] + x->shape[k])
+			return false;
+	}
+	return true;
+}
+
+/* The runs of every piece of the tensor inside target box c (destination base e0). */
+static int emit_box_runs(struct plan *p, const struct target *tg, const struct ckpt_box *c,
+			 uint64_t e0)
+{
+	const struct ld_tensor *t = tg->t;
+	struct ckptfs_loader *l = p->l;
+
+	for (size_t i = 0; i < t->n_pieces; i++) {
+		const struct ld_piece *pc = &l->pieces[t->first_piece + i];
+		int rc;
+
+		if (pc->len == 0 || !box_meets(c, &pc->geom.box))
+			continue;
+		p->base = e0 * tg->eb;
+		p->poff = pc->off;
+		p->file = pc->file;
+		p->prio = (uint32_t)i;
+		rc = ckpt_box_runs(c, &pc->geom, tg->eb, run_cb, p);
+		if (rc == -ENOMEM)
+			return ld_fail(l, rc, "%s: out of memory planning the load", l->dir);
+		if (rc)
+			return ld_fail(l, rc, "%s: group '%s', tensor '%s': a piece in %s: %s", l->dir,
+				       t->group, t->name, l->files[pc->file].path, strerror(-rc));
+	}
+	return 0;
+}
+
+/* Chooses the runs that fill the request (dst the host destination) and appends them to the
+ * load's runs; a hole is an error. */
+static int cover(struct plan *p, const struct target *tg, uint8_t *dst)
+{
+	struct ckptfs_loader *l = p->l;
+	uint64_t cur = 0;
+	size_t i = 0;
+
+	if (!p->sorted)
+		qsort(p->r, p->nr, sizeof(*p->r), cmp_run);
+	if (grow((void **)&p->g, &p->capg, p->ng + p->nr, sizeof(*p->g)))
+		return ld_fail(l, -ENOMEM, "%s: out of memory planning the load", l->dir);
+	for (;;) {
+		uint64_t hole_end = tg->bytes;
+
+		for (; i < p->nr; i++) {
+			const struct run *r = &p->r[i];
+			struct grun *g;
+			uint64_t skip;
+
+			if (r->dst + r->len <= cur)
+				continue;
+			if (r->dst > cur) {
+				hole_end = r->dst;
+				break;
+			}
+			skip = cur - r->dst;
+			g = &p->g[p->ng];
+			if (p->ng > 0 && g[-1].file == r->file && g[-1].src + g[-1].len == r->src + skip &&
+			    g[-1].dst + g[-1].len == dst + cur) {
+				g[-1].len += r->len - skip;
+			} else {
+				g->dst = dst + cur;
+				g->src = r->src + skip;
+				g->len = r->len - skip;
+				g->file = r->file;
+				p->ng++;
+			}
+			cur = r->dst + r->len;
+		}
+		if (cur >= tg->bytes)
+			return 0;
+		{
+			char idx[200];
+
+			fmt_index(idx, sizeof(idx), tg, cur / tg->eb);
+			return ld_fail(l, -ENODATA,
+				       "%s: group '%s', tensor '%s': no stored piece covers %llu "
+				       "elements starting at index %s", l->dir, tg->t->group,
+				       tg->t->name, (unsigned long long)((hole_end - cur) / tg->eb),
+				       idx);
+		}
+	}
+}
+
+/* A bit-packed dtype: the whole tensor from a whole (non-flat) piece. */
+static int plan_packed(struct plan *p, const struct target *tg, const struct ckptfs_load_req *q,
+		       uint8_t *dst, uint64_t *needed)
+{
+	struct ckptfs_loader *l = p->l;
+	const struct ld_tensor *t = tg->t;
+	bool whole = !q->flat;
+
+	for (unsigned k = 0; whole && k < t->ndim; k++)
+		whole = tg->box.off[k] == 0 && tg->box.shape[k] == t->shape[k];
+	if (whole) {
+		for (size_t i = 0; i < t->n_pieces; i++) {
+			const struct ld_piece *pc = &l->pieces[t->first_piece + i];
+			bool pw = !pc->geom.flat;
+
+			for (unsigned k = 0; pw && k < t->ndim; k++)
+				pw = pc->geom.box.off[k] == 0 && pc->geom.box.shape[k] == t->shape[k];
+			if (!pw)
+				continue;
+			if (pc->len && !dst)
+				return ld_fail(l, -EINVAL, "%s: group '%s', tensor '%s': no destination",
+					       l->dir, t->group, t->name);
+			if (grow((void **)&p->g, &p->capg, p->ng + 1, sizeof(*p->g)))
+				return ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+			if (pc->len)
+				p->g[p->ng++] = (struct grun){dst, pc->off, pc->len, pc->file};
+			*needed += pc->len;
+			return 0;
+		}
+	}
+	return ld_fail(l, -ENOTSUP,
+		       "%s: group '%s', tensor '%s': dtype %s is bit-packed: it loads only whole, "
+		       "from a piece that holds the whole tensor", l->dir, t->group, t->name,
+		       ckpt_dtype_name(t->dtype));
+}
+
+static int plan_req(struct plan *p, const struct ckptfs_load_req *q, size_t qi,
+		    uint64_t *needed)
+{
+	struct ckptfs_loader *l = p->l;
+	struct target tg;
+	uint8_t *dst = q->dst;
+	int rc;
+
+	rc = resolve(l, q, &tg);
+	if (rc)
+		return rc;
+	if (tg.eb == 0) {
+		if (q->device >= 0)
+			return ld_fail(l, -ENOTSUP,
+				       "%s: group '%s', tensor '%s': dtype %s is bit-packed: it loads "
+				       "into host memory only", l->dir, tg.t->group, tg.t->name,
+				       ckpt_dtype_name(tg.t->dtype));
+		return plan_packed(p, &tg, q, dst, needed);
+	}
+	*needed += tg.bytes;
+	if (tg.bytes == 0)
+		return 0;
+	if (q->device >= 0 && tg.bytes) {
+		struct stage *s;
+
+		if (grow((void **)&p->st, &p->capst, p->nst + 1, sizeof(*p->st)))
+			return ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+		s = &p->st[p->nst];
+		s->host = malloc(tg.bytes);
+		if (!s->host)
+			return ld_fail(l, -ENOMEM,
+				       "%s: group '%s', tensor '%s': out of memory for a %llu-byte "
+				       "host staging buffer", l->dir, tg.t->group, tg.t->name,
+				       (unsigned long long)tg.bytes);
+		s->dev = q->dst;
+		s->device = q->device;
+		s->len = tg.bytes;
+		s->req = qi;
+		p->nst++;
+		dst = s->host;
+	}
+	p->nr = 0;
+	p->sorted = true;
+	rc = flat_boxes(p, &tg, emit_box_runs);
+	if (rc)
+		return rc;
+	return cover(p, &tg, dst);
+}
+
+/* --- execution ----------------------------------------------------------------------------- */
+
+struct exec {
+	struct ckptfs_loader *l;
+	const struct rd *reads;
+	size_t n_reads;
+	const struct seg *segs;
+	const int *fds;
+	uint64_t scratch_len;   /* largest gap (gather) or read (bounce) */
+	int mode;
+	atomic_size_t next;
+	atomic_int err;
+	atomic_ullong syscalls;
+	pthread_mutex_t lock;   /* protects errmsg (the first failure's message) */
+	char errmsg[LD_ERR_MAX];
+};
+
+static void exec_fail(struct exec *x, int err, const struct rd *r, uint64_t at, const char *why)
+{
+	int expected = 0;
+
+	pthread_mutex_lock(&x->lock);
+	if (atomic_compare_exchange_strong(&x->err, &expected, err))
+		snprintf(x->errmsg, sizeof(x->errmsg), "%s: reading %llu bytes at offset %llu: %s",
+			 x->l->files[r->file].path, (unsigned long long)r->len,
+			 (unsigned long long)at, why);
+	pthread_mutex_unlock(&x->lock);
+}
+
+/* One read as a sequence of preadv calls over the segments (gaps into scratch). */
+static int do_gather(struct exec *x, const struct rd *r, uint8_t *scratch)
+{
+	struct iovec iov[LD_IOV_MAX];
+	const struct seg *sg = x->segs + r->seg;
+	size_t si = 0;
+	uint64_t off = r->off, skip = 0; /* bytes of sg[si] already read */
+	unsigned long long calls = 0;
+	int ret = 0;
+
+	while (si < r->nseg) {
+		size_t n = 0;
+		ssize_t got;
+
+		for (size_t k = si; k < r->nseg && n < LD_IOV_MAX; k++, n++) {
+			uint64_t o = k == si ? skip : 0;
+
+			iov[n].iov_base = sg[k].dst ? sg[k].dst + o : scratch;
+			iov[n].iov_len = sg[k].len - o;
+		}
+		got = preadv(x->fds[r->file], iov, (int)n, (off_t)off);
+		calls++;
+		if (got < 0) {
+			if (errno == EINTR)
+				continue;
+			ret = -errno;
+			exec_fail(x, ret, r, off, strerror(errno));
+			break;
+		}
+		if (got == 0) {
+			ret = -EIO;
+			exec_fail(x, ret, r, off,
+				  "the file ends there (truncated or replaced since the loader opened "
+				  "the directory)");
+			break;
+		}
+		off += (uint64_t)got;
+		while (got > 0) {
+			uint64_t left = sg[si].len - skip;
+
+			if ((uint64_t)got >= left) {
+				got -= (ssize_t)left;
+				si++;
+				skip = 0;
+			} else {
+				skip += (uint64_t)got;
+				got = 0;
+			}
+		}
+	}
+	atomic_fetch_add(&x->syscalls, calls);
+	return ret;
+}
+
+/* One read into a bounce buffer, then copied out (measurement mode). */
+static int do_bounce(struct exec *x, const struct rd *r, uint8_t *buf)
+{
+	const struct seg *sg = x->segs + r->seg;
+	uint64_t done = 0;
+	unsigned long long calls = 0;
+	uint8_t *p;
+
+	if (r->nseg == 1)
+		return do_gather(x, r, buf);
+	while (done < r->len) {
+		ssize_t got = pread(x->fds[r->file], buf + done, r->len - done,
+				    (off_t)(r->off + done));
+
+		calls++;
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0) {
+			int e = got < 0 ? -errno : -EIO;
+
+			exec_fail(x, e, r, r->off + done,
+				  got < 0 ? strerror(errno) : "the file ends there");
+			atomic_fetch_add(&x->syscalls, calls);
+			return e;
+		}
+		done += (uint64_t)got;
+	}
+	atomic_fetch_add(&x->syscalls, calls);
+	p = buf;
+	for (size_t k = 0; k < r->nseg; k++) {
+		if (sg[k].dst)
+			memcpy(sg[k].dst, p, sg[k].len);
+		p += sg[k].len;
+	}
+	return 0;
+}
+
+static void *worker(void *arg)
+{
+	struct exec *x = arg;
+	uint8_t *scratch = NULL;
+
+	if (x->scratch_len) {
+		scratch = malloc(x->scratch_len);
+		if (!scratch) {
+			if (x->n_reads)
+				exec_fail(x, -ENOMEM, &x->reads[0], x->reads[0].off,
+					  "out of memory for a read buffer");
+			return NULL;
+		}
+	}
+	for (;;) {
+		size_t i = atomic_fetch_add(&x->next, 1);
+
+		if (i >= x->n_reads || atomic_load(&x->err))
+			break;
+		if (x->mode == 1)
+			do_bounce(x, &x->reads[i], scratch);
+		else
+			do_gather(x, &x->reads[i], scratch);
+	}
+	free(scratch);
+	return NULL;
+}
+
+/* Cuts the sorted runs into reads and segments. */
+static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, struct rd **ret_reads,
+		      size_t *ret_nr, struct seg **ret_segs, uint64_t *ret_max_gap,
+		      uint64_t *ret_gap_bytes)
+{
+	struct rd *rd = NULL;
+	struct seg *sg = NULL;
+	size_t nrd = 0, caprd = 0, nsg = 0, capsg = 0;
+	uint64_t max_gap = 0, gap_bytes = 0;
+	struct rd *cur = NULL;
+
+	for (size_t i = 0; i < p->ng; i++) {
+		const struct grun *g = &p->g[i];
+		uint8_t *dst = g->dst;
+		uint64_t src = g->src, len = g->len;
+
+		if (cur && cur->file == g->file && src >= cur->off + cur->len &&
+		    src - (cur->off + cur->len) <= gap_max &&
+		    cur->len + (src - (cur->off + cur->len)) + len <= chunk &&
+		    cur->nseg + 2 <= LD_IOV_MAX * 64) {
+			uint64_t gap = src - (cur->off + cur->len);
+
+			if (grow((void **)&sg, &capsg, nsg + 2, sizeof(*sg)))
+				goto nomem;
+			if (gap) {
+				sg[nsg++] = (struct seg){NULL, gap};
+				cur->nseg++;
+				if (gap > max_gap)
+					max_gap = gap;
+				gap_bytes += gap;
+			}
+			sg[nsg++] = (struct seg){dst, len};
+			cur->nseg++;
+			cur->len += gap + len;
+			continue;
+		}
+		/* new reads: whole chunks of a long run alone, the rest open for more */
+		while (len) {
+			uint64_t n = len > chunk ? chunk : len;
+
+			if (grow((void **)&rd, &caprd, nrd + 1, sizeof(*rd)) ||
+			    grow((void **)&sg, &capsg, nsg + 1, sizeof(*sg)))
+				goto nomem;
+			cur = &rd[nrd++];
+			*cur = (struct rd){g->file, src, n, nsg, 1};
+			sg[nsg++] = (struct seg){dst, n};
+			dst += n;
+			src += n;
+			len -= n;
+		}
+	}
+	*ret_reads = rd;
+	*ret_nr = nrd;
+	*ret_segs = sg;
+	*ret_max_gap = max_gap;
+	*ret_gap_bytes = gap_bytes;
+	return 0;
+nomem:
+	free(rd);
+	free(sg);
+	return ld_fail(p->l, -ENOMEM, "%s: out of memory planning the reads", p->l->dir);
+}
+
+static int run_reads(struct ckptfs_loader *l, struct exec *x, unsigned nthreads)
+{
+	pthread_t th[256];
+	unsigned started = 0;
+
+	for (unsigned i = 1; i < nthreads; i++) {
+		if (pthread_create(&th[started], NULL, worker, x) != 0)
+			break; /* fewer threads still finish the work */
+		started++;
+	}
+	worker(x);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	if (atomic_load(&x->err))
+		return ld_fail(l, atomic_load(&x->err), "%s", x->errmsg);
+	return 0;
+}
+
+static void plan_free(struct plan *p)
+{
+	for (size_t i = 0; i < p->nst; i++)
+		free(p->st[i].host);
+	free(p->st);
+	free(p->r);
+	free(p->g);
+}
+
+CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs,
+			      size_t n)
+{
+	struct plan p = {.l = l};
+	struct exec x;
+	struct rd *reads = NULL;
+	struct seg *segs = NULL;
+	int *fds = NULL;
+	size_t nreads = 0;
+	uint64_t needed = 0, total = 0, max_gap = 0, gap_bytes = 0, gap_max, chunk, t0, t1;
+	unsigned nthreads;
+	int ret = 0;
+
+	if (!l)
+		return -EINVAL;
+	if (!reqs && n)
+		return ld_fail(l, -EINVAL, "%s: ckptfs_load: no requests array", l->dir);
+	l->err = 0;
+	l->errmsg[0] = '\0';
+	memset(&l->stats, 0, sizeof(l->stats));
+	t0 = now_ns();
+	for (size_t i = 0; i < n; i++) {
+		ret = plan_req(&p, &reqs[i], i, &needed);
+		if (ret)
+			goto out;
+	}
+	/* every destination byte is read once: sort by file place, merge neighbours */
+	qsort(p.g, p.ng, sizeof(*p.g), cmp_grun);
+	if (p.ng) {
+		size_t k = 0;
+
+		for (size_t i = 1; i < p.ng; i++) {
+			struct grun *a = &p.g[k], *b = &p.g[i];
+
+			if (a->file == b->file && a->src + a->len == b->src && a->dst + a->len == b->dst)
+				a->len += b->len;
+			else
+				p.g[++k] = *b;
+		}
+		p.ng = k + 1;
+	}
+	for (size_t i = 0; i < p.ng; i++)
+		total += p.g[i].len;
+	nthreads = (unsigned)l->io_threads;
+	gap_max = l->tune.gap_max ? (l->tune.gap_max == UINT64_MAX ? 0 : l->tune.gap_max)
+				  : LD_GAP_MAX_DEFAULT;
+	chunk = l->tune.chunk_bytes;
+	if (!chunk) {
+		chunk = total / ((uint64_t)nthreads * 4);
+		if (chunk < LD_CHUNK_MIN)
+			chunk = LD_CHUNK_MIN;
+		if (chunk > LD_CHUNK_MAX)
+			chunk = LD_CHUNK_MAX;
+	}
+	ret = make_reads(&p, gap_max, chunk, &reads, &nreads, &segs, &max_gap, &gap_bytes);
+	if (ret)
+		goto out;
+	fds = malloc((l->n_files ? l->n_files : 1) * sizeof(*fds));
+	if (!fds) {
+		ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+		goto out;
+	}
+	for (size_t i = 0; i < l->n_files; i++)
+		fds[i] = -1;
+	for (size_t i = 0; i < nreads; i++) {
+		uint32_t f = reads[i].file;
+
+		if (fds[f] >= 0)
+			continue;
+		fds[f] = open(l->files[f].path, O_RDONLY | O_CLOEXEC);
+		if (fds[f] < 0) {
+			ret = ld_fail(l, -errno, "%s: %s", l->files[f].path, strerror(errno));
+			goto out;
+		}
+		l->stats.files++;
+	}
+	t1 = now_ns();
+	l->stats.plan_ns = t1 - t0;
+	memset(&x, 0, sizeof(x));
+	x.l = l;
+	x.reads = reads;
+	x.n_reads = nreads;
+	x.segs = segs;
+	x.fds = fds;
+	x.mode = l->tune.mode;
+	x.scratch_len = max_gap;
+	if (x.mode == 1)
+		x.scratch_len = chunk;
+	atomic_init(&x.next, 0);
+	atomic_init(&x.err, 0);
+	atomic_init(&x.syscalls, 0);
+	pthread_mutex_init(&x.lock, NULL);
+	if (nthreads > nreads)
+		nthreads = nreads ? (unsigned)nreads : 1;
+	ret = run_reads(l, &x, nthreads);
+	pthread_mutex_destroy(&x.lock);
+	l->stats.syscalls = atomic_load(&x.syscalls);
+	l->stats.io_ns = now_ns() - t1;
+	if (ret)
+		goto out;
+	for (size_t i = 0; i < p.nst; i++) {
+		const struct stage *s = &p.st[i];
+		ret = tr_copy_to_device ? tr_copy_to_device(s->dev, s->device, s->host, s->len)
+					: -ENODEV;
+		if (ret) {
+			const struct ckptfs_load_req *q = &reqs[s->req];
+			const char *why = tr_copy_error ? tr_copy_error() : "";
+
+			ld_fail(l, ret, "%s: group '%s', tensor '%s': copy to device %d: %s", l->dir,
+				q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT, q->name, s->device,
+				why && *why ? why : strerror(-ret));
+			goto out;
+		}
+	}
+out:
+	l->stats.bytes_needed = needed;
+	l->stats.bytes_read = total + gap_bytes;
+	l->stats.gap_bytes = gap_bytes;
+	l->stats.runs = p.ng;
+	l->stats.reads = nreads;
+	if (fds) {
+		for (size_t i = 0; i < l->n_files; i++)
+			if (fds[i] >= 0)
+				close(fds[i]);
+	}
+	free(fds);
+	free(reads);
+	free(segs);
+	plan_free(&p);
+	return ret;
+}
