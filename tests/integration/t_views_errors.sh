@@ -5,6 +5,9 @@
 # stored pieces by views_lib.py oracle); `ckpt check` names group, tensor and range and exits
 # non-zero (0 on a healthy checkpoint); invalid layout names are ENOENT; files with a newer
 # ckptfs version or invalid ckptfs metadata are not reshardable and do not break other groups.
+# Per-rank shards written without sharding metadata (each TP rank's slice under the global
+# name) are reported as such in the daemon log (at build and on open), by `ckpt check` and
+# flagged by `ckpt ls`.
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 need_py numpy
@@ -40,6 +43,8 @@ make gshape 1 2 1 1
 make future 1 1 1 1
 make mixed 1 2 1 1
 make mixedbad 1 2 1 1
+vl make-naive "$MNT/naive" "$WORK/naive.json" 1 2 2 >"$WORK/make.out" 2>&1 ||
+	{ indent "$WORK/make.out"; bail "save naive"; }
 ok "saved the checkpoints"
 
 py_checks "break the checkpoints" "$MNT" <<'EOF'
@@ -48,7 +53,8 @@ import numpy as np
 import views_lib as vl
 from helpers import malformed
 mnt = sys.argv[1]
-DIRS = ("healthy", "incomplete", "disagree", "dtype", "gshape", "future", "mixed", "mixedbad")
+DIRS = ("healthy", "incomplete", "disagree", "dtype", "gshape", "future", "mixed", "mixedbad",
+        "naive")
 
 def flip_q(tensors, meta):
     for t in tensors:
@@ -110,7 +116,7 @@ print("ok - broke the checkpoints")
 EOF
 
 # ---------------------------------------------------------------- EIO where broken, exact elsewhere
-for d in healthy incomplete disagree dtype gshape future mixed mixedbad; do
+for d in healthy incomplete disagree dtype gshape future mixed mixedbad naive; do
 	vl_checks "views of $d" oracle "$MNT" "$LAYOUTS" "$d"
 done
 
@@ -169,9 +175,50 @@ for f in sorted(os.listdir(os.path.join(mnt, "future/malformed"))):
     tap(ok, f"malformed {f} passed through unchanged")
 EOF
 
+py_checks "naive shards: daemon log" "$MNT" "$STORE/ckptfs.log" "$WORK/naive.json" <<'EOF'
+import errno, json, os, re, sys
+from helpers import tap, expect_errno
+mnt, log, spec = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+HINT = ("no sharding metadata: describe it (docs/views.md section 3) or save with ckptfs.save "
+        "(docs/trainer.md)")
+def rd(rel):
+    with open(os.path.join(mnt, rel), "rb") as f:
+        return f.read()
+expect_errno(errno.EIO, lambda: rd("tp1_pp1/naive/model.safetensors"), "naive: tp1_pp1 model")
+# the tensor whose slices differ in shape (placed last by its name, like lm_head.weight, which
+# sorts before it) fails every file; in tp128 rank 127's part of every other split tensor is
+# empty (and not checked), so it is the first tensor that fails
+expect_errno(errno.EIO, lambda: rd("tp128_pp1/naive/model_tp127_pp0.safetensors"),
+             "naive: tp128_pp1 rank 127")
+lines = open(log, errors="replace").read().splitlines()
+files = spec["files"]
+listed = f"4 files ({', '.join(files)})"
+opens = [l for l in lines if "/tp1_pp1/naive/model.safetensors: cannot be served" in l]
+for l in opens[-1:]:
+    print(f"# {l}")
+tap(any(f"tensor '{x}' is in {listed} with different bytes and {HINT}" in l
+        for l in opens for x in spec["bytes"]),
+    f"naive: open logs 'TENSOR' is in {listed} with different bytes and no sharding metadata")
+builds = [l for l in lines if "ckptfs: warning:" in l and HINT in l]
+for l in builds[:1]:
+    print(f"# {l}")
+n = len(spec["bytes"]) + len(spec["shape"])
+tap(any(f"(and {n - 1} more tensor(s) like it)" in l for l in builds),
+    f"naive: the build logs a warning for the {n} tensors")
+# the tensor whose slices differ in shape (5 rows: 3 and 2)
+name = spec["shape"][0]
+want = (f"tensor '{name}' is in {listed} with different shapes ([3] in model-rank0-dp0"
+        f".safetensors, [2] in model-rank1-dp0.safetensors) and {HINT}")
+tap(any(want in l for l in lines), f"naive: the log names the shapes of '{name}'")
+# files with metadata keep the replica message
+dis = [l for l in lines if "/disagree/" in l and "cannot be served" in l]
+tap(dis and all("replicas disagree" in l and "sharding metadata" not in l for l in dis),
+    f"disagree (described replicas): still 'replicas disagree' ({len(dis)} lines)")
+EOF
+
 # ---------------------------------------------------------------- ckpt check (unmounted)
 stop_daemon || bail "unmount"
-for d in healthy incomplete disagree dtype gshape future mixed mixedbad; do
+for d in healthy incomplete disagree dtype gshape future mixed mixedbad naive; do
 	timeout -k 5 120 "$CKPT" check "$STORE" "$d" >"$WORK/check_$d.out" 2>&1
 	echo $? >"$WORK/check_$d.rc"
 	note "ckpt check $d: exit $(cat "$WORK/check_$d.rc")"
@@ -200,6 +247,41 @@ for d, plist in sorted(probs.items()):
         split = [k for k, (lo, hi) in enumerate(rng) if lo != 0]
         want = {rng[k][0] for k in split} or {rng[0][1]}
         tap(want <= nums, f"ckpt check {d}: the {kind} range of {name} {rng} appears (bounds {sorted(want)})")
+EOF
+
+timeout -k 5 120 "$CKPT" ls "$STORE" >"$WORK/ls.out" 2>&1
+echo $? >"$WORK/ls.rc"
+note "ckpt ls: exit $(cat "$WORK/ls.rc")"
+indent "$WORK/ls.out"
+py_checks "naive shards: ckpt check and ckpt ls" "$WORK" <<'EOF'
+import json, os, sys
+from helpers import tap
+work = sys.argv[1]
+spec = json.load(open(os.path.join(work, "naive.json")))
+HINT = ("no sharding metadata: describe it (docs/views.md section 3) or save with ckptfs.save "
+        "(docs/trainer.md)")
+listed = f"4 files ({', '.join(spec['files'])})"
+out = open(os.path.join(work, "check_naive.out"), errors="replace").read().splitlines()
+n = len(spec["bytes"]) + len(spec["shape"])
+for kind in ("bytes", "shape"):
+    what = "different bytes" if kind == "bytes" else "different shapes"
+    got = [name for name in spec[kind]
+           if any(f"naive/model.safetensors: group 'model', tensor '{name}' is in {listed} "
+                  f"with {what}" in l and l.endswith(HINT) for l in out)]
+    tap(got == spec[kind], f"ckpt check naive: {len(got)} of {len(spec[kind])} tensors whose "
+                           f"slices have {what} reported as lacking sharding metadata")
+tap(f"naive: {n} tensor(s) cannot be served" in out, f"ckpt check naive: {n} tensors summed up")
+tap(int(open(os.path.join(work, "ls.rc")).read()) == 0, "ckpt ls: exit 0")
+ls = {}
+for l in open(os.path.join(work, "ls.out")).read().splitlines():
+    if l[:1] == "/":
+        ls[l.split()[0]] = ls.get(l.split()[0], "") + l + "\n"
+flag = f"(NO SHARDING METADATA: {n} tensors in several files differ; run ckpt check)"
+tap(flag in ls.get("/naive", ""), f"ckpt ls flags /naive: {flag}")
+tap("INCOMPLETE" not in ls.get("/naive", ""), "ckpt ls /naive: not INCOMPLETE")
+for d in ("/healthy", "/disagree", "/gshape", "/mixedbad"):
+    tap(d in ls and "NO SHARDING METADATA" not in ls[d], f"ckpt ls {d}: no sharding-metadata flag")
+tap("INCOMPLETE" in ls.get("/gshape", ""), "ckpt ls /gshape: still INCOMPLETE")
 EOF
 
 finish

@@ -12,6 +12,11 @@ Commands (TAP output where they check something):
         SPEC (a local JSON file) records what was written, for "verify".
   make-plain DIR SPEC SEED [--extras]
         write a plain Llama-named model.safetensors (no ckptfs metadata, whole tensors)
+  make-naive DIR OUT SEED TP DP
+        write what per-rank saves with plain safetensors give: every TP rank's slice of each
+        split tensor under the global name, no ckptfs metadata, DP replicas identical.  OUT
+        (JSON) gets {"files": [...], "shape": [names whose slices differ in shape], "bytes":
+        [names whose slices have one shape and different bytes]}.
   verify MNT LAYOUTS SPEC... [--tp-rules FILE]
         for every layout (comma-separated, e.g. tp2_pp3,tp1_pp1) and every SPEC, read
         MNT/LAYOUT/RELDIR and compare with the reference computed from the seeds: file sets,
@@ -440,6 +445,29 @@ def save_plain(root, seed, spec=None):
     write_file(os.path.join(root, "model.safetensors"), data)
     if spec is not None:
         spec["dirs"][""]["groups"]["model"] = ["plain", seed]
+
+
+def save_naive(root, seed, T, DP):
+    """Per-rank files as plain safetensors writers produce them (see make-naive)."""
+    os.makedirs(root, exist_ok=True)
+    model = build_model(seed)
+    files, shape, same = [], [], []
+    for name, dt, arr, d, pp in model:
+        if d < 0:
+            continue
+        shapes = {chunk(arr, d, T, t)[0].shape for t in range(T)}
+        (shape if len(shapes) > 1 else same).append(name)
+    for t in range(T):
+        pieces = []
+        for name, dt, arr, d, pp in model:
+            part = chunk(arr, d, T, t)[0] if d >= 0 else arr
+            pieces.append((name, dt, part))
+        data = st_bytes(pieces, {"format": "pt"})
+        for r in range(DP):
+            fn = f"model-rank{t}-dp{r}.safetensors"
+            write_file(os.path.join(root, fn), data)
+            files.append(fn)
+    return {"files": sorted(files), "shape": sorted(shape), "bytes": sorted(same)}
 
 
 # ---------------------------------------------------------------- verifying views
@@ -894,6 +922,11 @@ def main(argv):
             _extras(root, seed, spec)
         with open(specfile, "w") as f:
             json.dump(spec, f)
+        return 0
+    if cmd == "make-naive":
+        out = save_naive(args[0], int(args[2]), int(args[3]), int(args[4]))
+        with open(args[1], "w") as f:
+            json.dump(out, f)
         return 0
     if cmd == "verify":
         rules = ()
