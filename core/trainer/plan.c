@@ -1,0 +1,510 @@
+/* plan.c: descriptor validation and output file images (plan.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "trainer/copy.h"
+#include "trainer/plan.h"
+#include "trainer/trainer_int.h"
+#include "views/safetensors.h"
+#include "views/shardmeta.h"
+
+#define GROUP_MAX 200
+#define BLOB_NAME_MAX 255
+
+void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank)
+{
+	snprintf(buf, len, "%s-rank%05d.safetensors", group, rank);
+}
+
+static const char *group_of(const struct ckptfs_tensor *t)
+{
+	return t->group ? t->group : "model";
+}
+
+/* a * b into *r, 0 or -EOVERFLOW. */
+static int mul64(uint64_t a, uint64_t b, uint64_t *r)
+{
+	if (a != 0 && b > UINT64_MAX / a)
+		return -EOVERFLOW;
+	*r = a * b;
+	return 0;
+}
+
+static int dims_elems(const int64_t *dims, int n, uint64_t *ret)
+{
+	uint64_t e = 1;
+
+	for (int d = 0; d < n; d++)
+		if (mul64(e, (uint64_t)dims[d], &e) < 0)
+			return -EOVERFLOW;
+	*ret = e;
+	return 0;
+}
+
+static int check_dims(const int64_t *dims, int n)
+{
+	if (n > 0 && !dims)
+		return -EINVAL;
+	for (int d = 0; d < n; d++)
+		if (dims[d] < 0)
+			return -EINVAL;
+	return 0;
+}
+
+static int check_group(const char *g)
+{
+	size_t n = strlen(g);
+
+	if (n == 0 || n > GROUP_MAX || g[0] == '.' || strchr(g, '/'))
+		return -EINVAL;
+	return 0;
+}
+
+#define FAIL(code, ...)                                                                    \
+	do {                                                                               \
+		tr_fmt(err, errlen, __VA_ARGS__);                                           \
+		return (code);                                                             \
+	} while (0)
+
+/* Checks one tensor and fills its size; the message names the tensor. */
+static int check_tensor(const struct ckptfs_tensor *t, size_t i, int num_layers,
+			struct tr_item *it, char *err, size_t errlen)
+{
+	const char *g = group_of(t), *nm = t->name;
+	enum ckpt_dtype dt;
+	uint64_t elems, gelems, bits, bytes;
+	int gnd;
+
+	if (!nm || !nm[0])
+		FAIL(-EINVAL, "tensor #%zu: missing name", i);
+	if (check_group(g) < 0)
+		FAIL(-EINVAL, "tensor '%s': invalid group '%s' (1..%d bytes, no '/', not starting "
+		     "with '.')", nm, g, GROUP_MAX);
+	if (!strcmp(nm, "__metadata__"))
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): reserved name", nm, g);
+	if (!t->dtype || ckpt_dtype_from_name(t->dtype, &dt) < 0)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): unknown dtype '%s'", nm, g,
+		     t->dtype ? t->dtype : "(null)");
+	bits = ckpt_dtype_bits(dt);
+	if (t->ndim < 0 || t->ndim > CKPTFS_MAX_DIMS)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): ndim %d out of range 0..%d", nm, g,
+		     t->ndim, CKPTFS_MAX_DIMS);
+	if (check_dims(t->shape, t->ndim) < 0)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): shape missing or negative", nm, g);
+	if (dims_elems(t->shape, t->ndim, &elems) < 0 || mul64(elems, bits, &bytes) < 0)
+		FAIL(-EOVERFLOW, "tensor '%s' (group '%s'): size overflows", nm, g);
+	if (bytes % 8)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): %" PRIu64 " elements of %s are not a whole "
+		     "number of bytes", nm, g, elems, t->dtype);
+	bytes /= 8;
+	if (bytes > 0 && !t->data)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): NULL data", nm, g);
+	if (t->device < -1)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): invalid device %d", nm, g, t->device);
+	if (t->global_ndim < 0 || t->global_ndim > CKPTFS_MAX_DIMS)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): global_ndim %d out of range 0..%d", nm, g,
+		     t->global_ndim, CKPTFS_MAX_DIMS);
+	gnd = t->global_ndim ? t->global_ndim : t->ndim;
+	if (t->global_ndim == 0) {
+		if (t->flat)
+			FAIL(-EINVAL, "tensor '%s' (group '%s'): flat range without a global shape",
+			     nm, g);
+		gelems = elems;
+	} else {
+		const int64_t *gs = t->global_shape, *box;
+		int64_t zeros[CKPTFS_MAX_DIMS] = { 0 };
+		const int64_t *off = t->offsets ? t->offsets : zeros;
+		uint64_t belems;
+
+		if (check_dims(gs, gnd) < 0)
+			FAIL(-EINVAL, "tensor '%s' (group '%s'): global_shape missing or negative",
+			     nm, g);
+		if (check_dims(off, gnd) < 0)
+			FAIL(-EINVAL, "tensor '%s' (group '%s'): negative offsets", nm, g);
+		if (dims_elems(gs, gnd, &gelems) < 0)
+			FAIL(-EOVERFLOW, "tensor '%s' (group '%s'): global size overflows", nm, g);
+		if (!t->flat) {
+			if (t->ndim != gnd)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): ndim %d differs from "
+				     "global_ndim %d (not a flat piece)", nm, g, t->ndim, gnd);
+			box = t->shape;
+		} else {
+			box = t->box_shape ? t->box_shape : gs;
+			if (check_dims(box, gnd) < 0)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): negative box_shape", nm, g);
+		}
+		for (int d = 0; d < gnd; d++)
+			if (off[d] > gs[d] || box[d] > gs[d] - off[d])
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): box of %" PRId64 " at "
+				     "offset %" PRId64 " exceeds global_shape %" PRId64
+				     " in dimension %d", nm, g, box[d], off[d], gs[d], d);
+		if (t->flat) {
+			if (dims_elems(box, gnd, &belems) < 0)
+				FAIL(-EOVERFLOW, "tensor '%s' (group '%s'): box size overflows", nm, g);
+			if (t->ndim != 1)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): a flat piece is 1-D, not %d-D",
+				     nm, g, t->ndim);
+			if (t->flat_start < 0 || t->flat_start > t->flat_end ||
+			    (uint64_t)t->flat_end > belems)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): flat range [%" PRId64 ", %"
+				     PRId64 ") outside the box's %" PRIu64 " elements", nm, g,
+				     t->flat_start, t->flat_end, belems);
+			if (t->shape[0] != t->flat_end - t->flat_start)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): %" PRId64 " elements stored "
+				     "for flat range [%" PRId64 ", %" PRId64 ")", nm, g, t->shape[0],
+				     t->flat_start, t->flat_end);
+		}
+	}
+	if (mul64(gelems, bits, &bytes) < 0)
+		FAIL(-EOVERFLOW, "tensor '%s' (group '%s'): global size overflows", nm, g);
+	if (t->tp_dim != CKPTFS_TP_DIM_UNSET && (t->tp_dim < -1 || t->tp_dim >= gnd))
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): tp_dim %d outside -1..%d", nm, g,
+		     t->tp_dim, gnd - 1);
+	if (t->pp < CKPTFS_PP_ALL)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): invalid pp %d", nm, g, t->pp);
+	if (t->pp >= 0 && num_layers >= 0 && t->pp >= num_layers)
+		FAIL(-EINVAL, "tensor '%s' (group '%s'): pp layer %d >= num_layers %d", nm, g,
+		     t->pp, num_layers);
+	if (t->device >= 0 && !t->replica && !tr_cuda_usable())
+		FAIL(-ENODEV, "tensor '%s' (group '%s'): device pointer (CUDA device %d) but %s",
+		     nm, g, t->device,
+#ifdef CKPTFS_CUDA
+		     "no GPU is usable"
+#else
+		     "libckptfs was built without CUDA"
+#endif
+		);
+	it->tensor = t;
+	it->index = i;
+	it->bits = (unsigned)bits;
+	mul64(elems, bits, &bytes);
+	it->bytes = bytes / 8;
+	it->data_off = 0;
+	return 0;
+}
+
+/* Items of one file: dtype size descending (every tensor stays aligned to its element size),
+ * then by name. */
+static int cmp_item(const void *a, const void *b)
+{
+	const struct tr_item *x = a, *y = b;
+
+	if (x->bits != y->bits)
+		return x->bits > y->bits ? -1 : 1;
+	return strcmp(x->tensor->name, y->tensor->name);
+}
+
+/* Items grouped by (group, name), to find duplicates and build the files. */
+static int cmp_group_name(const void *a, const void *b)
+{
+	const struct tr_item *x = a, *y = b;
+	int c = strcmp(group_of(x->tensor), group_of(y->tensor));
+
+	return c ? c : strcmp(x->tensor->name, y->tensor->name);
+}
+
+static json_t *int_array(const int64_t *v, int n)
+{
+	json_t *a = json_array();
+
+	for (int d = 0; a && d < n; d++)
+		if (json_array_append_new(a, json_integer(v[d])) < 0) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
+static int same_dims(const int64_t *a, const int64_t *b, int n)
+{
+	for (int d = 0; d < n; d++)
+		if (a[d] != b[d])
+			return 0;
+	return 1;
+}
+
+static int set_new(json_t *o, const char *k, json_t *v)
+{
+	return v ? json_object_set_new(o, k, v) : -1;
+}
+
+/* The tensors entry of t, or NULL when every field is the default (the whole tensor). */
+static int tensor_entry(const struct ckptfs_tensor *t, json_t **ret)
+{
+	json_t *e = json_object();
+	int gnd = t->global_ndim, r = 0;
+
+	*ret = NULL;
+	if (!e)
+		return -ENOMEM;
+	if (gnd > 0) {
+		int nonzero = 0;
+
+		for (int d = 0; t->offsets && d < gnd; d++)
+			nonzero |= t->offsets[d] != 0;
+		if (t->flat || !same_dims(t->global_shape, t->shape, gnd))
+			r |= set_new(e, "global_shape", int_array(t->global_shape, gnd));
+		if (nonzero)
+			r |= set_new(e, "offsets", int_array(t->offsets, gnd));
+		if (t->flat) {
+			int64_t fr[2] = { t->flat_start, t->flat_end };
+
+			if (t->box_shape && !same_dims(t->box_shape, t->global_shape, gnd))
+				r |= set_new(e, "box_shape", int_array(t->box_shape, gnd));
+			r |= set_new(e, "flat_range", int_array(fr, 2));
+		}
+	}
+	if (t->tp_dim != CKPTFS_TP_DIM_UNSET)
+		r |= set_new(e, "tp_dim", json_integer(t->tp_dim));
+	if (t->pp >= 0)
+		r |= set_new(e, "pp", json_integer(t->pp));
+	else if (t->pp != CKPTFS_PP_UNSET) {
+		static const char *const names[] = { "first", "last", "ends", "all" };
+
+		r |= set_new(e, "pp", json_string(names[CKPTFS_PP_FIRST - t->pp]));
+	}
+	if (r) {
+		json_decref(e);
+		return -ENOMEM;
+	}
+	if (json_object_size(e) == 0) {
+		json_decref(e);
+		return 0;
+	}
+	*ret = e;
+	return 0;
+}
+
+/* Builds out->header for the items of one group. */
+static int build_header(struct tr_out *out, int num_layers, char *err, size_t errlen)
+{
+	json_t *meta = json_object(), *tens = json_object();
+	struct ckpt_st_tensor_spec *specs = NULL;
+	uint64_t *sh = NULL;
+	char *js = NULL;
+	const char *keys[2] = { "format", CKPT_SHARDMETA_KEY }, *vals[2] = { "pt", NULL };
+	ckpt_st_header *h = NULL;
+	ckpt_shardmeta *m = NULL;
+	char why[512];
+	int ret = -ENOMEM;
+
+	if (!meta || !tens)
+		goto out;
+	if (json_object_set_new(meta, "version", json_integer(1)) < 0 ||
+	    set_new(meta, "group", json_string(out->group)) < 0)
+		goto out;
+	if (num_layers >= 0 && json_object_set_new(meta, "num_layers", json_integer(num_layers)) < 0)
+		goto out;
+	specs = calloc(out->n_items ? out->n_items : 1, sizeof(*specs));
+	sh = calloc(out->n_items * CKPTFS_MAX_DIMS + 1, sizeof(*sh));
+	if (!specs || !sh)
+		goto out;
+	for (size_t k = 0; k < out->n_items; k++) {
+		const struct ckptfs_tensor *t = out->items[k].tensor;
+		json_t *e;
+
+		ckpt_dtype_from_name(t->dtype, &specs[k].dtype);
+		specs[k].name = t->name;
+		specs[k].ndim = (unsigned)t->ndim;
+		specs[k].shape = sh + k * CKPTFS_MAX_DIMS;
+		for (int d = 0; d < t->ndim; d++)
+			sh[k * CKPTFS_MAX_DIMS + d] = (uint64_t)t->shape[d];
+		ret = tensor_entry(t, &e);
+		if (ret < 0)
+			goto out;
+		if (e && json_object_set_new(tens, t->name, e) < 0) {
+			ret = -EINVAL;
+			tr_fmt(err, errlen, "tensor '%s' (group '%s'): name is not valid UTF-8",
+			       t->name, out->group);
+			goto out;
+		}
+	}
+	ret = -ENOMEM;
+	if (json_object_set(meta, "tensors", tens) < 0)
+		goto out;
+	js = json_dumps(meta, JSON_COMPACT | JSON_PRESERVE_ORDER);
+	if (!js) {
+		ret = -EINVAL;
+		tr_fmt(err, errlen, "group '%s': invalid name (not valid UTF-8)", out->group);
+		goto out;
+	}
+	vals[1] = js;
+	ret = ckpt_st_serialize(specs, out->n_items, keys, vals, 2, &out->header,
+				&out->header_len);
+	if (ret < 0) {
+		tr_fmt(err, errlen, "%s: cannot build the safetensors header (%s)", out->name,
+		       strerror(-ret));
+		goto out;
+	}
+	/* The views must accept what this rank writes: check with their own parsers (the
+	 * header only, a small fraction of the snapshot's work). */
+	ret = ckpt_st_parse(out->header + 8, out->header_len - 8, &h, why, sizeof(why));
+	if (ret == 0)
+		ret = ckpt_shardmeta_parse(h, &m, why, sizeof(why));
+	if (ret < 0) {
+		tr_fmt(err, errlen, "%s: the header does not validate: %s", out->name, why);
+		goto out;
+	}
+	ret = 0;
+out:
+	if (ret == -ENOMEM && err && !err[0])
+		tr_fmt(err, errlen, "%s: out of memory", out->name);
+	ckpt_shardmeta_free(m);
+	ckpt_st_header_free(h);
+	tr_json_free(js);
+	free(specs);
+	free(sh);
+	json_decref(tens);
+	json_decref(meta);
+	return ret;
+}
+
+static size_t align_up(size_t v, size_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, char *err,
+		  size_t errlen)
+{
+	struct tr_plan *p = NULL;
+	struct tr_item *all = NULL;
+	size_t n_all = 0, n_groups = 0, pg = (size_t)sysconf(_SC_PAGESIZE), off = 0;
+	char fname[GROUP_MAX + 64];
+	int ret = -ENOMEM;
+
+	*ret_plan = NULL;
+	if (err && errlen)
+		err[0] = '\0';
+	if (a->n_tensors > 0 && !a->tensors) {
+		tr_fmt(err, errlen, "tensors is NULL with n_tensors %zu", a->n_tensors);
+		return -EINVAL;
+	}
+	if (a->n_blobs > 0 && !a->blobs) {
+		tr_fmt(err, errlen, "blobs is NULL with n_blobs %zu", a->n_blobs);
+		return -EINVAL;
+	}
+	p = calloc(1, sizeof(*p));
+	all = calloc(a->n_tensors + 1, sizeof(*all));
+	if (!p || !all)
+		goto out;
+	/* Every descriptor is checked, replicas too: a bad one is a caller bug on every rank. */
+	for (size_t i = 0; i < a->n_tensors; i++) {
+		ret = check_tensor(&a->tensors[i], i, a->num_layers, &all[i], err, errlen);
+		if (ret < 0)
+			goto out;
+	}
+	qsort(all, a->n_tensors, sizeof(*all), cmp_group_name);
+	for (size_t i = 1; i < a->n_tensors; i++)
+		if (!cmp_group_name(&all[i - 1], &all[i])) {
+			ret = -EINVAL;
+			tr_fmt(err, errlen, "tensor '%s' (group '%s'): given twice (#%zu and #%zu)",
+			       all[i].tensor->name, group_of(all[i].tensor), all[i - 1].index,
+			       all[i].index);
+			goto out;
+		}
+	/* Keep the written ones (grouped, in group order). */
+	for (size_t i = 0; i < a->n_tensors; i++)
+		if (!all[i].tensor->replica)
+			all[n_all++] = all[i];
+	for (size_t i = 0; i < n_all; i++)
+		if (i == 0 || strcmp(group_of(all[i].tensor), group_of(all[i - 1].tensor)))
+			n_groups++;
+	p->outs = calloc(n_groups + a->n_blobs + 1, sizeof(*p->outs));
+	if (!p->outs)
+		goto out;
+	for (size_t i = 0; i < n_all;) {
+		struct tr_out *o = &p->outs[p->n_outs++];
+		size_t j = i;
+		uint64_t data = 0;
+
+		while (j < n_all && !strcmp(group_of(all[j].tensor), group_of(all[i].tensor)))
+			j++;
+		tr_tensor_file_name(fname, sizeof(fname), group_of(all[i].tensor), a->rank);
+		o->name = strdup(fname);
+		o->group = strdup(group_of(all[i].tensor));
+		o->items = malloc((j - i) * sizeof(*o->items));
+		if (!o->name || !o->group || !o->items)
+			goto out;
+		memcpy(o->items, all + i, (j - i) * sizeof(*o->items));
+		o->n_items = j - i;
+		qsort(o->items, o->n_items, sizeof(*o->items), cmp_item);
+		ret = build_header(o, a->num_layers, err, errlen);
+		if (ret < 0)
+			goto out;
+		ret = -ENOMEM;
+		for (size_t k = 0; k < o->n_items; k++) {
+			o->items[k].data_off = o->header_len + data;
+			data += o->items[k].bytes;
+			if (o->items[k].tensor->device >= 0)
+				p->any_device = 1;
+		}
+		o->size = o->header_len + data;
+		i = j;
+	}
+	for (size_t b = 0; b < a->n_blobs; b++) {
+		const struct ckptfs_blob *bl = &a->blobs[b];
+		const char *n = bl->name;
+		struct tr_out *o;
+
+		if (!n || !n[0] || strlen(n) > BLOB_NAME_MAX || n[0] == '.' || strchr(n, '/') ||
+		    !strcmp(n, TR_MARKER_NAME)) {
+			ret = -EINVAL;
+			tr_fmt(err, errlen, "blob #%zu '%s': invalid name (a plain file name of 1..%d "
+			       "bytes, no '/', not starting with '.', not %s)", b, n ? n : "(null)",
+			       BLOB_NAME_MAX, TR_MARKER_NAME);
+			goto out;
+		}
+		if (bl->len > 0 && !bl->data) {
+			ret = -EINVAL;
+			tr_fmt(err, errlen, "blob '%s': NULL data", n);
+			goto out;
+		}
+		for (size_t k = 0; k < p->n_outs; k++)
+			if (!strcmp(p->outs[k].name, n)) {
+				ret = -EINVAL;
+				tr_fmt(err, errlen, "blob '%s': name used twice in this save", n);
+				goto out;
+			}
+		o = &p->outs[p->n_outs++];
+		o->name = strdup(n);
+		if (!o->name)
+			goto out;
+		o->blob = bl;
+		o->size = bl->len;
+	}
+	for (size_t k = 0; k < p->n_outs; k++) {
+		p->outs[k].pool_off = off;
+		off = align_up(off + p->outs[k].size, pg);
+		p->bytes += p->outs[k].size;
+	}
+	p->pool_bytes = off;
+	ret = 0;
+	*ret_plan = p;
+	p = NULL;
+out:
+	if (ret == -ENOMEM && err && !err[0])
+		tr_fmt(err, errlen, "out of memory planning the save");
+	tr_plan_free(p);
+	free(all);
+	return ret;
+}
+
+void tr_plan_free(struct tr_plan *p)
+{
+	if (!p)
+		return;
+	for (size_t k = 0; k < p->n_outs; k++) {
+		free(p->outs[k].name);
+		free(p->outs[k].group);
+		free(p->outs[k].header);
+		free(p->outs[k].items);
+	}
+	free(p->outs);
+	free(p);
+}

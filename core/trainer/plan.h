@@ -1,0 +1,58 @@
+/* plan.h: validation of a save's descriptors and the layout of its output files (internal).
+ *
+ * tr_plan_build() checks every tensor and blob of a ckptfs_save_args, groups the tensors this
+ * rank writes (replica == 0) into one safetensors file per group, GROUP-rankRRRRR.safetensors,
+ * builds each file's header (with the ckptfs sharding metadata, docs/views.md section 3, and
+ * checked by the views' own parsers) and places each file's whole image contiguously in the
+ * pool at a page-aligned offset: the header first, then the tensors' data in file order.
+ * Blobs are files of their own, also placed in the pool.  Nothing is copied here.
+ *
+ * A plan refers to the args' tensors and blobs (item.tensor, out.blob) only until the
+ * snapshot is taken; names, sizes, offsets and headers are its own.
+ */
+#ifndef CKPTFS_TRAINER_PLAN_H
+#define CKPTFS_TRAINER_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "trainer/ckptfs.h"
+
+struct tr_item {
+	const struct ckptfs_tensor *tensor;
+	size_t index;          /* in args->tensors */
+	unsigned bits;         /* per element */
+	uint64_t bytes;
+	uint64_t data_off;     /* from the start of the file image */
+};
+
+struct tr_out {
+	char *name;            /* the final file name inside the checkpoint directory */
+	char *group;           /* NULL for a blob */
+	uint8_t *header;       /* 8-byte length + JSON header; NULL for a blob */
+	size_t header_len;
+	struct tr_item *items; /* in file order */
+	size_t n_items;
+	const struct ckptfs_blob *blob;
+	uint64_t size;         /* bytes of the whole file */
+	size_t pool_off;       /* where the image starts in the pool (page-aligned) */
+};
+
+struct tr_plan {
+	struct tr_out *outs;   /* tensor files in group order, then blobs in args order */
+	size_t n_outs;
+	size_t pool_bytes;     /* end of the last image in the pool */
+	uint64_t bytes;        /* sum of the file sizes */
+	int any_device;        /* some written tensor is a device pointer */
+};
+
+/* Returns 0 and a new plan, or -EINVAL (a bad descriptor), -ENODEV (a device tensor without
+ * usable CUDA), -EOVERFLOW, -ENOMEM with a reason naming the tensor or blob in err. */
+int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, char *err,
+		  size_t errlen);
+void tr_plan_free(struct tr_plan *p);
+
+/* "GROUP-rankRRRRR.safetensors" into buf. */
+void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank);
+
+#endif /* CKPTFS_TRAINER_PLAN_H */
