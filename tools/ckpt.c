@@ -615,12 +615,16 @@ static const struct command commands[] = {
 	{ "ls", "STORE [PATH]", { "STORE", "PATH" },
 	  "checkpoint directories, their groups and saved layouts",
 	  "List the checkpoint directories under PATH (default /) with their groups,\n"
-	  "tensor counts and the layout they were saved in.  Works while mounted.\n",
+	  "tensor counts and the layout they were saved in.  Flags what it finds\n"
+	  "without reading tensor data: INCOMPLETE (pieces disagree on dtype, global\n"
+	  "shape or tp_dim) and NO SHARDING METADATA (files without ckptfs metadata\n"
+	  "hold one tensor with different shapes or bytes).  Works while mounted.\n",
 	  1, 2, 0, 0, run_ls },
 	{ "check", "STORE PATH [--tp-rules FILE]", { "STORE", "PATH" },
 	  "can every resharded view of PATH be served?",
 	  "Report the tensors of the files directly in PATH that no resharded view can\n"
-	  "serve (missing or inconsistent pieces).  Works while mounted.  Exit status 1\n"
+	  "serve (missing or inconsistent pieces, tensors that files without sharding\n"
+	  "metadata hold with different contents).  Works while mounted.  Exit status 1\n"
 	  "if there are any.\n"
 	  "\n" TP_RULES_HELP,
 	  2, 2, OPT_TP_RULES, 0, run_check },
