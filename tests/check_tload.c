@@ -20,6 +20,15 @@
 
 #define MAXD CKPTFS_MAX_DIMS
 
+/* Weak: the suite also links against a library whose save half (and so this function) is
+ * not built yet; then there is no GPU either. */
+extern int ckptfs_cuda_available(void) __attribute__((weak));
+
+static int cuda_available(void)
+{
+	return ckptfs_cuda_available ? ckptfs_cuda_available() : 0;
+}
+
 /* ---- scratch directories ------------------------------------------------------------------ */
 
 static char base_dir[256];
@@ -313,7 +322,7 @@ static struct ckptfs_loader *open_ok(const char *dir, int threads)
 	return l;
 }
 
-static __attribute__((unused)) int open_fail(const char *dir, int require, char *msg, size_t len)
+static int open_fail(const char *dir, int require, char *msg, size_t len)
 {
 	struct ckptfs_loader_opts o;
 	struct ckptfs_loader *l = NULL;
@@ -713,6 +722,628 @@ START_TEST(test_replicas_groups)
 }
 END_TEST
 
+/* A piece missing: the load fails naming the tensor and the first uncovered index; the parts
+ * that are stored still load. */
+START_TEST(test_missing_piece)
+{
+	const char *dir = mkdir_t("miss");
+	struct gt g;
+	struct ckptfs_loader *l;
+	uint64_t s[2] = {6, 4};
+	char path[1024], msg[1024];
+	uint8_t buf[6 * 4 * 4];
+	struct ckptfs_load_req q;
+	int64_t off[2] = {1, 1}, sh[2] = {4, 2};
+
+	gt_init(&g, "lm_head.weight", "F32", 4, 2, s);
+	write_tp(dir, "r", &g, 0, 3); /* rows [0,2) [2,4) [4,6) */
+	snprintf(path, sizeof(path), "%s/r_rank01.safetensors", dir);
+	ck_assert_int_eq(unlink(path), 0);
+	l = open_ok(dir, 2);
+	check_box(l, &g, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+	check_box(l, &g, (uint64_t[2]){4, 0}, (uint64_t[2]){2, 4});
+	q = req_box(&g, NULL, NULL, NULL, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENODATA);
+	ck_assert_int_eq(ckptfs_loader_error(l, msg, sizeof(msg)), -ENODATA);
+	ck_assert_msg(strstr(msg, "group 'model', tensor 'lm_head.weight': no stored piece covers "
+			      "8 elements starting at index [2, 0]"), "%s", msg);
+	ck_assert_ptr_nonnull(strstr(msg, dir));
+	q = req_box(&g, NULL, off, sh, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENODATA);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "covers 4 elements starting at index [2, 1]"), "%s", msg);
+	/* a flat request: the hole counted in its own flattening */
+	q.flat = 1;
+	q.shape = NULL;
+	q.offsets = NULL;
+	q.box_shape = NULL;
+	q.flat_start = 3;
+	q.flat_end = 21;
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENODATA);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "covers 8 elements starting at index [2, 0]"), "%s", msg);
+	/* a later success clears the error */
+	check_box(l, &g, (uint64_t[2]){5, 1}, (uint64_t[2]){1, 3});
+	ck_assert_int_eq(ckptfs_loader_error(l, msg, sizeof(msg)), 0);
+	ck_assert_str_eq(msg, "");
+	ckptfs_loader_free(l);
+	free(g.data);
+}
+END_TEST
+
+/* Disagreeing pieces refuse the open; a request of another dtype or shape fails the load;
+ * unknown tensors; a device destination without a GPU. */
+START_TEST(test_mismatch)
+{
+	const char *dir = mkdir_t("mm"), *dir2 = mkdir_t("mm2");
+	struct gt a, b, c;
+	struct fb f = {0};
+	struct ckptfs_loader *l;
+	char msg[1024];
+	uint8_t buf[256];
+	struct ckptfs_load_req q;
+	int64_t big[2] = {5, 4}, off[2] = {3, 0}, sh[2] = {2, 4};
+
+	gt_init(&a, "x", "F32", 4, 2, (uint64_t[2]){4, 4});
+	gt_init(&b, "x", "BF16", 2, 2, (uint64_t[2]){4, 4});
+	gt_init(&c, "x", "F32", 4, 2, (uint64_t[2]){4, 8});
+	fb_box(&f, &a, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+	fb_write(&f, dir, "r0.safetensors", 1);
+	fb_box(&f, &b, (uint64_t[2]){2, 0}, (uint64_t[2]){2, 4});
+	fb_write(&f, dir, "r1.safetensors", 1);
+	ck_assert_int_eq(open_fail(dir, 0, msg, sizeof(msg)), -EINVAL);
+	ck_assert_msg(strstr(msg, "tensor 'x': pieces disagree on dtype: F32 in ") &&
+		      strstr(msg, "/r0.safetensors, BF16 in ") && strstr(msg, "/r1.safetensors"),
+		      "%s", msg);
+
+	fb_box(&f, &a, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+	fb_write(&f, dir2, "r0.safetensors", 1);
+	fb_box(&f, &c, (uint64_t[2]){2, 0}, (uint64_t[2]){2, 4});
+	fb_write(&f, dir2, "r1.safetensors", 1);
+	ck_assert_int_eq(open_fail(dir2, 0, msg, sizeof(msg)), -EINVAL);
+	ck_assert_msg(strstr(msg, "tensor 'x': pieces disagree on global shape: [4, 4] in ") &&
+		      strstr(msg, "[4, 8] in "), "%s", msg);
+
+	fb_box(&f, &a, (uint64_t[2]){2, 0}, (uint64_t[2]){2, 4});
+	fb_write(&f, dir2, "r1.safetensors", 1);
+	l = open_ok(dir2, 2);
+	check_whole(l, &a);
+	q = req_box(&b, NULL, NULL, NULL, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "tensor 'x': dtype mismatch: requested BF16, stored F32"), "%s",
+		      msg);
+	q = req_box(&a, NULL, NULL, big, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "tensor 'x': global shape mismatch: the requested box [5, 4] at "
+			      "[0, 0] does not fit the stored global shape [4, 4]"), "%s", msg);
+	q = req_box(&a, NULL, off, sh, buf);
+	q.ndim = 3;
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "requested 3 dimensions, stored global shape [4, 4]"), "%s", msg);
+	q = req_box(&a, NULL, off, sh, buf);
+	q.flat = 1;
+	q.flat_start = 0;
+	q.flat_end = 17;
+	q.box_shape = NULL;
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "flat range [0, 17) outside the 4 elements"), "%s", msg);
+	q = req_box(&a, "optim", NULL, NULL, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENOENT);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "group 'optim', tensor 'x': not in the checkpoint"), "%s", msg);
+	q = req_box(&a, NULL, NULL, NULL, buf);
+	q.device = 0;
+	if (!cuda_available()) {
+		ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENODEV);
+		ckptfs_loader_error(l, msg, sizeof(msg));
+		ck_assert_msg(strstr(msg, "tensor 'x': a device destination (device 0)"), "%s", msg);
+	}
+	ckptfs_loader_free(l);
+	free(a.data);
+	free(b.data);
+	free(c.data);
+}
+END_TEST
+
+/* Invalid or unsupported ckptfs metadata and broken files refuse the open, naming the file and
+ * the parser's reason. */
+START_TEST(test_invalid_meta)
+{
+	const char *cases[][2] = {
+		{"{\"version\": 1, \"tensors\": {\"x\": {\"global_shape\": [2, 4], \"offsets\": "
+		 "[1, 0]}}}", "invalid ckptfs metadata"},
+		{"{\"version\": 2}", "invalid ckptfs metadata"},
+		{"not json", "invalid ckptfs metadata"},
+		{"{\"version\": 1, \"tensors\": {\"y\": {}}}", "invalid ckptfs metadata"},
+	};
+	struct gt a;
+	struct fb f = {0};
+	char msg[1024], path[1024];
+	const char *dir;
+	int rc;
+
+	gt_init(&a, "x", "F32", 4, 2, (uint64_t[2]){2, 4});
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dir = mkdir_t("inv");
+		fb_box(&f, &a, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+		fb_write(&f, dir, "a.safetensors", 1);
+		fb_box(&f, &a, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+		fb_write_raw(&f, dir, "b.safetensors", 1, NULL, cases[i][0]);
+		rc = open_fail(dir, 0, msg, sizeof(msg));
+		ck_assert_msg(rc == (i == 1 ? -EPROTONOSUPPORT : -EINVAL), "case %zu: %d", i, rc);
+		ck_assert_msg(strstr(msg, "/b.safetensors: ") && strstr(msg, cases[i][1]),
+			      "case %zu: %s", i, msg);
+	}
+	/* a truncated file, a file that is not safetensors */
+	dir = mkdir_t("inv2");
+	fb_whole(&f, &a);
+	fb_write(&f, dir, "a.safetensors", 0);
+	snprintf(path, sizeof(path), "%s/a.safetensors", dir);
+	ck_assert_int_eq(truncate(path, 100), 0);
+	ck_assert_int_eq(open_fail(dir, 0, msg, sizeof(msg)), -EINVAL);
+	ck_assert_msg(strstr(msg, "/a.safetensors: file size 100 does not match its header"), "%s",
+		      msg);
+	ck_assert_int_eq(truncate(path, 3), 0);
+	ck_assert_int_eq(open_fail(dir, 0, msg, sizeof(msg)), -EINVAL);
+	ck_assert_msg(strstr(msg, "/a.safetensors: not a safetensors file"), "%s", msg);
+	/* a directory that does not exist */
+	snprintf(path, sizeof(path), "%s/nothing", base_dir);
+	ck_assert_int_eq(open_fail(path, 0, msg, sizeof(msg)), -ENOENT);
+	ck_assert_ptr_nonnull(strstr(msg, path));
+	free(a.data);
+}
+END_TEST
+
+/* require_complete: the completion marker, a save that did not finish, plain directories. */
+START_TEST(test_require_complete)
+{
+	const char *dir = mkdir_t("ck"), *part;
+	struct gt a;
+	struct fb f = {0};
+	struct ckptfs_loader_opts o;
+	struct ckptfs_loader *l = NULL;
+	char msg[1024], path[1024], want[4096];
+	int fd;
+
+	gt_init(&a, "x", "F32", 4, 1, (uint64_t[1]){4});
+	fb_whole(&f, &a);
+	fb_write(&f, dir, "a.safetensors", 1);
+	/* no marker */
+	ck_assert_int_eq(open_fail(dir, 1, msg, sizeof(msg)), -EBADMSG);
+	snprintf(want, sizeof(want), "%s: incomplete checkpoint: no ckptfs-checkpoint.json", dir);
+	ck_assert_str_eq(msg, want);
+	/* without require_complete the same directory opens */
+	l = open_ok(dir, 1);
+	ckptfs_loader_free(l);
+	/* complete */
+	snprintf(path, sizeof(path), "%s/ckptfs-checkpoint.json", dir);
+	fd = open(path, O_CREAT | O_WRONLY, 0644);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, "{}", 2), 2);
+	close(fd);
+	ckptfs_loader_opts_init(&o);
+	o.require_complete = 1;
+	ck_assert_int_eq(ckptfs_loader_open(dir, &o, &l), 0);
+	check_whole(l, &a);
+	ckptfs_loader_free(l);
+	/* a trailing slash is the same directory */
+	snprintf(path, sizeof(path), "%s/", dir);
+	ck_assert_int_eq(ckptfs_loader_open(path, &o, &l), 0);
+	ckptfs_loader_free(l);
+	/* the save did not finish: only DIR.partial */
+	part = mkdir_t("step9.partial");
+	fb_whole(&f, &a);
+	fb_write(&f, part, "a.safetensors", 1);
+	snprintf(path, sizeof(path), "%s/step9", base_dir);
+	ck_assert_int_eq(open_fail(path, 1, msg, sizeof(msg)), -ENOENT);
+	snprintf(want, sizeof(want),
+		 "%s: incomplete checkpoint: the save did not finish (%s.partial exists, no "
+		 "completion marker)", path, path);
+	ck_assert_str_eq(msg, want);
+	/* neither */
+	snprintf(path, sizeof(path), "%s/step10", base_dir);
+	ck_assert_int_eq(open_fail(path, 1, msg, sizeof(msg)), -ENOENT);
+	ck_assert_ptr_nonnull(strstr(msg, "No such file or directory"));
+	free(a.data);
+}
+END_TEST
+
+/* Scalars, empty tensors and empty requests, bit-packed dtypes. */
+START_TEST(test_edge_shapes)
+{
+	const char *dir = mkdir_t("edge");
+	struct gt sc, em, f4, one;
+	struct fb f = {0};
+	struct ckptfs_loader *l;
+	uint8_t buf[64];
+	struct ckptfs_load_req q;
+	char msg[1024];
+
+	gt_init(&sc, "step", "I64", 8, 0, NULL);
+	gt_init(&em, "empty", "F32", 4, 2, (uint64_t[2]){0, 5});
+	gt_init(&f4, "packed", "F4", 1, 1, (uint64_t[1]){8}); /* 8 elements, 4 bytes */
+	gt_init(&one, "one", "U8", 1, 3, (uint64_t[3]){1, 1, 1});
+	fb_whole(&f, &sc);
+	fb_box(&f, &em, (uint64_t[2]){0, 0}, (uint64_t[2]){0, 5});
+	fb_box(&f, &one, (uint64_t[3]){0, 0, 0}, (uint64_t[3]){1, 1, 1});
+	fb_write(&f, dir, "a.safetensors", 1);
+	/* F4: 8 elements are 4 bytes, written by hand */
+	fb_whole(&f, &f4);
+	f.t[0].nbytes = 4;
+	fb_write(&f, dir, "b.safetensors", 0);
+	l = open_ok(dir, 2);
+	check_whole(l, &sc);
+	check_whole(l, &em);
+	check_whole(l, &one);
+	check_flat(l, &sc, NULL, NULL, 0, 1);
+	check_flat(l, &sc, NULL, NULL, 1, 1);
+	check_box(l, &one, (uint64_t[3]){1, 0, 1}, (uint64_t[3]){0, 1, 0});
+	q = req_box(&f4, NULL, NULL, NULL, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), 0);
+	ck_assert_mem_eq(buf, f4.data, 4);
+	q.offsets = (int64_t[1]){2};
+	q.shape = (int64_t[1]){2};
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENOTSUP);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "tensor 'packed': dtype F4 is bit-packed"), "%s", msg);
+	/* zero requests */
+	ck_assert_int_eq(ckptfs_load(l, NULL, 0), 0);
+	ckptfs_loader_free(l);
+	free(sc.data);
+	free(em.data);
+	free(f4.data);
+	free(one.data);
+}
+END_TEST
+
+/* The load reads only what the requests cover: the counters, and a file whose unneeded tail is
+ * cut off after the open. */
+START_TEST(test_reads_only_needed)
+{
+	const char *dir = mkdir_t("need");
+	struct gt g;
+	struct ckptfs_loader *l;
+	struct ckptfs__load_stats st;
+	struct ckptfs__load_tune tu = {0};
+	uint64_t s[2] = {64, 256};
+	char path[1024], msg[1024];
+	uint8_t *buf = malloc(64 * 256 * 4);
+	struct ckptfs_load_req q;
+	int64_t off[2] = {12, 0}, sh[2] = {4, 256};
+
+	gt_init(&g, "w", "F32", 4, 2, s);
+	write_tp(dir, "c", &g, 1, 4); /* columns split: every row is a short run per file */
+	l = open_ok(dir, 4);
+	/* without coalescing: exactly the needed bytes, one run per row and file */
+	tu.gap_max = UINT64_MAX;
+	ckptfs__loader_tune(l, &tu);
+	check_tp_parts(l, &g, 0, 3);
+	ck_assert_int_eq(ckptfs__loader_stats(l, &st), 0);
+	ck_assert_uint_eq(st.bytes_needed, 20 * 256 * 4); /* the last part: rows [44, 64) */
+	ck_assert_uint_eq(st.bytes_read, st.bytes_needed);
+	ck_assert_uint_eq(st.gap_bytes, 0);
+	/* rows of one file are contiguous there, so one read per file */
+	ck_assert_uint_eq(st.reads, 4);
+	ck_assert_uint_eq(st.files, 4);
+	/* a sub-box: columns [8, 200) read as separate runs without gaps */
+	check_box(l, &g, (uint64_t[2]){3, 8}, (uint64_t[2]){40, 192});
+	ckptfs__loader_stats(l, &st);
+	ck_assert_uint_eq(st.bytes_read, 40 * 192 * 4);
+	ck_assert_uint_eq(st.runs, 40 * 4);
+	/* with coalescing: the gaps are read but no more than the gaps */
+	tu.gap_max = 0;
+	ckptfs__loader_tune(l, &tu);
+	check_box(l, &g, (uint64_t[2]){3, 8}, (uint64_t[2]){40, 192});
+	ckptfs__loader_stats(l, &st);
+	ck_assert_uint_eq(st.bytes_read - st.gap_bytes, 40 * 192 * 4);
+	ck_assert_uint_le(st.gap_bytes, 39 * 64 * 4);
+	ck_assert_uint_le(st.reads, 4);
+	/* cut file c_rank00 after row 15 (the loader has it open already): rows below load */
+	snprintf(path, sizeof(path), "%s/c_rank00.safetensors", dir);
+	{
+		struct stat sb;
+
+		ck_assert_int_eq(stat(path, &sb), 0);
+		ck_assert_int_eq(truncate(path, sb.st_size - (64 - 16) * 64 * 4), 0);
+	}
+	q = req_box(&g, NULL, off, sh, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), 0);
+	{
+		uint8_t *want = malloc(4 * 256 * 4);
+
+		ref_flat(&g, (uint64_t[2]){12, 0}, (uint64_t[2]){4, 256}, 0, 1024, want);
+		ck_assert_mem_eq(buf, want, 4 * 256 * 4);
+		free(want);
+	}
+	off[0] = 14;
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EIO);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "/c_rank00.safetensors: reading ") && strstr(msg, "file ends"),
+		      "%s", msg);
+	ckptfs_loader_free(l);
+	free(buf);
+	free(g.data);
+}
+END_TEST
+
+/* A larger tensor saved split along dim 1, loaded split along dim 0 and as flat ranges:
+ * 1 and 4 threads, small chunks, with and without coalescing: the reference bytes each time. */
+START_TEST(test_large_threads)
+{
+	const char *dir = mkdir_t("large");
+	struct gt g;
+	uint64_t s[2] = {1024, 1536};
+	uint64_t tunes[4][2] = {{0, 0}, {UINT64_MAX, 0}, {0, 65536}, {UINT64_MAX, 4096}};
+	uint8_t *want = malloc(1024 * 1536 * 2), *got = malloc(1024 * 1536 * 2);
+
+	gt_init(&g, "big", "BF16", 2, 2, s);
+	write_tp(dir, "r", &g, 1, 4);
+	ref_flat(&g, (uint64_t[2]){0, 0}, s, 0, 1024 * 1536, want);
+	for (int th = 1; th <= 4; th += 3)
+		for (int k = 0; k < 4; k++) {
+			struct ckptfs_loader *l = open_ok(dir, th);
+			struct ckptfs__load_tune tu = {tunes[k][0], tunes[k][1], 0};
+			struct ckptfs_load_req q[5];
+			int64_t off[3][2], sh[3][2], z[2] = {0, 0}, bs[2] = {1024, 1536};
+
+			ckptfs__loader_tune(l, &tu);
+			memset(got, 0, 1024 * 1536 * 2);
+			/* rows in three uneven parts, then the flattening cut in two */
+			for (int t = 0; t < 3; t++) {
+				uint64_t b, e;
+
+				chunk_bounds(1024, 3, (uint64_t)t, &b, &e);
+				off[t][0] = (int64_t)b;
+				off[t][1] = 0;
+				sh[t][0] = (int64_t)(e - b);
+				sh[t][1] = 1536;
+				q[t] = req_box(&g, NULL, off[t], sh[t], got + b * 1536 * 2);
+			}
+			ck_assert_int_eq(ckptfs_load(l, q, 3), 0);
+			ck_assert_msg(memcmp(got, want, 1024 * 1536 * 2) == 0, "th %d tune %d", th, k);
+			memset(got, 0, 1024 * 1536 * 2);
+			q[3] = req_box(&g, NULL, z, NULL, got);
+			q[3].flat = 1;
+			q[3].box_shape = bs;
+			q[3].flat_start = 0;
+			q[3].flat_end = 700001;
+			q[4] = q[3];
+			q[4].dst = got + 700001 * 2;
+			q[4].flat_start = 700001;
+			q[4].flat_end = 1024 * 1536;
+			ck_assert_int_eq(ckptfs_load(l, q + 3, 2), 0);
+			ck_assert_msg(memcmp(got, want, 1024 * 1536 * 2) == 0, "flat th %d tune %d", th,
+				      k);
+			ckptfs_loader_free(l);
+		}
+	free(want);
+	free(got);
+	free(g.data);
+}
+END_TEST
+
+/* Random tensors, random source layouts (grids of boxes, flat ranges of the whole or of the
+ * boxes, replicas), random targets (boxes, flat ranges of boxes), all in one call, with random
+ * thread counts and planning constants: the reference bytes. */
+#define NSRC 160
+struct rsrc {
+	uint64_t off[MAXD], sh[MAXD];
+	int flat;
+	uint64_t a, b;
+};
+
+static int random_sources(const struct gt *g, struct rsrc *src, int max)
+{
+	uint64_t parts[MAXD], prod = 1, n = 0, boxes;
+	int kind = (int)rndn(3), n_src = 0;
+
+	for (int k = 0; k < g->nd; k++) {
+		parts[k] = prod < 12 ? 1 + rndn(3) : 1;
+		prod *= parts[k];
+	}
+	boxes = prod;
+	if (kind == 1) /* flat pieces of the whole */
+		boxes = 1;
+	for (uint64_t bi = 0; bi < boxes; bi++) {
+		struct rsrc bx = {0};
+		uint64_t r = bi;
+
+		for (int k = g->nd; k-- > 0;) {
+			uint64_t p = kind == 1 ? 1 : parts[k], b, e;
+
+			chunk_bounds(g->shape[k], p, r % p, &b, &e);
+			r /= p;
+			bx.off[k] = b;
+			bx.sh[k] = e - b;
+		}
+		n = box_elems(g->nd, bx.sh);
+		if (kind == 0 || n == 0) {
+			if (n_src < max)
+				src[n_src++] = bx;
+			continue;
+		}
+		/* cut [0, n) at random points into up to 4 flat pieces (some empty) */
+		{
+			uint64_t cuts[6];
+			int nc = 1 + (int)rndn(4);
+
+			cuts[0] = 0;
+			for (int c = 1; c < nc; c++)
+				cuts[c] = rndn(n + 1);
+			cuts[nc] = n;
+			for (int c = 1; c < nc; c++)
+				for (int d = c + 1; d < nc; d++)
+					if (cuts[d] < cuts[c]) {
+						uint64_t t = cuts[c];
+
+						cuts[c] = cuts[d];
+						cuts[d] = t;
+					}
+			for (int c = 0; c < nc && n_src < max; c++) {
+				src[n_src] = bx;
+				src[n_src].flat = 1;
+				src[n_src].a = cuts[c];
+				src[n_src].b = cuts[c + 1];
+				n_src++;
+			}
+		}
+	}
+	return n_src;
+}
+
+START_TEST(test_randomized)
+{
+	static const char *dts[4] = {"U8", "BF16", "F32", "F64"};
+	static const unsigned ebs[4] = {1, 2, 4, 8};
+	struct fb *files = calloc(NSRC + 8, sizeof(*files));
+
+	rng_state ^= 0x9e3779b97f4a7c15ull * (uint64_t)(_i + 1);
+	for (int round = 0; round < 60; round++) {
+		const char *dir = mkdir_t("rnd");
+		struct gt g[3];
+		struct rsrc src[NSRC];
+		int nt = 1 + (int)rndn(3), used[NSRC + 8] = {0};
+		char names[3][16];
+		struct ckptfs_load_req q[12];
+		int64_t qoff[12][MAXD], qsh[12][MAXD];
+		uint8_t *dst[12], *want[12];
+		uint64_t qbytes[12];
+		int nq = 0;
+		struct ckptfs_loader *l;
+		struct ckptfs__load_tune tu = {0};
+		char msg[1024];
+		int rc;
+
+		for (int t = 0; t < nt; t++) {
+			uint64_t sh[MAXD];
+			int nd = (int)rndn(5), di = (int)rndn(4), ns;
+
+			for (int k = 0; k < nd; k++)
+				sh[k] = rndn(10) == 0 ? 0 : 1 + rndn(9);
+			snprintf(names[t], sizeof(names[t]), "t%d", t);
+			gt_init(&g[t], names[t], dts[di], ebs[di], nd, sh);
+			ns = random_sources(&g[t], src, NSRC);
+			ck_assert_int_lt(ns, NSRC); /* none left out */
+			/* an overlapping extra piece of another geometry (a box or a flat range of
+			 * one), listed first so that it sorts among the others by file */
+			if (ns < NSRC - 1 && rndn(2) == 0) {
+				struct rsrc *x = &src[ns++];
+				uint64_t n;
+
+				memset(x, 0, sizeof(*x));
+				for (int k = 0; k < nd; k++) {
+					x->off[k] = rndn(sh[k] + 1);
+					x->sh[k] = rndn(sh[k] - x->off[k] + 1);
+				}
+				n = box_elems(nd, x->sh);
+				if (rndn(2)) {
+					x->flat = 1;
+					x->a = rndn(n + 1);
+					x->b = x->a + rndn(n - x->a + 1);
+				}
+			}
+			for (int i = 0; i < ns; i++) {
+				int fi = i;
+
+				fb_piece(&files[fi], &g[t], NULL, src[i].off, src[i].sh, src[i].flat,
+					 src[i].a, src[i].b);
+				used[fi] = 1;
+				/* a replica of this piece in another file */
+				if (rndn(5) == 0) {
+					int ri = NSRC + (int)rndn(8);
+					int dup = 0;
+
+					for (int k = 0; k < files[ri].n; k++)
+						dup |= strcmp(files[ri].t[k].name, names[t]) == 0;
+					if (!dup) {
+						fb_piece(&files[ri], &g[t], NULL, src[i].off, src[i].sh,
+							 src[i].flat, src[i].a, src[i].b);
+						used[ri] = 1;
+					}
+				}
+			}
+		}
+		for (int fi = 0; fi < NSRC + 8; fi++) {
+			char fn[32];
+
+			if (!used[fi])
+				continue;
+			snprintf(fn, sizeof(fn), "%s%03d.safetensors", fi < NSRC ? "r" : "rep", fi);
+			fb_write(&files[fi], dir, fn, 1);
+		}
+		/* requests */
+		for (int t = 0; t < nt; t++) {
+			int nr = 1 + (int)rndn(4);
+
+			for (int r = 0; r < nr && nq < 12; r++, nq++) {
+				uint64_t off[MAXD], sh[MAXD], n, a, b;
+				int flat = (int)rndn(2);
+
+				for (int k = 0; k < g[t].nd; k++) {
+					off[k] = rndn(g[t].shape[k] + 1);
+					sh[k] = rndn(g[t].shape[k] - off[k] + 1);
+					if (rndn(3) == 0) { /* whole along k, more often */
+						off[k] = 0;
+						sh[k] = g[t].shape[k];
+					}
+					qoff[nq][k] = (int64_t)off[k];
+					qsh[nq][k] = (int64_t)sh[k];
+				}
+				n = box_elems(g[t].nd, sh);
+				a = 0;
+				b = n;
+				if (flat) {
+					a = rndn(n + 1);
+					b = a + rndn(n - a + 1);
+				}
+				qbytes[nq] = (b - a) * g[t].eb;
+				dst[nq] = malloc(qbytes[nq] + 1);
+				want[nq] = malloc(qbytes[nq] + 1);
+				memset(dst[nq], 0xA5, qbytes[nq]);
+				ref_flat(&g[t], off, sh, a, b, want[nq]);
+				q[nq] = req_box(&g[t], NULL, qoff[nq], qsh[nq], dst[nq]);
+				if (flat) {
+					q[nq].flat = 1;
+					q[nq].shape = NULL;
+					q[nq].box_shape = qsh[nq];
+					q[nq].flat_start = (int64_t)a;
+					q[nq].flat_end = (int64_t)b;
+				}
+			}
+		}
+		l = open_ok(dir, 1 + (int)rndn(6));
+		tu.gap_max = rndn(3) == 0 ? UINT64_MAX : rndn(200);
+		tu.chunk_bytes = rndn(2) ? 0 : 1 + rndn(300);
+		tu.mode = (int)rndn(2);
+		ckptfs__loader_tune(l, &tu);
+		rc = ckptfs_load(l, q, (size_t)nq);
+		ckptfs_loader_error(l, msg, sizeof(msg));
+		ck_assert_msg(rc == 0, "round %d: %d %s", round, rc, msg);
+		for (int i = 0; i < nq; i++) {
+			ck_assert_msg(memcmp(dst[i], want[i], qbytes[i]) == 0,
+				      "round %d request %d (%s, flat %d): bytes differ", round, i,
+				      q[i].name, q[i].flat);
+			free(dst[i]);
+			free(want[i]);
+		}
+		{
+			struct ckptfs__load_stats st;
+
+			ckptfs__loader_stats(l, &st);
+			ck_assert_uint_le(st.bytes_read - st.gap_bytes, st.bytes_needed);
+		}
+		ckptfs_loader_free(l);
+		for (int t = 0; t < nt; t++)
+			free(g[t].data);
+	}
+	free(files);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tload");
@@ -726,6 +1357,14 @@ int main(void)
 	tcase_add_test(tc, test_3d_boxes);
 	tcase_add_test(tc, test_flat_sources);
 	tcase_add_test(tc, test_replicas_groups);
+	tcase_add_test(tc, test_missing_piece);
+	tcase_add_test(tc, test_mismatch);
+	tcase_add_test(tc, test_invalid_meta);
+	tcase_add_test(tc, test_require_complete);
+	tcase_add_test(tc, test_edge_shapes);
+	tcase_add_test(tc, test_reads_only_needed);
+	tcase_add_test(tc, test_large_threads);
+	tcase_add_loop_test(tc, test_randomized, 0, 4);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
