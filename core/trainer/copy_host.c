@@ -1,5 +1,8 @@
 /* copy_host.c: the copy engine (copy.h): host copies, the batched snapshot copier with its
  * host copy threads, and the dispatch to the CUDA half (copy_cuda.cu) in a CUDA build. */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>

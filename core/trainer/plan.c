@@ -1,4 +1,7 @@
 /* plan.c: descriptor validation and output file images (plan.h). */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
