@@ -31,6 +31,10 @@ class Piece:
     replica_count: int = 1          # ranks that hold this same piece (same box / flat range)
     replica_index: int = 0          # this rank's position among them, 0 .. replica_count-1
     write: bool = True              # set by the writer rule: this rank writes the piece
+    # Writer-rule class: replicated pieces with equal (replica_group, replica_count) are held
+    # by the same holders on every holder (e.g. ("world", W) for DDP, the mesh and its
+    # Replicate dims for a DTensor); None: one class per replica_count.
+    replica_group: Optional[tuple] = None
 
     def nbytes(self) -> int:
         return self.tensor.numel() * self.tensor.element_size()
