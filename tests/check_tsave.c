@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -217,6 +219,14 @@ static void tensor_init(struct ckptfs_tensor *t, const char *group, const char *
 	t->device = -1;
 	t->tp_dim = CKPTFS_TP_DIM_UNSET;
 	t->pp = CKPTFS_PP_UNSET;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static void fill(float *v, size_t n, float base)
@@ -436,6 +446,414 @@ START_TEST(test_world2)
 }
 END_TEST
 
+
+/* One F32 tensor "w" of n elements (values base, base+1, ...), world 1. */
+static int save1(struct ckptfs_saver *s, const char *path, float *buf, size_t n, float base)
+{
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t;
+	int64_t sh[1] = { (int64_t)n };
+
+	fill(buf, n, base);
+	args_init(&a, path, 0, 1);
+	tensor_init(&t, NULL, "w", "F32", 1, sh, buf);
+	a.tensors = &t;
+	a.n_tensors = 1;
+	return ckptfs_save_async(s, &a);
+}
+
+static void check_w(const char *file, size_t n, float base)
+{
+	struct stfile f;
+	int64_t sh[1] = { (int64_t)n };
+	float *want = malloc(n * sizeof(float));
+	const char *d;
+	size_t len;
+
+	fill(want, n, base);
+	st_open(&f, file);
+	d = st_tensor(&f, "w", "F32", sh, 1, &len);
+	ck_assert_uint_eq(len, n * sizeof(float));
+	ck_assert_msg(memcmp(d, want, len) == 0, "%s: bytes differ", file);
+	st_close(&f);
+	free(want);
+}
+
+START_TEST(test_pool_reuse)
+{
+	struct ckptfs_saver *s = saver(1 << 24, CKPTFS_BP_WAIT, 5000);
+	size_t n = 300000, pop;
+	float *buf = malloc(n * sizeof(float));
+	const void *base = ckptfs__test_pool_base(s);
+
+	ck_assert_ptr_nonnull(base);
+	/* Reserved, not populated, before the first save. */
+	ck_assert_uint_eq(ckptfs_saver_pool_bytes(s), 0);
+	ck_assert_int_eq(save1(s, pathf("a"), buf, n, 1.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	pop = ckptfs_saver_pool_bytes(s);
+	ck_assert_uint_ge(pop, n * sizeof(float));
+	ck_assert_uint_lt(pop, n * sizeof(float) + 2 * 65536);
+	ck_assert_int_eq(save1(s, pathf("b"), buf, n, 7.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	/* Same mapping, nothing more populated. */
+	ck_assert_ptr_eq(ckptfs__test_pool_base(s), base);
+	ck_assert_uint_eq(ckptfs_saver_pool_bytes(s), pop);
+	/* A smaller save reuses it too. */
+	ck_assert_int_eq(save1(s, pathf("c"), buf, n / 2, 9.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_ptr_eq(ckptfs__test_pool_base(s), base);
+	ck_assert_uint_eq(ckptfs_saver_pool_bytes(s), pop);
+	check_w(pathf("a/model-rank00000.safetensors"), n, 1.0f);
+	check_w(pathf("b/model-rank00000.safetensors"), n, 7.0f);
+	check_w(pathf("c/model-rank00000.safetensors"), n / 2, 9.0f);
+	ckptfs_saver_free(s);
+	free(buf);
+}
+END_TEST
+
+START_TEST(test_efbig)
+{
+	struct ckptfs_saver *s = saver(65536, CKPTFS_BP_WAIT, 5000);
+	size_t n = 100000;
+	float *buf = malloc(n * sizeof(float));
+	char err[512];
+
+	ck_assert_int_eq(save1(s, pathf("big"), buf, n, 0.0f), -EFBIG);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), -EFBIG);
+	/* Both sizes are named: what the snapshot needs and the bound. */
+	{
+		const char *nd = strstr(err, "needs ");
+
+		ck_assert_msg(nd && strtoull(nd + 6, NULL, 10) >= n * sizeof(float) &&
+			      strstr(err, "pool_bytes is 65536") && strstr(err, pathf("big")), "%s", err);
+	}
+	ck_assert(!exists(pathf("big")));
+	ck_assert(!exists(pathf("big.partial")));
+	ck_assert_uint_eq(ckptfs_saver_pool_bytes(s), 0);
+	/* A save that fits still works afterwards. */
+	ck_assert_int_eq(save1(s, pathf("small"), buf, 100, 0.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), 0);
+	ckptfs_saver_free(s);
+	free(buf);
+}
+END_TEST
+
+START_TEST(test_eexist)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[16];
+	char err[512];
+
+	ck_assert_int_eq(mkdir(pathf("there"), 0755), 0);
+	ck_assert_int_eq(save1(s, pathf("there"), buf, 16, 0.0f), -EEXIST);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), -EEXIST);
+	ck_assert_msg(strstr(err, pathf("there")) != NULL, "%s", err);
+	ck_assert(!exists(pathf("there.partial")));
+	/* A trailing slash names the same directory. */
+	ck_assert_int_eq(save1(s, pathf("there/"), buf, 16, 0.0f), -EEXIST);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
+START_TEST(test_bp_fail)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_FAIL, 5000);
+	float buf[64];
+	char err[512];
+
+	ckptfs__test_set_write_delay(s, 400);
+	ck_assert_int_eq(save1(s, pathf("first"), buf, 64, 1.0f), 0);
+	ck_assert_int_eq(ckptfs_save_done(s), 0);
+	ck_assert_int_eq(save1(s, pathf("second"), buf, 64, 2.0f), -EBUSY);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), -EBUSY);
+	/* The message names the checkpoint still being written. */
+	ck_assert_msg(strstr(err, pathf("first")) != NULL, "%s", err);
+	ck_assert(!exists(pathf("second.partial")));
+	ck_assert_int_eq(ckptfs_save_wait(s, 10), -ETIMEDOUT);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_eq(ckptfs_save_done(s), 1);
+	/* The refused save did not touch the pool the writer was using. */
+	check_w(pathf("first/model-rank00000.safetensors"), 64, 1.0f);
+	ck_assert_int_eq(save1(s, pathf("second"), buf, 64, 2.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	check_w(pathf("second/model-rank00000.safetensors"), 64, 2.0f);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
+START_TEST(test_bp_wait)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[64];
+	uint64_t t0;
+
+	ckptfs__test_set_write_delay(s, 300);
+	t0 = now_ns();
+	ck_assert_int_eq(save1(s, pathf("one"), buf, 64, 1.0f), 0);
+	ck_assert(!exists(pathf("one")));
+	/* The second save waits until the first is complete, then snapshots. */
+	ck_assert_int_eq(save1(s, pathf("two"), buf, 64, 2.0f), 0);
+	ck_assert_uint_ge(now_ns() - t0, 300ull * 1000000);
+	ck_assert(exists(pathf("one/ckptfs-checkpoint.json")));
+	ck_assert(!exists(pathf("two")));
+	/* The caller may change its tensor at once. */
+	fill(buf, 64, 3.0f);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	check_w(pathf("one/model-rank00000.safetensors"), 64, 1.0f);
+	check_w(pathf("two/model-rank00000.safetensors"), 64, 2.0f);
+	/* Freeing a saver with a save in flight finishes that save first. */
+	ck_assert_int_eq(save1(s, pathf("three"), buf, 64, 4.0f), 0);
+	ckptfs_saver_free(s);
+	check_w(pathf("three/model-rank00000.safetensors"), 64, 4.0f);
+}
+END_TEST
+
+START_TEST(test_missing_rank)
+{
+	struct rank_ctx r = { .rank = 0, .world = 3, .job_id = 9, .timeout_ms = 300 };
+
+	r.path = pathf("miss");
+	rank_main(&r);
+	ck_assert_int_eq(r.save_ret, 0);
+	ck_assert_int_eq(r.wait_ret, -ETIMEDOUT);
+	ck_assert_msg(strstr(r.err, "ranks 1, 2") && strstr(r.err, "timed out") &&
+		      strstr(r.err, pathf("miss.partial")), "%s", r.err);
+	ck_assert(!exists(pathf("miss")));
+	ck_assert(exists(pathf("miss.partial/model-rank00000.safetensors")));
+}
+END_TEST
+
+static void write_text(const char *p, const char *text)
+{
+	FILE *f = fopen(p, "w");
+
+	ck_assert_ptr_nonnull(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+START_TEST(test_stale_markers)
+{
+	struct rank_ctx r[2] = { { .rank = 0 }, { .rank = 1 } };
+	pthread_t th[2];
+	const char *p = pathf("st");
+	char marker[600];
+	json_t *mk;
+
+	/* A crashed earlier save (another job) left a done marker of rank 1 with the same seq,
+	 * a file of a rank that no longer exists and a temporary file. */
+	ck_assert_int_eq(mkdir(pathf("st.partial"), 0755), 0);
+	snprintf(marker, sizeof(marker),
+		 "{\"format\":\"ckptfs-rank-done\",\"format_version\":1,\"job_id\":\"4\",\"seq\":1,"
+		 "\"world\":2,\"rank\":1,\"groups\":[\"model\"],\"files\":[{\"name\":"
+		 "\"model-rank00001.safetensors\",\"size\":8}]}");
+	write_text(pathf("st.partial/.rank-00001.done"), marker);
+	write_text(pathf("st.partial/model-rank00001.safetensors"), "stale!!!");
+	write_text(pathf("st.partial/model-rank00007.safetensors"), "stale");
+	write_text(pathf("st.partial/.tmp-r00003-model-rank00003.safetensors"), "stale");
+	write_text(pathf("st.partial/ckptfs-checkpoint.json"), "{}");
+	for (int i = 0; i < 2; i++) {
+		r[i].path = p;
+		r[i].world = 2;
+		r[i].job_id = 5;
+		r[i].timeout_ms = 10000;
+	}
+	ck_assert_int_eq(pthread_create(&th[0], NULL, rank_main, &r[0]), 0);
+	/* Rank 1 starts late: rank 0 must ignore the other job's marker and wait. */
+	usleep(400 * 1000);
+	ck_assert(!exists(p));
+	ck_assert_int_eq(pthread_create(&th[1], NULL, rank_main, &r[1]), 0);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	for (int i = 0; i < 2; i++)
+		ck_assert_msg(r[i].save_ret == 0 && r[i].wait_ret == 0, "rank %d: %s", i, r[i].err);
+	/* Only this save's files remain. */
+	ck_assert_int_eq(count_entries(p), 3);
+	ck_assert(exists(pathf("st/model-rank00000.safetensors")));
+	mk = load_json(pathf("st/ckptfs-checkpoint.json"));
+	ck_assert_str_eq(json_string_value(json_object_get(mk, "job_id")), "5");
+	json_decref(mk);
+	{
+		struct stfile f;
+		size_t len;
+
+		st_open(&f, pathf("st/model-rank00001.safetensors"));
+		st_tensor(&f, "bias", "F32", (int64_t[]){ 8 }, 1, &len);
+		st_close(&f);
+	}
+}
+END_TEST
+
+START_TEST(test_write_error_names_file)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[16];
+	char err[512];
+
+	/* A directory where the file must go: the rename fails. */
+	ck_assert_int_eq(mkdir(pathf("bad.partial"), 0755), 0);
+	ck_assert_int_eq(mkdir(pathf("bad.partial/model-rank00000.safetensors"), 0755), 0);
+	ck_assert_int_eq(mkdir(pathf("bad.partial/model-rank00000.safetensors/x"), 0755), 0);
+	ck_assert_int_eq(save1(s, pathf("bad"), buf, 16, 0.0f), 0);
+	ck_assert_int_lt(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_lt(ckptfs_saver_error(s, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, pathf("bad.partial/model-rank00000.safetensors: rename")) != NULL,
+		      "%s", err);
+	ck_assert(!exists(pathf("bad")));
+	ckptfs_saver_free(s);
+}
+END_TEST
+
+/* Each bad descriptor fails with its errno and a message naming the tensor. */
+START_TEST(test_validation)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[2];
+	struct ckptfs_blob bl = { ".hidden", "x", 1 };
+	float buf[16] = { 0 };
+	int64_t sh[2] = { 4, 4 }, g[2] = { 4, 8 }, off[2] = { 0, 6 }, f5[1] = { 5 };
+	char err[512];
+
+	char *path = strdup(pathf("v")); /* pathf's buffers are reused */
+
+	args_init(&a, path, 0, 1);
+	a.tensors = t;
+	a.n_tensors = 1;
+#define EXPECT(code, what)                                                                   \
+	do {                                                                                 \
+		ck_assert_int_eq(ckptfs_save_async(s, &a), code);                            \
+		ckptfs_saver_error(s, err, sizeof(err));                                     \
+		ck_assert_msg(strstr(err, what) != NULL, "'%s' not in: %s", what, err);      \
+		ck_assert(!exists(pathf("v.partial")));                                      \
+	} while (0)
+	tensor_init(&t[0], NULL, "t.bad", "F33", 2, sh, buf);
+	EXPECT(-EINVAL, "tensor 't.bad' (group 'model'): unknown dtype 'F33'");
+	tensor_init(&t[0], NULL, "t.box", "F32", 2, sh, buf);
+	t[0].global_ndim = 2;
+	t[0].global_shape = g;
+	t[0].offsets = off;
+	EXPECT(-EINVAL, "tensor 't.box' (group 'model'): box of 4 at offset 6 exceeds");
+	off[1] = 4;
+	t[0].tp_dim = 2;
+	EXPECT(-EINVAL, "tensor 't.box' (group 'model'): tp_dim 2");
+	t[0].tp_dim = 1;
+	a.num_layers = 2;
+	t[0].pp = 2;
+	EXPECT(-EINVAL, "tensor 't.box' (group 'model'): pp layer 2 >= num_layers 2");
+	t[0].pp = 1;
+	tensor_init(&t[1], NULL, "t.box", "F32", 2, sh, buf);
+	t[1].replica = 1;
+	a.n_tensors = 2;
+	EXPECT(-EINVAL, "tensor 't.box' (group 'model'): given twice");
+	t[1].group = "optim";
+	tensor_init(&t[0], NULL, "t.flat", "F32", 1, f5, buf);
+	t[0].global_ndim = 2;
+	t[0].global_shape = g;
+	t[0].flat = 1;
+	t[0].flat_start = 30;
+	t[0].flat_end = 35;
+	EXPECT(-EINVAL, "tensor 't.flat' (group 'model'): flat range [30, 35) outside");
+	t[0].flat_start = 3;
+	t[0].flat_end = 7;
+	EXPECT(-EINVAL, "tensor 't.flat' (group 'model'): 5 elements stored for flat range");
+	t[0].flat_end = 8;
+	t[0].group = "a/b";
+	EXPECT(-EINVAL, "tensor 't.flat': invalid group 'a/b'");
+	t[0].group = NULL;
+	t[0].data = NULL;
+	EXPECT(-EINVAL, "tensor 't.flat' (group 'model'): NULL data");
+	t[0].data = buf;
+	t[0].device = 0;
+	if (!ckptfs_cuda_available())
+		EXPECT(-ENODEV, "tensor 't.flat' (group 'model'): device pointer (CUDA device 0)");
+	t[0].device = -1;
+	a.blobs = &bl;
+	a.n_blobs = 1;
+	EXPECT(-EINVAL, "blob #0 '.hidden': invalid name");
+	bl.name = "model-rank00000.safetensors";
+	EXPECT(-EINVAL, "blob 'model-rank00000.safetensors': name used twice");
+	bl.name = "ok.bin";
+	a.manifest_extra = "[1]";
+	EXPECT(-EINVAL, "manifest_extra is not a JSON object");
+	a.manifest_extra = NULL;
+	a.rank = 2;
+	a.world = 2;
+	EXPECT(-EINVAL, "rank 2 of world 2");
+	a.rank = 0;
+	a.world = 1;
+	/* Now everything is valid. */
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_msg(count_entries(pathf("v")) == 3, "%d entries", count_entries(pathf("v")));
+#undef EXPECT
+	ckptfs_saver_free(s);
+	free(path);
+}
+END_TEST
+
+/* A rank whose tensors are all replicas writes no tensor file. */
+START_TEST(test_all_replicas)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t;
+	float buf[4] = { 0 };
+	int64_t sh[1] = { 4 };
+	json_t *mk;
+
+	args_init(&a, pathf("rep"), 0, 1);
+	tensor_init(&t, NULL, "w", "F32", 1, sh, buf);
+	t.replica = 1;
+	a.tensors = &t;
+	a.n_tensors = 1;
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_eq(count_entries(pathf("rep")), 1);
+	mk = load_json(pathf("rep/ckptfs-checkpoint.json"));
+	ck_assert_int_eq(json_array_size(json_object_get(mk, "groups")), 0);
+	json_decref(mk);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
+/* A process killed mid-save leaves no PATH; the next save of the same path completes and
+ * removes the dead save's leftovers. */
+START_TEST(test_crash_mid_save)
+{
+	float buf[64];
+	pid_t pid = fork();
+	int st;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+
+		ckptfs__test_set_write_delay(s, 5000);
+		save1(s, pathf("cr"), buf, 64, 1.0f);
+		ckptfs_save_wait(s, -1);
+		_exit(0);
+	}
+	usleep(300 * 1000);
+	kill(pid, SIGKILL);
+	waitpid(pid, &st, 0);
+	ck_assert(!exists(pathf("cr")));
+	ck_assert(exists(pathf("cr.partial")));
+	write_text(pathf("cr.partial/.tmp-r00000-model-rank00000.safetensors"), "torn");
+	{
+		struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+
+		ck_assert_int_eq(save1(s, pathf("cr"), buf, 64, 2.0f), 0);
+		ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+		ckptfs_saver_free(s);
+	}
+	ck_assert_int_eq(count_entries(pathf("cr")), 2);
+	check_w(pathf("cr/model-rank00000.safetensors"), 64, 2.0f);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -446,6 +864,17 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_version);
 	tcase_add_test(tc, test_world1_files);
 	tcase_add_test(tc, test_world2);
+	tcase_add_test(tc, test_pool_reuse);
+	tcase_add_test(tc, test_efbig);
+	tcase_add_test(tc, test_eexist);
+	tcase_add_test(tc, test_bp_fail);
+	tcase_add_test(tc, test_bp_wait);
+	tcase_add_test(tc, test_missing_rank);
+	tcase_add_test(tc, test_stale_markers);
+	tcase_add_test(tc, test_write_error_names_file);
+	tcase_add_test(tc, test_validation);
+	tcase_add_test(tc, test_all_replicas);
+	tcase_add_test(tc, test_crash_mid_save);
 	suite_add_tcase(s, tc);
 	return s;
 }
