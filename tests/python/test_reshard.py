@@ -1,0 +1,135 @@
+"""Resharded loads, bit-identical: FSDP2 saved on 4 ranks and loaded on 2, 3 (uneven) and 1
+process; FSDP2 x TP2 (2-D mesh) loaded as TP1, TP4 and FSDP2 x TP2 on a transposed mesh.
+Adam moments, steps and param_groups survive; extra_state is per rank.  The FSDP2 checkpoint
+lives on the ckptfs mount, the FSDP2 x TP2 one in a plain directory.
+
+Every reference is gathered by the saving job itself (full_tensor() of every parameter and
+optimizer state) and compared byte for byte with what the loading job gathers."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import _dist_models as M
+import ckptfs
+from conftest import Mount, run_ranks
+
+
+# ------------------------------------------------------------------------------- rank code
+
+def save_4(rank, world, fsdp_dir, tp_dir, ref_dir):
+    # FSDP2 on 4 ranks
+    model = M.fsdp2(M.make_net(1))
+    opt = M.make_optim(model)
+    M.train(model, opt, 2, rank)
+    ref = M.full_state(model, opt)
+    h = ckptfs.save(fsdp_dir, {"model": model, "optimizer": opt,
+                               "extra_state": {"rank": rank, "rng": torch.get_rng_state()}})
+    if rank == 0:
+        torch.save(ref, os.path.join(ref_dir, "fsdp2.pt"))
+    h.wait()
+
+    # FSDP2 (dp 2) x TP2 on a 2-D mesh
+    mesh = M.mesh_2d(2, 2)
+    model = M.fsdp2(M.tp(M.make_net(2), mesh["tp"]), mesh["dp"])
+    opt = M.make_optim(model)
+    M.train(model, opt, 2, mesh.get_coordinate()[0], tp_same_input=False)
+    placements = {n: str(p.placements) for n, p in model.named_parameters()}
+    ref = M.full_state(model, opt)
+    ckptfs.save(tp_dir, {"model": model, "optimizer": opt, "extra_state": {"rank": rank}},
+                async_=False)
+    if rank == 0:
+        torch.save(ref, os.path.join(ref_dir, "tp.pt"))
+    return placements
+
+
+def load_fsdp2(rank, world, fsdp_dir, ref_dir):
+    """FSDP2 on `world` ranks (world 1: the plain model)."""
+    model = M.make_net(100 + rank)
+    if world > 1:
+        model = M.fsdp2(model)
+    opt = M.make_optim(model, lr=0.5)
+    state = {"model": model, "optimizer": opt, "extra_state": {}}
+    ckptfs.load(fsdp_dir, state)
+    got = M.full_state(model, opt)
+    ref = torch.load(os.path.join(ref_dir, "fsdp2.pt"))
+    M.assert_same_state(ref, got, f"FSDP2 4 -> {world}")
+    assert state["extra_state"]["rank"] == rank
+    # training goes on from the loaded state
+    M.train(model, opt, 1, rank)
+    return True
+
+
+def load_tp1(rank, world, tp_dir, ref_dir):
+    model = M.make_net(7)
+    opt = M.make_optim(model, lr=3.0)
+    state = {"model": model, "optimizer": opt, "extra_state": None}
+    ckptfs.load(tp_dir, state)
+    ref = torch.load(os.path.join(ref_dir, "tp.pt"))
+    M.assert_same_state(ref, M.full_state(model, opt), "FSDP2xTP2 -> TP1")
+    assert state["extra_state"] == {"rank": 0}
+    return True
+
+
+def load_tp4_and_2d(rank, world, tp_dir, ref_dir, mnt_tp_dir):
+    from torch.distributed.device_mesh import init_device_mesh
+    ref = torch.load(os.path.join(ref_dir, "tp.pt"))
+    # TP4 on a 1-D mesh
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+    model = M.tp(M.make_net(11), mesh)
+    opt = M.make_optim(model, lr=0.1)
+    ckptfs.load(tp_dir, {"model": model, "optimizer": opt})
+    M.assert_same_state(ref, M.full_state(model, opt), "FSDP2xTP2 -> TP4")
+    # FSDP2 x TP2 on a transposed mesh: every rank holds other pieces than the saver's
+    mesh = M.mesh_2d(2, 2, transposed=True)
+    model = M.fsdp2(M.tp(M.make_net(12), mesh["tp"]), mesh["dp"])
+    opt = M.make_optim(model, lr=0.1)
+    st = {"model": model, "optimizer": opt, "extra_state": {}}
+    ckptfs.load(tp_dir, st)
+    M.assert_same_state(ref, M.full_state(model, opt), "FSDP2xTP2 -> FSDP2xTP2 transposed")
+    assert st["extra_state"] == {"rank": rank}
+    # The same checkpoint copied onto the mount, loaded through the tp2 view
+    model = M.tp(M.make_net(13), init_device_mesh("cpu", (4,), mesh_dim_names=("tp",)))
+    ckptfs.load(mnt_tp_dir, {"model": model}, view="tp")
+    got = M.full_state(model, None)
+    for k, v in ref["model"].items():
+        assert torch.equal(v, got["model"][k]), k
+    return True
+
+
+# ----------------------------------------------------------------------------------- tests
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    base = tmp_path_factory.mktemp("reshard")
+    mount = Mount(base / "ckptfs")
+    mount.start()
+    try:
+        ref = base / "ref"
+        ref.mkdir()
+        fsdp_dir = mount.mnt / "fsdp2_step2"
+        tp_dir = base / "tp_step2"
+        placements = run_ranks(4, save_4, str(fsdp_dir), str(tp_dir), str(ref), timeout=180)
+        # the layouts are what the test means to cover
+        assert "_StridedShard" in placements[0]["up.weight"]
+        assert "Shard(dim=1)" in placements[0]["down.weight"]
+        yield {"mount": mount, "fsdp": str(fsdp_dir), "tp": str(tp_dir), "ref": str(ref)}
+    finally:
+        mount.stop()
+
+
+@pytest.mark.parametrize("world", [2, 3, 1])
+def test_fsdp2_4_to_n(saved, world):
+    run_ranks(world, load_fsdp2, saved["fsdp"], saved["ref"], timeout=180)
+
+
+def test_fsdp2_tp_to_tp1(saved):
+    run_ranks(1, load_tp1, saved["tp"], saved["ref"], timeout=120)
+
+
+def test_fsdp2_tp_to_tp4_and_transposed(saved):
+    import shutil
+    mnt_tp = saved["mount"].mnt / "tp_copy"
+    shutil.copytree(saved["tp"], mnt_tp)
+    run_ranks(4, load_tp4_and_2d, saved["tp"], saved["ref"], str(mnt_tp), timeout=180)
