@@ -854,6 +854,72 @@ START_TEST(test_crash_mid_save)
 }
 END_TEST
 
+/* Repeated saves of one layout reuse the headers: new data pointers and bytes must be written,
+ * and any change of the layout must give new metadata. */
+START_TEST(test_repeat_layout)
+{
+	struct ckptfs_saver *s = saver(1 << 22, CKPTFS_BP_WAIT, 5000);
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[2];
+	struct ckptfs_blob bl = { "extra.bin", NULL, 8 };
+	static float b1[64], b2[64];
+	int64_t sh[1] = { 64 }, g[1] = { 128 }, off[1] = { 64 };
+	struct stfile f;
+	size_t len;
+	const char *d;
+	char *x;
+
+	args_init(&a, pathf("r1"), 0, 1);
+	tensor_init(&t[0], NULL, "w", "F32", 1, sh, b1);
+	t[0].global_ndim = 1;
+	t[0].global_shape = g;
+	t[0].offsets = off;
+	tensor_init(&t[1], "optim", "m", "F32", 1, sh, b1);
+	a.tensors = t;
+	a.n_tensors = 2;
+	a.blobs = &bl;
+	a.n_blobs = 1;
+	fill(b1, 64, 1.0f);
+	bl.data = "11111111";
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	/* Same layout, other buffers. */
+	fill(b2, 64, 50.0f);
+	t[0].data = b2;
+	t[1].data = b2;
+	bl.data = "22222222";
+	a.path = pathf("r2");
+	a.seq = 2;
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	st_open(&f, pathf("r2/model-rank00000.safetensors"));
+	d = st_tensor(&f, "w", "F32", sh, 1, &len);
+	ck_assert_int_eq(memcmp(d, b2, sizeof(b2)), 0);
+	st_close(&f);
+	st_open(&f, pathf("r2/optim-rank00000.safetensors"));
+	d = st_tensor(&f, "m", "F32", sh, 1, &len);
+	ck_assert_int_eq(memcmp(d, b2, sizeof(b2)), 0);
+	st_close(&f);
+	x = read_all(pathf("r2/extra.bin"), &len);
+	ck_assert_int_eq(memcmp(x, "22222222", 8), 0);
+	free(x);
+	/* Same names and shapes, another offset: the metadata follows. */
+	off[0] = 0;
+	a.path = pathf("r3");
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	st_open(&f, pathf("r3/model-rank00000.safetensors"));
+	ck_assert_ptr_null(json_object_get(json_object_get(json_object_get(f.meta, "tensors"), "w"),
+					   "offsets"));
+	st_close(&f);
+	/* A NULL data pointer is still refused on a reused layout. */
+	t[1].data = NULL;
+	a.path = pathf("r4");
+	ck_assert_int_eq(ckptfs_save_async(s, &a), -EINVAL);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -875,6 +941,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_validation);
 	tcase_add_test(tc, test_all_replicas);
 	tcase_add_test(tc, test_crash_mid_save);
+	tcase_add_test(tc, test_repeat_layout);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -13,6 +13,7 @@
 #include "trainer/copy.h"
 #include "trainer/plan.h"
 #include "trainer/trainer_int.h"
+#include "base/jalloc.h"
 #include "views/safetensors.h"
 #include "views/shardmeta.h"
 
@@ -286,7 +287,7 @@ static int tensor_entry(const struct ckptfs_tensor *t, json_t **ret)
 /* Builds out->header for the items of one group. */
 static int build_header(struct tr_out *out, int num_layers, char *err, size_t errlen)
 {
-	json_t *meta = json_object(), *tens = json_object();
+	json_t *meta, *tens;
 	struct ckpt_st_tensor_spec *specs = NULL;
 	uint64_t *sh = NULL;
 	char *js = NULL;
@@ -296,6 +297,11 @@ static int build_header(struct tr_out *out, int num_layers, char *err, size_t er
 	char why[512];
 	int ret = -ENOMEM;
 
+	/* Every jansson value of this function lives in the arena of this scope (core/base/jalloc.h):
+	 * a header of thousands of tensors is built and parsed without thousands of mallocs. */
+	ckpt_json_scope_begin();
+	meta = json_object();
+	tens = json_object();
 	if (!meta || !tens)
 		goto out;
 	if (json_object_set_new(meta, "version", json_integer(1)) < 0 ||
@@ -364,6 +370,7 @@ out:
 	free(sh);
 	json_decref(tens);
 	json_decref(meta);
+	ckpt_json_scope_end();
 	return ret;
 }
 
@@ -372,9 +379,131 @@ static size_t align_up(size_t v, size_t a)
 	return (v + a - 1) / a * a;
 }
 
-int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, char *err,
-		  size_t errlen)
+/* The signature: a byte string that is equal for two saves exactly when they give the same
+ * files (given equal data).  Strings are length-prefixed, so no two inputs collide. */
+struct sig {
+	char *b;
+	size_t len, cap;
+	int oom;
+};
+
+static void sig_put(struct sig *g, const void *p, size_t n)
 {
+	if (g->oom)
+		return;
+	if (g->len + n > g->cap) {
+		size_t c = g->cap ? g->cap : 4096;
+		char *nb;
+
+		while (c < g->len + n)
+			c *= 2;
+		nb = realloc(g->b, c);
+		if (!nb) {
+			g->oom = 1;
+			return;
+		}
+		g->b = nb;
+		g->cap = c;
+	}
+	memcpy(g->b + g->len, p, n);
+	g->len += n;
+}
+
+static void sig_i64(struct sig *g, int64_t v)
+{
+	sig_put(g, &v, sizeof(v));
+}
+
+static void sig_str(struct sig *g, const char *s)
+{
+	size_t n = s ? strlen(s) : (size_t)-1;
+
+	sig_put(g, &n, sizeof(n));
+	if (s)
+		sig_put(g, s, n);
+}
+
+static void sig_dims(struct sig *g, const int64_t *d, int n)
+{
+	sig_i64(g, d ? n : -1);
+	if (d && n > 0)
+		sig_put(g, d, (size_t)n * sizeof(*d));
+}
+
+static int make_sig(const struct ckptfs_save_args *a, struct sig *g)
+{
+	sig_i64(g, a->rank);
+	sig_i64(g, a->num_layers);
+	sig_i64(g, (int64_t)a->n_tensors);
+	for (size_t i = 0; i < a->n_tensors; i++) {
+		const struct ckptfs_tensor *t = &a->tensors[i];
+		int gnd = t->global_ndim >= 0 && t->global_ndim <= CKPTFS_MAX_DIMS ? t->global_ndim : 0;
+		int nd = t->ndim >= 0 && t->ndim <= CKPTFS_MAX_DIMS ? t->ndim : 0;
+
+		sig_str(g, t->group);
+		sig_str(g, t->name);
+		sig_str(g, t->dtype);
+		sig_i64(g, t->ndim);
+		sig_dims(g, t->shape, nd);
+		sig_i64(g, t->global_ndim);
+		sig_dims(g, t->global_shape, gnd);
+		sig_dims(g, t->offsets, gnd);
+		sig_i64(g, t->flat);
+		sig_i64(g, t->flat_start);
+		sig_i64(g, t->flat_end);
+		sig_dims(g, t->box_shape, gnd);
+		sig_i64(g, t->tp_dim);
+		sig_i64(g, t->pp);
+		sig_i64(g, t->replica != 0);
+	}
+	sig_i64(g, (int64_t)a->n_blobs);
+	for (size_t b = 0; b < a->n_blobs; b++) {
+		sig_str(g, a->blobs[b].name);
+		sig_i64(g, (int64_t)a->blobs[b].len);
+	}
+	return g->oom ? -ENOMEM : 0;
+}
+
+/* Re-points plan p (of an equal signature) at a's descriptors; checks what the signature does
+ * not cover: data pointers and devices. */
+static int rebind(struct tr_plan *p, const struct ckptfs_save_args *a, char *err, size_t errlen)
+{
+	size_t nb = 0;
+
+	p->any_device = 0;
+	for (size_t k = 0; k < p->n_outs; k++) {
+		struct tr_out *o = &p->outs[k];
+
+		if (!o->group) {
+			o->blob = &a->blobs[nb++];
+			if (o->blob->len > 0 && !o->blob->data)
+				FAIL(-EINVAL, "blob '%s': NULL data", o->name);
+			continue;
+		}
+		for (size_t i = 0; i < o->n_items; i++) {
+			const struct ckptfs_tensor *t = &a->tensors[o->items[i].index];
+
+			o->items[i].tensor = t;
+			if (o->items[i].bytes > 0 && !t->data)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): NULL data", t->name, o->group);
+			if (t->device < -1)
+				FAIL(-EINVAL, "tensor '%s' (group '%s'): invalid device %d", t->name,
+				     o->group, t->device);
+			if (t->device >= 0 && !tr_cuda_usable())
+				FAIL(-ENODEV, "tensor '%s' (group '%s'): device pointer (CUDA device %d) "
+				     "but no GPU is usable or libckptfs was built without CUDA", t->name,
+				     o->group, t->device);
+			if (t->device >= 0)
+				p->any_device = 1;
+		}
+	}
+	return 0;
+}
+
+int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
+		  struct tr_plan **ret_plan, char *err, size_t errlen)
+{
+	struct sig g = { 0 };
 	struct tr_plan *p = NULL;
 	struct tr_item *all = NULL;
 	size_t n_all = 0, n_groups = 0, pg = (size_t)sysconf(_SC_PAGESIZE), off = 0;
@@ -392,6 +521,18 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, c
 		tr_fmt(err, errlen, "blobs is NULL with n_blobs %zu", a->n_blobs);
 		return -EINVAL;
 	}
+	ret = make_sig(a, &g);
+	if (ret < 0)
+		goto out;
+	if (prev && *prev && (*prev)->sig_len == g.len && !memcmp((*prev)->sig, g.b, g.len)) {
+		ret = rebind(*prev, a, err, errlen);
+		if (ret < 0)
+			goto out;
+		*ret_plan = *prev;
+		*prev = NULL;
+		goto out;
+	}
+	ret = -ENOMEM;
 	p = calloc(1, sizeof(*p));
 	all = calloc(a->n_tensors + 1, sizeof(*all));
 	if (!p || !all)
@@ -487,6 +628,9 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, c
 		p->bytes += p->outs[k].size;
 	}
 	p->pool_bytes = off;
+	p->sig = g.b;
+	p->sig_len = g.len;
+	g.b = NULL;
 	ret = 0;
 	*ret_plan = p;
 	p = NULL;
@@ -495,6 +639,7 @@ out:
 		tr_fmt(err, errlen, "out of memory planning the save");
 	tr_plan_free(p);
 	free(all);
+	free(g.b);
 	return ret;
 }
 
@@ -509,5 +654,6 @@ void tr_plan_free(struct tr_plan *p)
 		free(p->outs[k].items);
 	}
 	free(p->outs);
+	free(p->sig);
 	free(p);
 }

@@ -9,6 +9,12 @@
  *
  * A plan refers to the args' tensors and blobs (item.tensor, out.blob) only until the
  * snapshot is taken; names, sizes, offsets and headers are its own.
+ *
+ * Training saves the same layout again and again: a plan keeps a signature of everything
+ * that shapes its files (rank, num_layers, every descriptor but its data pointer and device
+ * ordinal, blob names and lengths).  Given the previous plan with an equal signature,
+ * tr_plan_build() reuses it (its headers, layout and checks) and only re-points it at the new
+ * descriptors and checks their data pointers, so a repeated save costs no header building.
  */
 #ifndef CKPTFS_TRAINER_PLAN_H
 #define CKPTFS_TRAINER_PLAN_H
@@ -44,12 +50,16 @@ struct tr_plan {
 	size_t pool_bytes;     /* end of the last image in the pool */
 	uint64_t bytes;        /* sum of the file sizes */
 	int any_device;        /* some written tensor is a device pointer */
+	char *sig;             /* the signature (see above) */
+	size_t sig_len;
 };
 
-/* Returns 0 and a new plan, or -EINVAL (a bad descriptor), -ENODEV (a device tensor without
- * usable CUDA), -EOVERFLOW, -ENOMEM with a reason naming the tensor or blob in err. */
-int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **ret_plan, char *err,
-		  size_t errlen);
+/* Returns 0 and a plan, or -EINVAL (a bad descriptor), -ENODEV (a device tensor without
+ * usable CUDA), -EOVERFLOW, -ENOMEM with a reason naming the tensor or blob in err.  *prev (may
+ * be NULL, or point to NULL) is the previous save's plan: when it has the same signature it
+ * is moved to *ret_plan (and *prev set to NULL); otherwise it is left alone. */
+int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
+		  struct tr_plan **ret_plan, char *err, size_t errlen);
 void tr_plan_free(struct tr_plan *p);
 
 /* "GROUP-rankRRRRR.safetensors" into buf. */

@@ -51,6 +51,7 @@ struct ckptfs_saver {
 	pthread_cond_t work;        /* a job was queued, or stop */
 	pthread_cond_t idle;        /* busy went to 0 */
 	struct tr_job *job;         /* the last save (in flight while busy) */
+	struct tr_plan *prev_plan;  /* the caller's thread only: a plan that may be reused */
 	int busy;
 	int stop;
 	int write_delay_ms;         /* test hook */
@@ -280,6 +281,7 @@ TR_EXPORT void ckptfs_saver_free(struct ckptfs_saver *s)
 	for (int i = 0; i < s->n_writers; i++)
 		pthread_join(s->writers[i], NULL);
 	job_free(s->job);
+	tr_plan_free(s->prev_plan);
 	tr_copier_free(s->copier);
 	tr_pool_free(s->pool);
 	free(s->writers);
@@ -412,6 +414,12 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 	}
 	while (s->busy)
 		pthread_cond_wait(&s->idle, &s->lock);
+	/* The last save's plan may serve this one (same layout); the rest of it goes. */
+	if (s->job) {
+		tr_plan_free(s->prev_plan);
+		s->prev_plan = s->job->plan;
+		s->job->plan = NULL;
+	}
 	job_free(s->job);
 	s->job = NULL;
 	pthread_mutex_unlock(&s->lock);
@@ -440,7 +448,7 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 			goto out;
 		}
 	}
-	ret = tr_plan_build(a, &j->plan, msg, sizeof(msg));
+	ret = tr_plan_build(a, &s->prev_plan, &j->plan, msg, sizeof(msg));
 	if (ret < 0)
 		goto out;
 	if (j->plan->pool_bytes > tr_pool_bound(s->pool)) {
