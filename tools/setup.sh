@@ -121,6 +121,10 @@ if [ -n "$todo" ]; then
 	# torch first and alone, so that nothing later can choose another build of it
 	if ! "${pip[@]}" install -q -c "$cons" "$TORCH_PIN" >"$log" 2>&1; then
 		cat "$log" >&2
+		if grep -q CERTIFICATE_VERIFY_FAILED "$log"; then
+			echo "setup: pip cannot verify the certificate of its index (log above): give it" >&2
+			echo "setup: the CA bundle of this network (PIP_CERT=FILE or cert= in pip.conf)." >&2
+		fi
 		echo "setup: cannot install $TORCH_PIN (the CPU build of torch, log above)." >&2
 		echo "setup: it is not on PyPI; pip looks for it in its find-links and extra indexes," >&2
 		echo "setup: now: $("${pip[@]}" config list 2>/dev/null | grep -E 'find-links|index-url' \
