@@ -281,12 +281,102 @@ static int pp_public(const struct ckpt_tensor_meta *m)
 	}
 }
 
+static bool same_geom(const struct ckpt_piece_geom *a, const struct ckpt_piece_geom *b)
+{
+	unsigned n = a->box.ndim;
+
+	return a->flat == b->flat && a->box.ndim == b->box.ndim &&
+	       memcmp(a->box.off, b->box.off, n * sizeof(a->box.off[0])) == 0 &&
+	       memcmp(a->box.shape, b->box.shape, n * sizeof(a->box.shape[0])) == 0 &&
+	       (!a->flat || (a->flat_begin == b->flat_begin && a->flat_end == b->flat_end));
+}
+
+static bool boxes_meet(const struct ckpt_box *x, const struct ckpt_box *y)
+{
+	for (unsigned k = 0; k < x->ndim; k++) {
+		if (x->off[k] >= y->off[k] + y->shape[k] || y->off[k] >= x->off[k] + x->shape[k])
+			return false;
+	}
+	return true;
+}
+
+/* Whether two non-empty pieces may share an element: their boxes meet, unless both are
+ * flat ranges of the same box that do not overlap. */
+static bool may_overlap(const struct ld_piece *a, const struct ld_piece *b)
+{
+	if (!boxes_meet(&a->geom.box, &b->geom.box))
+		return false;
+	if (a->geom.flat && b->geom.flat && a->geom.box.ndim == b->geom.box.ndim &&
+	    memcmp(a->geom.box.off, b->geom.box.off, sizeof(a->geom.box.off)) == 0 &&
+	    memcmp(a->geom.box.shape, b->geom.box.shape, sizeof(a->geom.box.shape)) == 0)
+		return a->geom.flat_begin < b->geom.flat_end && b->geom.flat_begin < a->geom.flat_end;
+	return true;
+}
+
+static int cmp_flat_begin(const void *x, const void *y)
+{
+	const struct ld_piece *a = x, *b = y;
+
+	return a->geom.flat_begin < b->geom.flat_begin ? -1 : a->geom.flat_begin > b->geom.flat_begin;
+}
+
+/* Pairwise tests up to this many pieces; beyond, only flat ranges of one box (FSDP over many
+ * ranks) are recognized as disjoint, by a sort. */
+#define LD_DISJOINT_PAIRS 64
+
+/* Drops exact replicas (the first by file order stays) and empty pieces, and decides whether
+ * the remaining pieces p[0..*n) are disjoint. */
+static bool dedup_pieces(struct ld_piece *p, size_t *n)
+{
+	size_t m = 0;
+	bool all_flat_one_box = true;
+
+	for (size_t i = 0; i < *n; i++) {
+		bool dup = p[i].len == 0;
+
+		if (!dup && *n <= LD_DISJOINT_PAIRS * 4) {
+			for (size_t j = 0; j < m && !dup; j++)
+				dup = same_geom(&p[j].geom, &p[i].geom);
+		}
+		if (!dup)
+			p[m++] = p[i];
+	}
+	*n = m;
+	for (size_t i = 0; i < m; i++)
+		all_flat_one_box = all_flat_one_box && p[i].geom.flat && p[0].geom.flat &&
+				   same_geom(&(struct ckpt_piece_geom){.box = p[i].geom.box},
+					     &(struct ckpt_piece_geom){.box = p[0].geom.box});
+	if (m <= LD_DISJOINT_PAIRS) {
+		for (size_t i = 0; i < m; i++)
+			for (size_t j = i + 1; j < m; j++)
+				if (may_overlap(&p[i], &p[j]))
+					return false;
+		return true;
+	}
+	if (all_flat_one_box) {
+		struct ld_piece *s = malloc(m * sizeof(*s));
+		bool ok = s != NULL;
+
+		if (ok) {
+			memcpy(s, p, m * sizeof(*s));
+			qsort(s, m, sizeof(*s), cmp_flat_begin);
+			for (size_t i = 1; i < m && ok; i++)
+				ok = s[i - 1].geom.flat_end <= s[i].geom.flat_begin;
+		}
+		free(s);
+		return ok;
+	}
+	return false;
+}
+
 /* Groups the sorted entries into global tensors; checks that the pieces of each agree on
  * dtype and global shape (else fails naming the tensor and both files). */
 static int build_index(struct ckptfs_loader *l, struct entry *e, size_t n)
 {
 	size_t nt = 0;
 	int ret = 0;
+
+	size_t np = 0;
 
 	l->pieces = calloc(n ? n : 1, sizeof(*l->pieces));
 	l->tensors = calloc(n ? n : 1, sizeof(*l->tensors));
@@ -310,11 +400,11 @@ static int build_index(struct ckptfs_loader *l, struct entry *e, size_t n)
 		memcpy(t->shape, e[i].meta.global_shape, sizeof(t->shape));
 		t->tp_dim = CKPTFS_TP_DIM_UNSET;
 		t->pp = CKPTFS_PP_UNSET;
-		t->first_piece = i;
+		t->first_piece = np;
 		t->n_pieces = j - i;
 		for (size_t k = i; k < j; k++) {
 			const struct ckpt_tensor_meta *m = &e[k].meta;
-			struct ld_piece *p = &l->pieces[k];
+			struct ld_piece *p = &l->pieces[np + (k - i)];
 
 			if (e[k].dtype != t->dtype) {
 				ret = ld_fail(l, -EINVAL,
@@ -344,9 +434,11 @@ static int build_index(struct ckptfs_loader *l, struct entry *e, size_t n)
 			p->len = e[k].len;
 			p->geom = m->geom;
 		}
+		t->disjoint = dedup_pieces(&l->pieces[np], &t->n_pieces);
+		np += t->n_pieces;
 		i = j;
 	}
-	l->n_pieces = n;
+	l->n_pieces = np;
 	return 0;
 }
 

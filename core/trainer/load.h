@@ -17,6 +17,7 @@
 #ifndef CKPTFS_LOAD_H
 #define CKPTFS_LOAD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,12 +59,16 @@ struct ld_tensor {
 	uint64_t shape[CKPT_MAX_DIMS];
 	int tp_dim;             /* CKPTFS_TP_DIM_UNSET or the first explicit value */
 	int pp;                 /* CKPTFS_PP_* or a layer, from the first piece that has one */
+	/* pieces[first_piece ..+ n_pieces): one per distinct geometry (of exact replicas only
+	 * the first, by file name order, is kept: loads read it) */
 	size_t first_piece, n_pieces;
+	bool disjoint;          /* no two pieces share an element (loads may skip the sweep) */
 };
 
 /* Overrides of the planning constants (0: the default).  mode 0: gather reads (preadv straight
  * into the destinations, gaps into a scratch buffer); mode 1: bounce (read each coalesced
- * range into a thread buffer, then copy out), kept for measurements. */
+ * range into a thread buffer, then copy out); mode 2: one read call per run, never
+ * coalesced.  Modes 1 and 2 are kept for measurements and tests. */
 struct ckptfs__load_tune {
 	uint64_t gap_max;       /* UINT64_MAX: never coalesce across a gap (0 means default) */
 	uint64_t chunk_bytes;   /* 0: from the total and the thread count */

@@ -432,6 +432,19 @@ static int cover(struct plan *p, const struct target *tg, uint8_t *dst)
 	}
 }
 
+/* Appends every run of the request (known to tile it) to the load's runs. */
+static int take_all(struct plan *p, uint8_t *dst)
+{
+	if (grow((void **)&p->g, &p->capg, p->ng + p->nr, sizeof(*p->g)))
+		return ld_fail(p->l, -ENOMEM, "%s: out of memory planning the load", p->l->dir);
+	for (size_t i = 0; i < p->nr; i++) {
+		const struct run *r = &p->r[i];
+
+		p->g[p->ng++] = (struct grun){dst + r->dst, r->src, r->len, r->file};
+	}
+	return 0;
+}
+
 /* A bit-packed dtype: the whole tensor from a whole (non-flat) piece. */
 static int plan_packed(struct plan *p, const struct target *tg, const struct ckptfs_load_req *q,
 		       uint8_t *dst, uint64_t *needed)
@@ -514,7 +527,108 @@ static int plan_req(struct plan *p, const struct ckptfs_load_req *q, size_t qi,
 	rc = flat_boxes(p, &tg, emit_box_runs);
 	if (rc)
 		return rc;
+	if (tg.t->disjoint) {
+		/* disjoint pieces give disjoint runs: they cover the request when their lengths
+		 * add up to it, and every run is read as it is */
+		uint64_t sum = 0;
+
+		for (size_t i = 0; i < p->nr; i++)
+			sum += p->r[i].len;
+		if (sum == tg.bytes)
+			return take_all(p, dst);
+	}
 	return cover(p, &tg, dst);
+}
+
+/* An ascending stretch of one file's runs. */
+struct seq {
+	size_t start, n;
+	uint64_t lo, hi;
+};
+
+static int cmp_seq(const void *a, const void *b)
+{
+	const struct seq *x = a, *y = b;
+
+	return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Orders p->g by (file, offset).  The runs come per request and piece, in long stretches
+ * already ascending in the file: they are grouped by file (a counting sort), each file's
+ * stretches are ordered by their first offset and, when they do not interleave, concatenated;
+ * only interleaving stretches are sorted run by run. */
+static int order_runs(struct plan *p)
+{
+	struct ckptfs_loader *l = p->l;
+	size_t nf = l->n_files, *cnt = NULL, nseq = 0, capseq = 0;
+	struct grun *out = NULL;
+	struct seq *sq = NULL;
+	int ret = 0;
+
+	if (p->ng < 2)
+		return 0;
+	cnt = calloc(nf + 1, sizeof(*cnt));
+	out = malloc(p->ng * sizeof(*out));
+	if (!cnt || !out) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < p->ng; i++)
+		cnt[p->g[i].file + 1]++;
+	for (size_t f = 0; f < nf; f++)
+		cnt[f + 1] += cnt[f];
+	for (size_t i = 0; i < p->ng; i++)
+		out[cnt[p->g[i].file]++] = p->g[i];
+	/* cnt[f] is now the end of file f's runs in out */
+	for (size_t f = 0, s = 0; f < nf; s = cnt[f], f++) {
+		size_t e = cnt[f];
+		bool apart = true;
+
+		if (e - s < 2)
+			continue;
+		nseq = 0;
+		for (size_t i = s; i < e; i++) {
+			if (i == s || out[i].src < out[i - 1].src + out[i - 1].len) {
+				if (grow((void **)&sq, &capseq, nseq + 1, sizeof(*sq))) {
+					ret = -ENOMEM;
+					goto out;
+				}
+				sq[nseq++] = (struct seq){i, 0, out[i].src, 0};
+			}
+			sq[nseq - 1].n++;
+			sq[nseq - 1].hi = out[i].src + out[i].len;
+		}
+		if (nseq == 1)
+			continue;
+		qsort(sq, nseq, sizeof(*sq), cmp_seq);
+		for (size_t k = 1; k < nseq && apart; k++)
+			apart = sq[k - 1].hi <= sq[k].lo;
+		if (!apart) {
+			qsort(out + s, e - s, sizeof(*out), cmp_grun);
+			continue;
+		}
+		/* concatenate the stretches in order, through p->g as scratch */
+		{
+			size_t o = s;
+
+			for (size_t k = 0; k < nseq; k++) {
+				memcpy(p->g + o, out + sq[k].start, sq[k].n * sizeof(*out));
+				o += sq[k].n;
+			}
+			memcpy(out + s, p->g + s, (e - s) * sizeof(*out));
+		}
+	}
+	free(p->g);
+	p->g = out;
+	p->capg = p->ng;
+	out = NULL;
+out:
+	free(cnt);
+	free(out);
+	free(sq);
+	if (ret)
+		return ld_fail(l, ret, "%s: out of memory planning the load", l->dir);
+	return 0;
 }
 
 /* --- execution ----------------------------------------------------------------------------- */
@@ -666,7 +780,8 @@ static void *worker(void *arg)
 }
 
 /* Cuts the sorted runs into reads and segments. */
-static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, struct rd **ret_reads,
+static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, int mode,
+		      struct rd **ret_reads,
 		      size_t *ret_nr, struct seg **ret_segs, uint64_t *ret_max_gap,
 		      uint64_t *ret_gap_bytes)
 {
@@ -681,7 +796,7 @@ static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, struct r
 		uint8_t *dst = g->dst;
 		uint64_t src = g->src, len = g->len;
 
-		if (cur && cur->file == g->file && src >= cur->off + cur->len &&
+		if (cur && mode != 2 && cur->file == g->file && src >= cur->off + cur->len &&
 		    src - (cur->off + cur->len) <= gap_max &&
 		    cur->len + (src - (cur->off + cur->len)) + len <= chunk &&
 		    cur->nseg + 2 <= LD_IOV_MAX * 64) {
@@ -781,8 +896,10 @@ CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_
 		if (ret)
 			goto out;
 	}
-	/* every destination byte is read once: sort by file place, merge neighbours */
-	qsort(p.g, p.ng, sizeof(*p.g), cmp_grun);
+	/* every destination byte is read once: order by place in the files, merge neighbours */
+	ret = order_runs(&p);
+	if (ret)
+		goto out;
 	if (p.ng) {
 		size_t k = 0;
 
@@ -809,7 +926,7 @@ CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_
 		if (chunk > LD_CHUNK_MAX)
 			chunk = LD_CHUNK_MAX;
 	}
-	ret = make_reads(&p, gap_max, chunk, &reads, &nreads, &segs, &max_gap, &gap_bytes);
+	ret = make_reads(&p, gap_max, chunk, l->tune.mode, &reads, &nreads, &segs, &max_gap, &gap_bytes);
 	if (ret)
 		goto out;
 	fds = malloc((l->n_files ? l->n_files : 1) * sizeof(*fds));
