@@ -50,6 +50,14 @@ def build(tp: int, seed: int):
     return model, cfg
 
 
+def finish():
+    """A barrier before the rank returns: rank 0 hosts the TCP store, and a rank that exits
+    while another is still creating megatron's process groups (rendezvous through that
+    store) makes the other fail with 'Connection reset by peer'."""
+    import torch.distributed as dist
+    dist.barrier()
+
+
 def local_params(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()
             if isinstance(v, torch.Tensor) and v.is_floating_point()}

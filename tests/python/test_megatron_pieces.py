@@ -19,12 +19,18 @@ import _h2_mcore as job
 def _describe(rank, world, names):
     import ckptfs.megatron as mg
     model, cfg = job.build(world, seed=3)
-    ps = mg.pieces(model.sharded_state_dict(), "model", config=cfg, names=names)
+    if names == "llama":
+        # The config travels with the state dict (what ckptfs.save's dispatch passes on).
+        ps = mg.pieces(mg.state_dict(model), "model")
+    else:
+        ps = mg.pieces(model.sharded_state_dict(), "model", config=cfg, names=names)
     # Fused parts are views of the fused local parameter: no copy.
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for p in ps:
         assert p.tensor.untyped_storage().data_ptr() in ptrs, p.name
-    return {"pieces": [piece_record(p) for p in ps], "local": job.local_params(model)}
+    out = {"pieces": [piece_record(p) for p in ps], "local": job.local_params(model)}
+    job.finish()
+    return out
 
 
 def _fill(rank, world, glob):
@@ -36,7 +42,9 @@ def _fill(rank, world, glob):
             g = glob[p.name]
             idx = tuple(slice(o, o + s) for o, s in zip(p.offsets or (), p.tensor.shape))
             p.tensor.copy_(g[idx])
-    return {"before": before, "after": job.local_params(model)}
+    out = {"before": before, "after": job.local_params(model)}
+    job.finish()
+    return out
 
 
 def _tp2_global():

@@ -178,8 +178,18 @@ def _unmanaged(module: torch.nn.Module, managed: Dict[str, _Placement]):
 def _whole(group: str, name: str, t: torch.Tensor) -> Piece:
     world = dist.get_world_size() if dist.is_initialized() else 1
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return Piece(group=group, name=name, tensor=t.detach(), tp_dim=-1,
-                 replica_count=world, replica_index=rank)
+    return _with_holders(Piece(group=group, name=name, tensor=t.detach(), tp_dim=-1,
+                               replica_count=world, replica_index=rank), ("world", world))
+
+
+def _with_holders(piece: Piece, holders) -> Piece:
+    """Sets the piece's replica_group: the writer rule (ckptfs._state.assign_writers) splits
+    the replicated pieces of a class among their holders without communication, so a class
+    must hold pieces that all have the same holders.  Values: ("world", n) for every rank of
+    the job, ("fsdp1", ranks) for the ranks whose chunks hold part of a parameter,
+    ("fsdp1-replicas", n) for the copies of one chunk under HYBRID_SHARD."""
+    piece.replica_group = holders
+    return piece
 
 
 def model_pieces(module: torch.nn.Module, group: str = "model") -> List[Piece]:
@@ -189,8 +199,10 @@ def model_pieces(module: torch.nn.Module, group: str = "model") -> List[Piece]:
     for fqn, p in pl.items():
         t = p.local.detach()
         if not p.sharded:
-            out.append(Piece(group=group, name=fqn, tensor=t, tp_dim=-1,
-                             replica_count=len(p.holders), replica_index=p.rank_in_holders))
+            out.append(_with_holders(Piece(group=group, name=fqn, tensor=t, tp_dim=-1,
+                                           replica_count=len(p.holders),
+                                           replica_index=p.rank_in_holders),
+                                     ("world", len(p.holders))))
             continue
         if p.flat_range is None:
             if p.shape.numel() == 0 and p.holders == [] and _shard_rank0(p):
@@ -198,9 +210,11 @@ def model_pieces(module: torch.nn.Module, group: str = "model") -> List[Piece]:
                 out.append(Piece(group=group, name=fqn, tensor=t.reshape(p.shape),
                                  global_shape=tuple(p.shape)))
             continue
-        out.append(Piece(group=group, name=fqn, tensor=t, global_shape=tuple(p.shape),
-                         flat_range=p.flat_range, replica_count=p.replica_count,
-                         replica_index=p.replica_index))
+        out.append(_with_holders(Piece(group=group, name=fqn, tensor=t,
+                                       global_shape=tuple(p.shape), flat_range=p.flat_range,
+                                       replica_count=p.replica_count,
+                                       replica_index=p.replica_index),
+                                 ("fsdp1-replicas", p.replica_count)))
     for name, t in _unmanaged(module, pl):
         out.append(_whole(group, name, t))
     return out
@@ -242,14 +256,17 @@ def optim_pieces(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 v = v.detach()
                 if p.sharded and p.flat_range is not None and v.shape == p.local.shape \
                         and v.dim() == 1:
-                    out.append(Piece(group=group, name=name, tensor=v,
-                                     global_shape=tuple(p.shape), flat_range=p.flat_range,
-                                     replica_count=p.replica_count,
-                                     replica_index=p.replica_index))
+                    out.append(_with_holders(Piece(group=group, name=name, tensor=v,
+                                                   global_shape=tuple(p.shape),
+                                                   flat_range=p.flat_range,
+                                                   replica_count=p.replica_count,
+                                                   replica_index=p.replica_index),
+                                             ("fsdp1-replicas", p.replica_count)))
                 elif not p.sharded and v.shape == p.shape and v.dim() > 0:
                     # NO_SHARD or a parameter FSDP does not manage: whole on every rank.
-                    out.append(Piece(group=group, name=name, tensor=v, tp_dim=-1,
-                                     replica_count=world, replica_index=rank))
+                    out.append(_with_holders(Piece(group=group, name=name, tensor=v, tp_dim=-1,
+                                                   replica_count=world, replica_index=rank),
+                                             ("world", world)))
                 elif v.shape == p.local.shape and v.numel() > 1:
                     raise ValueError(f"ckptfs.fsdp1: {name}: state shaped like the local "
                                      f"parameter but the parameter holds no range here")
@@ -260,8 +277,11 @@ def optim_pieces(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     if p.sharded:
                         rc = len(p.holders) * p.replica_count
                         ri = p.rank_in_holders * p.replica_count + p.replica_index
+                        holders = ("fsdp1", tuple(p.holders), p.replica_count)
                     else:
                         rc, ri = world, rank
-                    out.append(Piece(group=group, name=name, tensor=v, tp_dim=-1,
-                                     replica_count=rc, replica_index=ri))
+                        holders = ("world", world)
+                    out.append(_with_holders(Piece(group=group, name=name, tensor=v, tp_dim=-1,
+                                                   replica_count=rc, replica_index=ri),
+                                             holders))
     return out

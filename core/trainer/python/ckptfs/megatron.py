@@ -127,8 +127,11 @@ def _is_main(replica_id) -> bool:
     return all(r == 0 for r in replica_id)
 
 
-def _replicas(st, tp_fragmented: bool) -> Tuple[int, int, bool]:
-    """(replica_count, replica_index, write) from mcore's replica_id and parallel_state."""
+def _replicas(st, tp_fragmented: bool):
+    """(replica_count, replica_index, write, replica_group) from mcore's replica_id and
+    parallel_state.  The group names the holders for the writer rule (ckptfs._state.
+    assign_writers: one class must hold pieces with the same holders): the TP-replicated
+    pieces of a pipeline stage, or the DP replicas of one TP rank's pieces."""
     rid = st.replica_id
     main = _is_main(rid)
     try:
@@ -137,14 +140,31 @@ def _replicas(st, tp_fragmented: bool) -> Tuple[int, int, bool]:
     except Exception:
         ready = False
     if not ready or isinstance(rid, int) or len(rid) != 3:
-        return 1, 0, main
+        return 1, 0, main, None
     tie, tp_r, dp_r = rid
     tp = 1 if tp_fragmented else ps.get_tensor_model_parallel_world_size()
     dp = ps.get_data_parallel_world_size(with_context_parallel=True)
     if tie != 0:
         # A copy of a tensor another pipeline stage holds (tied embeddings): never written.
-        return 1, 0, False
-    return tp * dp, tp_r * dp + dp_r, True
+        return 1, 0, False, None
+    stage = ps.get_pipeline_model_parallel_rank()
+    holders = ("megatron", "tp-replicated" if tp > 1 else "dp", stage,
+               None if tp > 1 else ps.get_tensor_model_parallel_rank())
+    return tp * dp, tp_r * dp + dp_r, True, holders
+
+
+class ShardedState(dict):
+    """A megatron sharded state dict that carries its model's TransformerConfig, so that
+    ckptfs.save / ckptfs.load can split fused tensors without a config argument."""
+    config = None
+
+
+def state_dict(model, **kwargs) -> ShardedState:
+    """model.sharded_state_dict(**kwargs) with model.config attached: pass it as
+    state["model"] to ckptfs.save / ckptfs.load."""
+    sd = ShardedState(model.sharded_state_dict(**kwargs))
+    sd.config = getattr(model, "config", None)
+    return sd
 
 
 def _head_layout(config):
@@ -227,6 +247,8 @@ def pieces(sharded_state_dict, group: str = "model", *, config=None,
     if names not in ("llama", "mcore"):
         raise ValueError(f"ckptfs.megatron: names={names!r}: expected 'llama' or 'mcore'")
     m = _mapping()
+    if config is None:
+        config = getattr(sharded_state_dict, "config", None)
     gated = getattr(config, "gated_linear_unit", None)
     out: List[Piece] = []
     for st in _leaves(sharded_state_dict):
@@ -249,7 +271,7 @@ def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
     param_key = opt.group(2) if opt else key
     frags = tuple(st.axis_fragmentations or ())[st.prepend_axis_num:]
     tp_fragmented = any(f > 1 for f in frags)
-    rc, ri, write = _replicas(st, tp_fragmented)
+    rc, ri, write, holders = _replicas(st, tp_fragmented)
 
     def final(name: str) -> str:
         return f"state.{name}.{opt.group(1)}" if opt else name
@@ -282,18 +304,19 @@ def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
 
     common = dict(group=group, tp_dim=tp_dim, replica_count=rc, replica_index=ri, write=write)
     fr = st.flattened_range
+    out = []
     if parts is None:
         name = final(_rename(param_key, scheme))
         if fr is None:
-            return [Piece(name=name, tensor=data, global_shape=gshape, offsets=off, **common)]
-        return [Piece(name=name, tensor=data, global_shape=gshape, offsets=off,
-                      flat_range=(fr.start, fr.stop), box_shape=local, **common)]
-
-    if len(gshape) != len(local):
+            out.append(Piece(name=name, tensor=data, global_shape=gshape, offsets=off, **common))
+        else:
+            out.append(Piece(name=name, tensor=data, global_shape=gshape, offsets=off,
+                             flat_range=(fr.start, fr.stop), box_shape=local, **common))
+        parts = ()
+    elif len(gshape) != len(local):
         raise ValueError(f"ckptfs.megatron: {st.key}: fused tensor with extra prepended axes")
-    o0, n0 = off[0], local[0]
+    o0, n0 = (off[0], local[0]) if parts else (0, 0)
     stride = math.prod(local[1:])
-    out = []
     for fstart, rows, tname, tstart, tshape in parts:
         lo, hi = max(o0, fstart), min(o0 + n0, fstart + rows)
         if lo >= hi:
@@ -312,6 +335,8 @@ def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
                          global_shape=tshape, offsets=toff,
                          flat_range=(x - r0 * stride, y - r0 * stride),
                          box_shape=(r1 - r0,) + tuple(local[1:]), **common))
+    for p in out:
+        p.replica_group = holders
     return out
 
 
