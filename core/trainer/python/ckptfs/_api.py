@@ -199,7 +199,9 @@ class SaveHandle:
             if self._finished:
                 return True
             rc = _lib.fn("ckptfs_save_wait")(s.h, timeout_ms)
-            if rc == -errno.ETIMEDOUT:
+            # -ETIMEDOUT is both "still running" and a save that failed with ETIMEDOUT (its
+            # commit waited too long for other ranks): the saver being idle tells them apart.
+            if rc == -errno.ETIMEDOUT and not _lib.fn("ckptfs_save_done")(s.h):
                 return False
             self._finish(rc)
             return True
