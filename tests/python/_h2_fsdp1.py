@@ -84,3 +84,33 @@ def full_state(model, opt):
                     optim[f"state.{fqn}.{k}"] = v.detach().clone()
     dist.barrier()
     return sd, optim
+
+
+def build_fsdp2(seed: int, world: int):
+    """The same Net under FSDP2 (fully_shard per Block, then the root); world 1: plain."""
+    torch.manual_seed(seed)
+    net = Net()
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (world,))
+        for b in net.blocks:
+            fully_shard(b, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+    return net
+
+
+def gathered(model, opt):
+    """Whole tensors of an FSDP2 (or plain) model and its Adam state, named like
+    full_state's (every rank must call it: full_tensor is a collective)."""
+    def whole(t):
+        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
+    sd = {k: whole(v) for k, v in model.state_dict().items()}
+    names = {id(p): n for n, p in model.named_parameters()}
+    optim = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            for k, v in opt.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor):
+                    optim[f"state.{names[id(p)]}.{k}"] = whole(v)
+    return sd, optim
