@@ -920,6 +920,95 @@ START_TEST(test_repeat_layout)
 }
 END_TEST
 
+/* The snapshot's host copies split across threads (CKPTFS_COPY_THREADS): big tensors cut into
+ * units, small ones merged, every byte where it belongs. */
+START_TEST(test_copy_threads)
+{
+	struct ckptfs_saver *s;
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[40];
+	char names[40][16];
+	int64_t sh[40][1];
+	uint8_t *buf[40];
+	struct stfile f;
+
+	setenv("CKPTFS_COPY_THREADS", "3", 1);
+	s = saver((size_t)128 << 20, CKPTFS_BP_WAIT, 5000);
+	unsetenv("CKPTFS_COPY_THREADS");
+	args_init(&a, pathf("thr"), 0, 1);
+	for (int i = 0; i < 40; i++) {
+		/* Two of 20 MiB + a few bytes, the rest small and odd. */
+		size_t n = i < 2 ? ((size_t)20 << 20) + 13 + (size_t)i : (size_t)(i * 977 + 1);
+
+		buf[i] = malloc(n);
+		for (size_t k = 0; k < n; k++)
+			buf[i][k] = (uint8_t)(k * 7 + (size_t)i * 13 + (k >> 12));
+		snprintf(names[i], sizeof(names[i]), "t%02d", i);
+		sh[i][0] = (int64_t)n;
+		tensor_init(&t[i], NULL, names[i], "U8", 1, sh[i], buf[i]);
+	}
+	a.tensors = t;
+	a.n_tensors = 40;
+	for (int rep = 0; rep < 2; rep++) {
+		a.path = pathf("thr%d", rep);
+		ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+		ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+		st_open(&f, pathf("thr%d/model-rank00000.safetensors", rep));
+		for (int i = 0; i < 40; i++) {
+			size_t len;
+			const char *d = st_tensor(&f, names[i], "U8", sh[i], 1, &len);
+
+			ck_assert_msg(memcmp(d, buf[i], len) == 0, "tensor %s differs", names[i]);
+		}
+		st_close(&f);
+		for (int i = 0; i < 40; i++)
+			buf[i][0] ^= 0xff;
+	}
+	for (int i = 0; i < 40; i++)
+		free(buf[i]);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
+/* Scalars, empty tensors and sub-byte dtypes. */
+START_TEST(test_odd_shapes)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[3];
+	double sc = 3.5;
+	int64_t zero[2] = { 0, 4 }, four[1] = { 4 }, three[1] = { 3 };
+	uint8_t f4[2] = { 0x12, 0x34 };
+	struct stfile f;
+	size_t len;
+	const char *d;
+
+	args_init(&a, pathf("odd"), 0, 1);
+	tensor_init(&t[0], NULL, "step", "F64", 0, NULL, &sc);
+	tensor_init(&t[1], NULL, "empty", "F32", 2, zero, NULL);
+	tensor_init(&t[2], NULL, "packed", "F4", 1, four, f4);
+	a.tensors = t;
+	a.n_tensors = 3;
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	st_open(&f, pathf("odd/model-rank00000.safetensors"));
+	d = st_tensor(&f, "step", "F64", NULL, 0, &len);
+	ck_assert_uint_eq(len, 8);
+	ck_assert_int_eq(memcmp(d, &sc, 8), 0);
+	st_tensor(&f, "empty", "F32", zero, 2, &len);
+	ck_assert_uint_eq(len, 0);
+	d = st_tensor(&f, "packed", "F4", four, 1, &len);
+	ck_assert_uint_eq(len, 2);
+	ck_assert_int_eq(memcmp(d, f4, 2), 0);
+	st_close(&f);
+	/* 3 elements of 4 bits are not whole bytes. */
+	t[2].shape = three;
+	a.path = pathf("odd2");
+	ck_assert_int_eq(ckptfs_save_async(s, &a), -EINVAL);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -942,6 +1031,8 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_all_replicas);
 	tcase_add_test(tc, test_crash_mid_save);
 	tcase_add_test(tc, test_repeat_layout);
+	tcase_add_test(tc, test_copy_threads);
+	tcase_add_test(tc, test_odd_shapes);
 	suite_add_tcase(s, tc);
 	return s;
 }
