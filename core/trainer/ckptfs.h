@@ -21,6 +21,9 @@
  * built with CUDA (ckptfs_cuda_available() says whether a GPU is usable at run time), snapshots
  * copy it with cudaMemcpyAsync on the library's own streams into the pinned pool and
  * ckptfs_save_async() returns after the copies' events completed; loads copy host-to-device.
+ * Before its first copy from a device in a save, the library waits for the work already
+ * queued on that device (cudaDeviceSynchronize), so kernels still writing a tensor finish
+ * before it is copied, whatever stream they run on.
  * Without CUDA, a device tensor is refused with -ENODEV and a message naming it.
  *
  * Errors: every function returns 0 (or a count) on success and a negative errno on failure;

@@ -84,6 +84,7 @@ struct trc_dev {
 	cudaStream_t stream[TRC_STREAMS];
 	cudaEvent_t event[TRC_STREAMS];
 	int used[TRC_STREAMS];  /* a copy was queued since the last wait */
+	int synced;             /* the device was synchronized for the current batch */
 	unsigned next;          /* round robin */
 };
 
@@ -183,6 +184,15 @@ extern "C" int trc_d2h_async(struct trc_streams *st, void *dst, const void *src,
 		if (r < 0)
 			return r;
 	}
+	/* The copies run on the library's own non-blocking streams, which are not ordered after
+	 * the caller's: wait once per batch for the work already queued on the device (kernels
+	 * still writing the tensors), whatever stream it is on. */
+	if (!dv->synced) {
+		e = cudaDeviceSynchronize();
+		if (e != cudaSuccess)
+			return fail(e, "cudaDeviceSynchronize", err, errlen);
+		dv->synced = 1;
+	}
 	i = dv->next++ % TRC_STREAMS;
 	e = cudaMemcpyAsync(dst, src, len, cudaMemcpyDeviceToHost, dv->stream[i]);
 	if (e != cudaSuccess)
@@ -218,6 +228,7 @@ extern "C" int trc_streams_wait(struct trc_streams *st, char *err, size_t errlen
 		if (!dv->made)
 			continue;
 		cudaSetDevice(d);
+		dv->synced = 0;
 		for (int i = 0; i < TRC_STREAMS; i++) {
 			cudaError_t e;
 
