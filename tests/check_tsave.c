@@ -365,6 +365,7 @@ END_TEST
 struct rank_ctx {
 	const char *path;
 	int rank, world, delay_ms, timeout_ms;
+	int no_wait_commit;
 	uint64_t job_id;
 	int save_ret, wait_ret;
 	char err[512];
@@ -373,12 +374,18 @@ struct rank_ctx {
 static void *rank_main(void *arg)
 {
 	struct rank_ctx *r = arg;
-	struct ckptfs_saver *s = saver(1 << 22, CKPTFS_BP_WAIT, r->timeout_ms);
+	struct ckptfs_saver_opts o;
+	struct ckptfs_saver *s = NULL;
 	struct ckptfs_save_args a;
 	struct ckptfs_tensor t[2];
 	float w[8];
 	int64_t sh[1] = { 8 }, g[1] = { 16 }, off[1];
 
+	ckptfs_saver_opts_init(&o);
+	o.pool_bytes = 1 << 22;
+	o.commit_timeout_ms = r->timeout_ms;
+	o.wait_commit = !r->no_wait_commit;
+	ck_assert_int_eq(ckptfs_saver_new(&o, &s), 0);
 	fill(w, 8, (float)(r->rank * 100));
 	off[0] = 8 * r->rank;
 	ckptfs__test_set_write_delay(s, r->delay_ms);
@@ -1009,6 +1016,43 @@ START_TEST(test_odd_shapes)
 }
 END_TEST
 
+/* wait_commit: a rank's save is done when the checkpoint is complete (default), or, without
+ * it, when its own files and marker are durable; a rank whose rank 0 never commits times out
+ * saying so. */
+START_TEST(test_wait_commit)
+{
+	struct rank_ctx r[2] = { { .rank = 0 }, { .rank = 1 } };
+	struct rank_ctx lone = { .rank = 1, .world = 2, .job_id = 5, .timeout_ms = 300 };
+	pthread_t th[2];
+
+	for (int i = 0; i < 2; i++) {
+		r[i].path = pathf("wc");
+		r[i].world = 2;
+		r[i].job_id = 5;
+		r[i].timeout_ms = 10000;
+	}
+	r[0].delay_ms = 500;
+	r[1].no_wait_commit = 1;
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
+	pthread_join(th[1], NULL);
+	ck_assert_msg(r[1].wait_ret == 0, "%s", r[1].err);
+	/* Rank 1 is done, rank 0 is still writing: no checkpoint yet. */
+	ck_assert(!exists(pathf("wc")));
+	ck_assert(exists(pathf("wc.partial/.rank-00001.done")));
+	pthread_join(th[0], NULL);
+	ck_assert_msg(r[0].wait_ret == 0, "%s", r[0].err);
+	ck_assert(exists(pathf("wc/ckptfs-checkpoint.json")));
+	ck_assert(!exists(pathf("wc/.rank-00001.done")));
+
+	lone.path = pathf("lone");
+	rank_main(&lone);
+	ck_assert_int_eq(lone.wait_ret, -ETIMEDOUT);
+	ck_assert_msg(strstr(lone.err, "not complete after 300 ms") != NULL, "%s", lone.err);
+	ck_assert(!exists(pathf("lone")));
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1033,6 +1077,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_repeat_layout);
 	tcase_add_test(tc, test_copy_threads);
 	tcase_add_test(tc, test_odd_shapes);
+	tcase_add_test(tc, test_wait_commit);
 	suite_add_tcase(s, tc);
 	return s;
 }
