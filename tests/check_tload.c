@@ -1086,7 +1086,11 @@ START_TEST(test_large_threads)
 	for (int th = 1; th <= 4; th += 3)
 		for (int k = 0; k < 4; k++) {
 			struct ckptfs_loader *l = open_ok(dir, th);
-			struct ckptfs__load_tune tu = {tunes[k][0], tunes[k][1], 0};
+			struct ckptfs__load_tune tu = {
+				.gap_max = tunes[k][0], .chunk_bytes = tunes[k][1],
+				.willneed = k % 2 ? 1 : -1,
+				/* k 2, 3: through a staging buffer of an odd size, refilled */
+				.stage_bytes = k >= 2 ? (1u << 20) + 3 : 0, .stage_host = k >= 2};
 			struct ckptfs_load_req q[5];
 			int64_t off[3][2], sh[3][2], z[2] = {0, 0}, bs[2] = {1024, 1536};
 
@@ -1318,7 +1322,10 @@ START_TEST(test_randomized)
 		l = open_ok(dir, 1 + (int)rndn(6));
 		tu.gap_max = rndn(3) == 0 ? UINT64_MAX : rndn(200);
 		tu.chunk_bytes = rndn(2) ? 0 : 1 + rndn(300);
-		tu.mode = (int)rndn(2);
+		tu.mode = (int)rndn(3);
+		tu.willneed = (int)rndn(3) - 1;
+		tu.stage_host = rndn(3) == 0;
+		tu.stage_bytes = rndn(2) ? 0 : 1 + rndn(300);
 		ckptfs__loader_tune(l, &tu);
 		rc = ckptfs_load(l, q, (size_t)nq);
 		ckptfs_loader_error(l, msg, sizeof(msg));

@@ -38,6 +38,11 @@
 #define LD_CHUNK_MIN (1u << 20)
 #define LD_CHUNK_MAX (16u << 20)
 #define LD_IOV_MAX 1024
+/* Reads are announced to the kernel (POSIX_FADV_WILLNEED) this many bytes ahead. */
+#define LD_AHEAD_BYTES (64u << 20)
+#define LD_WILLNEED_DEFAULT 0
+/* Device destinations are read into a host buffer of at most this many bytes, refilled. */
+#define LD_STAGE_BYTES (256u << 20)
 
 struct ld_file {
 	char *path;             /* DIR/NAME, owned */
@@ -73,6 +78,9 @@ struct ckptfs__load_tune {
 	uint64_t gap_max;       /* UINT64_MAX: never coalesce across a gap (0 means default) */
 	uint64_t chunk_bytes;   /* 0: from the total and the thread count */
 	int mode;
+	int willneed;           /* readahead announcements: 1 on, -1 off, 0 default */
+	uint64_t stage_bytes;   /* staging buffer of device destinations; 0: LD_STAGE_BYTES */
+	int stage_host;         /* nonzero: host destinations go through staging too (tests) */
 };
 
 /* Counters of the last ckptfs_load(). */

@@ -82,11 +82,11 @@ struct rd {
 	size_t seg, nseg;
 };
 
-/* A device destination, staged in host memory. */
+/* A part of a device destination, staged in host memory. */
 struct stage {
-	void *host, *dev;
+	uint8_t *dev;
 	int device;
-	uint64_t len;
+	uint64_t host_off, len;
 	size_t req;
 };
 
@@ -97,8 +97,6 @@ struct plan {
 	size_t nr, capr;
 	struct grun *g;
 	size_t ng, capg;
-	struct stage *st;
-	size_t nst, capst;
 	/* while enumerating the runs of one piece into one target box */
 	uint64_t base, poff;
 	uint32_t file, prio;
@@ -481,63 +479,28 @@ static int plan_packed(struct plan *p, const struct target *tg, const struct ckp
 		       ckpt_dtype_name(t->dtype));
 }
 
-static int plan_req(struct plan *p, const struct ckptfs_load_req *q, size_t qi,
-		    uint64_t *needed)
+/* Plans the runs that fill target tg (a resolved request, or a part of one) into host
+ * memory dst. */
+static int plan_target(struct plan *p, const struct target *tg, uint8_t *dst)
 {
-	struct ckptfs_loader *l = p->l;
-	struct target tg;
-	uint8_t *dst = q->dst;
 	int rc;
 
-	rc = resolve(l, q, &tg);
-	if (rc)
-		return rc;
-	if (tg.eb == 0) {
-		if (q->device >= 0)
-			return ld_fail(l, -ENOTSUP,
-				       "%s: group '%s', tensor '%s': dtype %s is bit-packed: it loads "
-				       "into host memory only", l->dir, tg.t->group, tg.t->name,
-				       ckpt_dtype_name(tg.t->dtype));
-		return plan_packed(p, &tg, q, dst, needed);
-	}
-	*needed += tg.bytes;
-	if (tg.bytes == 0)
-		return 0;
-	if (q->device >= 0 && tg.bytes) {
-		struct stage *s;
-
-		if (grow((void **)&p->st, &p->capst, p->nst + 1, sizeof(*p->st)))
-			return ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
-		s = &p->st[p->nst];
-		s->host = malloc(tg.bytes);
-		if (!s->host)
-			return ld_fail(l, -ENOMEM,
-				       "%s: group '%s', tensor '%s': out of memory for a %llu-byte "
-				       "host staging buffer", l->dir, tg.t->group, tg.t->name,
-				       (unsigned long long)tg.bytes);
-		s->dev = q->dst;
-		s->device = q->device;
-		s->len = tg.bytes;
-		s->req = qi;
-		p->nst++;
-		dst = s->host;
-	}
 	p->nr = 0;
 	p->sorted = true;
-	rc = flat_boxes(p, &tg, emit_box_runs);
+	rc = flat_boxes(p, tg, emit_box_runs);
 	if (rc)
 		return rc;
-	if (tg.t->disjoint) {
+	if (tg->t->disjoint) {
 		/* disjoint pieces give disjoint runs: they cover the request when their lengths
 		 * add up to it, and every run is read as it is */
 		uint64_t sum = 0;
 
 		for (size_t i = 0; i < p->nr; i++)
 			sum += p->r[i].len;
-		if (sum == tg.bytes)
+		if (sum == tg->bytes)
 			return take_all(p, dst);
 	}
-	return cover(p, &tg, dst);
+	return cover(p, tg, dst);
 }
 
 /* An ascending stretch of one file's runs. */
@@ -641,7 +604,9 @@ struct exec {
 	const int *fds;
 	uint64_t scratch_len;   /* largest gap (gather) or read (bounce) */
 	int mode;
+	size_t ahead;           /* reads announced ahead of the one being read (0: none) */
 	atomic_size_t next;
+	atomic_size_t advised;  /* reads [0, advised) have been announced */
 	atomic_int err;
 	atomic_ullong syscalls;
 	pthread_mutex_t lock;   /* protects errmsg (the first failure's message) */
@@ -751,6 +716,29 @@ static int do_bounce(struct exec *x, const struct rd *r, uint8_t *buf)
 	return 0;
 }
 
+/* Announces the reads up to `ahead` past read i to the kernel (POSIX_FADV_WILLNEED), so
+ * that the device (or the file system daemon) works on several of them while the threads
+ * copy: each read is announced once, by whichever thread claims it. */
+static void advise_ahead(struct exec *x, size_t i)
+{
+	size_t want = i + x->ahead, a;
+
+	if (!x->ahead)
+		return;
+	if (want > x->n_reads)
+		want = x->n_reads;
+	a = atomic_load(&x->advised);
+	while (a < want) {
+		if (atomic_compare_exchange_weak(&x->advised, &a, a + 1)) {
+			const struct rd *r = &x->reads[a];
+
+			(void)posix_fadvise(x->fds[r->file], (off_t)r->off, (off_t)r->len,
+					    POSIX_FADV_WILLNEED);
+			a++;
+		}
+	}
+}
+
 static void *worker(void *arg)
 {
 	struct exec *x = arg;
@@ -770,6 +758,7 @@ static void *worker(void *arg)
 
 		if (i >= x->n_reads || atomic_load(&x->err))
 			break;
+		advise_ahead(x, i);
 		if (x->mode == 1)
 			do_bounce(x, &x->reads[i], scratch);
 		else
@@ -863,59 +852,51 @@ static int run_reads(struct ckptfs_loader *l, struct exec *x, unsigned nthreads)
 
 static void plan_free(struct plan *p)
 {
-	for (size_t i = 0; i < p->nst; i++)
-		free(p->st[i].host);
-	free(p->st);
 	free(p->r);
 	free(p->g);
 }
 
-CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs,
-			      size_t n)
+/* One ckptfs_load() call: the plan of the phase being built, the descriptors (opened at the
+ * first read of each file, closed at the end of the call). */
+struct load {
+	struct ckptfs_loader *l;
+	struct plan p;
+	int *fds;
+};
+
+/* Reads the runs planned in ld->p (then empties the plan). */
+static int run_phase(struct load *ld)
 {
-	struct plan p = {.l = l};
-	struct exec x;
+	struct ckptfs_loader *l = ld->l;
+	struct plan *p = &ld->p;
+	struct ckptfs__load_stats *st = &l->stats;
 	struct rd *reads = NULL;
 	struct seg *segs = NULL;
-	int *fds = NULL;
 	size_t nreads = 0;
-	uint64_t needed = 0, total = 0, max_gap = 0, gap_bytes = 0, gap_max, chunk, t0, t1;
-	unsigned nthreads;
-	int ret = 0;
+	uint64_t total = 0, max_gap = 0, gap_bytes = 0, gap_max, chunk, t0 = now_ns(), t1;
+	unsigned nthreads = (unsigned)l->io_threads;
+	struct exec x;
+	int ret;
 
-	if (!l)
-		return -EINVAL;
-	if (!reqs && n)
-		return ld_fail(l, -EINVAL, "%s: ckptfs_load: no requests array", l->dir);
-	l->err = 0;
-	l->errmsg[0] = '\0';
-	memset(&l->stats, 0, sizeof(l->stats));
-	t0 = now_ns();
-	for (size_t i = 0; i < n; i++) {
-		ret = plan_req(&p, &reqs[i], i, &needed);
-		if (ret)
-			goto out;
-	}
 	/* every destination byte is read once: order by place in the files, merge neighbours */
-	ret = order_runs(&p);
+	ret = order_runs(p);
 	if (ret)
 		goto out;
-	if (p.ng) {
+	if (p->ng) {
 		size_t k = 0;
 
-		for (size_t i = 1; i < p.ng; i++) {
-			struct grun *a = &p.g[k], *b = &p.g[i];
+		for (size_t i = 1; i < p->ng; i++) {
+			struct grun *a = &p->g[k], *b = &p->g[i];
 
 			if (a->file == b->file && a->src + a->len == b->src && a->dst + a->len == b->dst)
 				a->len += b->len;
 			else
-				p.g[++k] = *b;
+				p->g[++k] = *b;
 		}
-		p.ng = k + 1;
+		p->ng = k + 1;
 	}
-	for (size_t i = 0; i < p.ng; i++)
-		total += p.g[i].len;
-	nthreads = (unsigned)l->io_threads;
+	for (size_t i = 0; i < p->ng; i++)
+		total += p->g[i].len;
 	gap_max = l->tune.gap_max ? (l->tune.gap_max == UINT64_MAX ? 0 : l->tune.gap_max)
 				  : LD_GAP_MAX_DEFAULT;
 	chunk = l->tune.chunk_bytes;
@@ -926,40 +907,38 @@ CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_
 		if (chunk > LD_CHUNK_MAX)
 			chunk = LD_CHUNK_MAX;
 	}
-	ret = make_reads(&p, gap_max, chunk, l->tune.mode, &reads, &nreads, &segs, &max_gap, &gap_bytes);
+	ret = make_reads(p, gap_max, chunk, l->tune.mode, &reads, &nreads, &segs, &max_gap,
+			 &gap_bytes);
 	if (ret)
 		goto out;
-	fds = malloc((l->n_files ? l->n_files : 1) * sizeof(*fds));
-	if (!fds) {
-		ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
-		goto out;
-	}
-	for (size_t i = 0; i < l->n_files; i++)
-		fds[i] = -1;
 	for (size_t i = 0; i < nreads; i++) {
 		uint32_t f = reads[i].file;
 
-		if (fds[f] >= 0)
+		if (ld->fds[f] >= 0)
 			continue;
-		fds[f] = open(l->files[f].path, O_RDONLY | O_CLOEXEC);
-		if (fds[f] < 0) {
+		ld->fds[f] = open(l->files[f].path, O_RDONLY | O_CLOEXEC);
+		if (ld->fds[f] < 0) {
 			ret = ld_fail(l, -errno, "%s: %s", l->files[f].path, strerror(errno));
 			goto out;
 		}
-		l->stats.files++;
+		st->files++;
 	}
 	t1 = now_ns();
-	l->stats.plan_ns = t1 - t0;
+	st->plan_ns += t1 - t0;
 	memset(&x, 0, sizeof(x));
 	x.l = l;
 	x.reads = reads;
 	x.n_reads = nreads;
 	x.segs = segs;
-	x.fds = fds;
+	x.fds = ld->fds;
 	x.mode = l->tune.mode;
-	x.scratch_len = max_gap;
-	if (x.mode == 1)
-		x.scratch_len = chunk;
+	x.scratch_len = x.mode == 1 ? chunk : max_gap;
+	if (l->tune.willneed > 0 || (l->tune.willneed == 0 && LD_WILLNEED_DEFAULT)) {
+		x.ahead = (size_t)(LD_AHEAD_BYTES / chunk);
+		if (x.ahead < 2 * (size_t)nthreads)
+			x.ahead = 2 * (size_t)nthreads;
+	}
+	atomic_init(&x.advised, 0);
 	atomic_init(&x.next, 0);
 	atomic_init(&x.err, 0);
 	atomic_init(&x.syscalls, 0);
@@ -968,38 +947,181 @@ CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_
 		nthreads = nreads ? (unsigned)nreads : 1;
 	ret = run_reads(l, &x, nthreads);
 	pthread_mutex_destroy(&x.lock);
-	l->stats.syscalls = atomic_load(&x.syscalls);
-	l->stats.io_ns = now_ns() - t1;
-	if (ret)
-		goto out;
-	for (size_t i = 0; i < p.nst; i++) {
-		const struct stage *s = &p.st[i];
-		ret = tr_copy_to_device ? tr_copy_to_device(s->dev, s->device, s->host, s->len)
-					: -ENODEV;
-		if (ret) {
-			const struct ckptfs_load_req *q = &reqs[s->req];
-			const char *why = tr_copy_error ? tr_copy_error() : "";
+	st->syscalls += atomic_load(&x.syscalls);
+	st->io_ns += now_ns() - t1;
+out:
+	st->bytes_read += total + gap_bytes;
+	st->gap_bytes += gap_bytes;
+	st->runs += p->ng;
+	st->reads += nreads;
+	free(reads);
+	free(segs);
+	p->ng = 0;
+	return ret;
+}
 
-			ld_fail(l, ret, "%s: group '%s', tensor '%s': copy to device %d: %s", l->dir,
-				q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT, q->name, s->device,
-				why && *why ? why : strerror(-ret));
-			goto out;
+/* Copies a staged part to its destination (device -1: a host destination, as the tests'
+ * staging mode uses). */
+static int stage_copy(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs,
+		      const struct stage *s, const uint8_t *staging)
+{
+	const struct ckptfs_load_req *q = &reqs[s->req];
+	const char *why;
+	int ret;
+
+	if (s->device < 0) {
+		memcpy(s->dev, staging + s->host_off, s->len);
+		return 0;
+	}
+	ret = tr_copy_to_device ? tr_copy_to_device(s->dev, s->device, staging + s->host_off,
+						    s->len)
+				: -ENODEV;
+	if (!ret)
+		return 0;
+	why = tr_copy_error ? tr_copy_error() : "";
+	return ld_fail(l, ret, "%s: group '%s', tensor '%s': copy to device %d: %s", l->dir,
+		       q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT, q->name, s->device,
+		       why && *why ? why : strerror(-ret));
+}
+
+/* The staged requests (device destinations), through one host buffer of at most
+ * LD_STAGE_BYTES: requests are cut into element ranges that fill it, each fill is read as one
+ * phase, then copied out. */
+static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
+		       const struct target *tg, const bool *staged, size_t n, uint64_t total)
+{
+	struct ckptfs_loader *l = ld->l;
+	uint64_t cap = l->tune.stage_bytes ? l->tune.stage_bytes : LD_STAGE_BYTES, used = 0;
+	struct stage *cp = NULL;
+	size_t ncp = 0, capcp = 0;
+	uint8_t *staging;
+	int ret = 0;
+
+	if (cap < 16)
+		cap = 16; /* room for an element of any dtype */
+	if (cap > total)
+		cap = total; /* which holds every staged request whole */
+	staging = malloc(cap);
+	if (!staging)
+		return ld_fail(l, -ENOMEM, "%s: out of memory for a %llu-byte staging buffer",
+			       l->dir, (unsigned long long)cap);
+	for (size_t i = 0; i <= n; i++) {
+		uint64_t done = 0, n_el = i < n ? tg[i].b - tg[i].a : 0;
+
+		if (i < n && (!staged[i] || !tg[i].bytes))
+			continue;
+		while (i == n || done < n_el) {
+			uint64_t room = i < n ? (cap - used) / tg[i].eb : 0, take;
+			struct target sub;
+
+			if (room == 0 || i == n) {
+				/* the buffer is full (or all is planned): read, copy out */
+				ret = run_phase(ld);
+				for (size_t k = 0; !ret && k < ncp; k++)
+					ret = stage_copy(l, reqs, &cp[k], staging);
+				if (ret || i == n)
+					goto out;
+				ncp = 0;
+				used = 0;
+				continue;
+			}
+			take = n_el - done < room ? n_el - done : room;
+			sub = tg[i];
+			sub.a = tg[i].a + done;
+			sub.b = sub.a + take;
+			sub.bytes = take * tg[i].eb;
+			ret = plan_target(&ld->p, &sub, staging + used);
+			if (ret)
+				goto out;
+			if (grow((void **)&cp, &capcp, ncp + 1, sizeof(*cp))) {
+				ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+				goto out;
+			}
+			cp[ncp++] = (struct stage){(uint8_t *)reqs[i].dst + done * tg[i].eb,
+						   reqs[i].device, used, sub.bytes, i};
+			used += sub.bytes;
+			done += take;
 		}
 	}
 out:
-	l->stats.bytes_needed = needed;
-	l->stats.bytes_read = total + gap_bytes;
-	l->stats.gap_bytes = gap_bytes;
-	l->stats.runs = p.ng;
-	l->stats.reads = nreads;
-	if (fds) {
-		for (size_t i = 0; i < l->n_files; i++)
-			if (fds[i] >= 0)
-				close(fds[i]);
+	free(cp);
+	free(staging);
+	return ret;
+}
+
+CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs,
+			      size_t n)
+{
+	struct load ld = {.l = l};
+	struct target *tg = NULL;
+	bool *staged = NULL;
+	uint64_t staged_bytes = 0, t0;
+	int ret = 0;
+
+	if (!l)
+		return -EINVAL;
+	if (!reqs && n)
+		return ld_fail(l, -EINVAL, "%s: ckptfs_load: no requests array", l->dir);
+	l->err = 0;
+	l->errmsg[0] = '\0';
+	memset(&l->stats, 0, sizeof(l->stats));
+	ld.p.l = l;
+	tg = malloc((n ? n : 1) * sizeof(*tg));
+	staged = calloc(n ? n : 1, sizeof(*staged));
+	ld.fds = malloc((l->n_files ? l->n_files : 1) * sizeof(*ld.fds));
+	if (!tg || !staged || !ld.fds) {
+		ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+		goto out;
 	}
-	free(fds);
-	free(reads);
-	free(segs);
-	plan_free(&p);
+	for (size_t i = 0; i < l->n_files; i++)
+		ld.fds[i] = -1;
+	/* every request is checked before anything is read */
+	t0 = now_ns();
+	for (size_t i = 0; i < n; i++) {
+		ret = resolve(l, &reqs[i], &tg[i]);
+		if (ret)
+			goto out;
+		if (tg[i].eb == 0 && reqs[i].device >= 0) {
+			ret = ld_fail(l, -ENOTSUP,
+				      "%s: group '%s', tensor '%s': dtype %s is bit-packed: it loads "
+				      "into host memory only", l->dir, tg[i].t->group, tg[i].t->name,
+				      ckpt_dtype_name(tg[i].t->dtype));
+			goto out;
+		}
+		staged[i] = tg[i].eb && (reqs[i].device >= 0 || l->tune.stage_host);
+	}
+	/* host destinations: one phase, read in place */
+	for (size_t i = 0; i < n; i++) {
+		if (tg[i].eb == 0) {
+			ret = plan_packed(&ld.p, &tg[i], &reqs[i], reqs[i].dst,
+					  &l->stats.bytes_needed);
+		} else {
+			l->stats.bytes_needed += tg[i].bytes;
+			if (staged[i]) {
+				staged_bytes += tg[i].bytes;
+				continue;
+			}
+			if (tg[i].bytes)
+				ret = plan_target(&ld.p, &tg[i], reqs[i].dst);
+		}
+		if (ret)
+			goto out;
+	}
+	l->stats.plan_ns += now_ns() - t0;
+	ret = run_phase(&ld);
+	if (ret)
+		goto out;
+	if (staged_bytes)
+		ret = load_staged(&ld, reqs, tg, staged, n, staged_bytes);
+out:
+	if (ld.fds) {
+		for (size_t i = 0; i < l->n_files; i++)
+			if (ld.fds[i] >= 0)
+				close(ld.fds[i]);
+	}
+	free(ld.fds);
+	free(tg);
+	free(staged);
+	plan_free(&ld.p);
 	return ret;
 }
