@@ -1,0 +1,79 @@
+"""Megatron-core TP2 -> TP1 and TP4 through ckptfs, and the Llama-style consolidated view.
+
+A TP2 GPTModel (4 query groups of 2 heads, QKV bias, SwiGLU) is saved with ckptfs.save from
+ckptfs.megatron.state_dict(model) into a ckptfs mount; the test writes its own reference (the
+ranks' raw local parameters, de-interleaved by _h2_mcore.reference_global, independent of
+ckptfs.megatron).  TP1 (1 process) and TP4 (4 ranks) jobs load it with ckptfs.load and their
+raw local parameters must equal the reference re-interleaved for their layout, bit for bit.
+MOUNT/tp1_pp1/<dir>/model.safetensors must hold the de-interleaved global q/k/v and gate/up
+tensors, and load strictly into a transformers LlamaForCausalLM of the same shape.
+"""
+from __future__ import annotations
+
+import torch
+
+from conftest import run_ranks
+from _h2_common import diff_report
+import _h2_mcore as job
+
+
+def _save(rank, world, path, ref_file):
+    import ckptfs
+    import ckptfs.megatron as mg
+    import torch.distributed as dist
+    model, _ = job.build(world, seed=5)
+    local = job.local_params(model)
+    # libckptfs's writer takes one entry per tensor name and rank: a TP2 rank holds 2 query
+    # groups, i.e. 2 pieces of each of q, k, v, merged here for the save (see pieces()).
+    ckptfs.save(path, {"model": mg.state_dict(model, merge_repeated=True)}, async_=False)
+    locals_ = [None] * world
+    dist.all_gather_object(locals_, local)
+    if rank == 0:
+        torch.save(job.reference_global(locals_), ref_file)
+    job.finish()
+    return True
+
+
+def _load(rank, world, path, ref_file):
+    import ckptfs
+    import ckptfs.megatron as mg
+    model, _ = job.build(world, seed=21)
+    glob = torch.load(ref_file)
+    want = job.reference_local(glob, world, rank)
+    assert diff_report(job.local_params(model), want) != []
+    # Per query group pieces (views of the fused local tensors), filled in place.
+    ckptfs.load(path, {"model": mg.state_dict(model)})
+    problems = diff_report(job.local_params(model), want)
+    job.finish()
+    assert problems == [], problems
+    return True
+
+
+def test_megatron_tp2_to_tp1_tp4_and_llama_view(ckptfs_mount, tmp_path):
+    path = ckptfs_mount.mnt / "mcore_tp2"
+    ref = str(tmp_path / "ref.pt")
+    run_ranks(2, _save, str(path), ref, timeout=240)
+    run_ranks(1, _load, str(path), ref, timeout=240)
+    run_ranks(4, _load, str(path), ref, timeout=300)
+
+    from safetensors import safe_open
+    glob = torch.load(ref)
+    view = ckptfs_mount.mnt / "tp1_pp1" / "mcore_tp2" / "model.safetensors"
+    with safe_open(str(view), "pt") as f:
+        got = {k: f.get_tensor(k) for k in f.keys()}
+    assert diff_report(got, glob) == []
+    q = got["model.layers.1.self_attn.q_proj.weight"]
+    assert q.shape == (job.HEADS * job.HEAD_DIM, job.HIDDEN)
+
+    # The view is a Llama checkpoint: every name and shape fits LlamaForCausalLM exactly.
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=job.HIDDEN, intermediate_size=job.FFN,
+                      num_attention_heads=job.HEADS, num_key_value_heads=job.GROUPS,
+                      head_dim=job.HEAD_DIM, num_hidden_layers=job.LAYERS,
+                      vocab_size=job.VOCAB, attention_bias=True, tie_word_embeddings=False)
+    llama = LlamaForCausalLM(cfg)
+    # attention_bias also gives o_proj a bias, which Megatron's row-parallel linear_proj
+    # (add_bias_linear=False) does not have: those are the only keys allowed to be missing.
+    res = llama.load_state_dict(got, strict=False)
+    assert res.unexpected_keys == []
+    assert all(k.endswith("o_proj.bias") for k in res.missing_keys), res.missing_keys
