@@ -41,11 +41,17 @@ if ! nm -D "$lib" | grep -q ckptfs_save_async; then
 	exit 1
 fi
 
+# libckptfs links the static CUDA runtime; only libjansson may need the build folder.
+export LD_LIBRARY_PATH="$root/core/trainer/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ldd "$lib" | grep -q "not found"; then
+	ldd "$lib" | grep "not found"
+	echo "FAIL: $lib needs libraries this machine lacks: put them in core/trainer/.libs"
+	exit 1
+fi
+
 echo "== compile dcheck"
 nvcc -O2 -std=c++17 -I"$root/core" -o "$work/dcheck" "$root/tests/device/dcheck.cu" \
 	-L"$root/core/trainer/.libs" -lckptfs -Xlinker -rpath -Xlinker "$root/core/trainer/.libs"
-# libckptfs links the static CUDA runtime; only libjansson may need the build folder.
-export LD_LIBRARY_PATH="$root/core/trainer/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 echo "== run dcheck ($total MiB)"
 "$work/dcheck" "$work/ckpt" "$total"
