@@ -133,7 +133,7 @@ extern "C" void trc_streams_free(struct trc_streams *st)
 	free(st);
 }
 
-static int make_dev(struct trc_dev *dv, int device, char *err, size_t errlen)
+static int make_dev(struct trc_dev *dv, char *err, size_t errlen)
 {
 	cudaError_t e;
 
@@ -157,7 +157,6 @@ static int make_dev(struct trc_dev *dv, int device, char *err, size_t errlen)
 		}
 	}
 	dv->made = 1;
-	(void)device;
 	return 0;
 }
 
@@ -180,7 +179,7 @@ extern "C" int trc_d2h_async(struct trc_streams *st, void *dst, const void *src,
 	if (r < 0)
 		return r;
 	if (!dv->made) {
-		r = make_dev(dv, device, err, errlen);
+		r = make_dev(dv, err, errlen);
 		if (r < 0)
 			return r;
 	}

@@ -381,7 +381,7 @@ int tr_copier_wait(struct tr_copier *c, long *ret_failed)
 
 	copy_err[0] = '\0';
 	if (c->nq > 0) {
-		if (c->threads == 1 || c->nq == 0) {
+		if (c->threads == 1) {
 			for (size_t k = 0; k < c->nq; k++)
 				memcpy(c->q[k].dst, c->q[k].src, c->q[k].len);
 		} else if (make_units(c) < 0) {
