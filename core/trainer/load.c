@@ -9,11 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "base/util.h"
 #include "trainer/load.h"
 #include "views/shardmeta.h"
+
+#define LD_FUSE_MAGIC 0x65735546 /* statfs f_type of FUSE file systems */
 
 /* The message of the last failed ckptfs_loader_open() of this thread (there is no loader to
  * keep it in): ckptfs_loader_error(NULL, ...) returns it. */
@@ -179,6 +182,7 @@ static int read_header(struct ckptfs_loader *l, struct ld_file *f, ckpt_st_heade
 	uint8_t *json = NULL;
 	uint64_t n;
 	struct stat st;
+	struct statfs sfs;
 	int fd, rc, ret = 0;
 
 	*ret_h = NULL;
@@ -192,6 +196,8 @@ static int read_header(struct ckptfs_loader *l, struct ld_file *f, ckpt_st_heade
 	if (!S_ISREG(st.st_mode))
 		goto out; /* a directory named x.safetensors: not a piece */
 	f->size = (uint64_t)st.st_size;
+	if (fstatfs(fd, &sfs) == 0)
+		f->fuse = sfs.f_type == LD_FUSE_MAGIC;
 	rc = ckpt_pread_full(fd, prefix, sizeof(prefix), 0);
 	if (rc) {
 		ret = ld_fail(l, rc == -EIO ? -EINVAL : rc, "%s: %s", f->path,

@@ -32,9 +32,14 @@
 #define LD_ERR_MAX 1024
 
 /* I/O planning defaults (ld_tune).  Gaps up to gap_max bytes between two runs of one file are
- * read (into a scratch buffer) rather than paying another read call; reads are cut at
- * chunk_max bytes so every thread gets work; a read gathers at most LD_IOV_MAX pieces. */
-#define LD_GAP_MAX_DEFAULT (32u << 10)
+ * read (into a scratch buffer) rather than paying another read call: about what a read call
+ * costs in copied bytes, measured (a 2 KiB run every 4 KiB gathers faster, a 32 KiB run every
+ * 64 KiB does not), and much more on a FUSE file system (ckptfs's views bypass the page
+ * cache: every read call is a round trip to the daemon).  Reads are cut at chunk bytes (from
+ * the total, between LD_CHUNK_MIN and LD_CHUNK_MAX) so every thread gets work; a read
+ * gathers LD_IOV_MAX pieces per call. */
+#define LD_GAP_MAX_DEFAULT (16u << 10)
+#define LD_GAP_MAX_FUSE (256u << 10)
 #define LD_CHUNK_MIN (1u << 20)
 #define LD_CHUNK_MAX (16u << 20)
 #define LD_IOV_MAX 1024
@@ -48,6 +53,7 @@ struct ld_file {
 	char *path;             /* DIR/NAME, owned */
 	uint64_t data_start;    /* 8 + N: file offset of the data area */
 	uint64_t size;          /* file size at open */
+	bool fuse;              /* on a FUSE file system (read calls cost a round trip) */
 };
 
 struct ld_piece {
@@ -75,7 +81,8 @@ struct ld_tensor {
  * range into a thread buffer, then copy out); mode 2: one read call per run, never
  * coalesced.  Modes 1 and 2 are kept for measurements and tests. */
 struct ckptfs__load_tune {
-	uint64_t gap_max;       /* UINT64_MAX: never coalesce across a gap (0 means default) */
+	uint64_t gap_max;       /* 0: the default of the file's file system; UINT64_MAX: never
+	                           read through a gap */
 	uint64_t chunk_bytes;   /* 0: from the total and the thread count */
 	int mode;
 	int willneed;           /* readahead announcements: 1 on, -1 off, 0 default */

@@ -768,6 +768,17 @@ static void *worker(void *arg)
 	return NULL;
 }
 
+/* The largest gap read through in file f: tune 0 is the file system's default, UINT64_MAX
+ * none. */
+static uint64_t gap_limit(const struct ckptfs_loader *l, uint32_t f, uint64_t tune)
+{
+	if (tune == UINT64_MAX)
+		return 0;
+	if (tune)
+		return tune;
+	return l->files[f].fuse ? LD_GAP_MAX_FUSE : LD_GAP_MAX_DEFAULT;
+}
+
 /* Cuts the sorted runs into reads and segments. */
 static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, int mode,
 		      struct rd **ret_reads,
@@ -786,7 +797,7 @@ static int make_reads(struct plan *p, uint64_t gap_max, uint64_t chunk, int mode
 		uint64_t src = g->src, len = g->len;
 
 		if (cur && mode != 2 && cur->file == g->file && src >= cur->off + cur->len &&
-		    src - (cur->off + cur->len) <= gap_max &&
+		    src - (cur->off + cur->len) <= gap_limit(p->l, g->file, gap_max) &&
 		    cur->len + (src - (cur->off + cur->len)) + len <= chunk &&
 		    cur->nseg + 2 <= LD_IOV_MAX * 64) {
 			uint64_t gap = src - (cur->off + cur->len);
@@ -897,8 +908,7 @@ static int run_phase(struct load *ld)
 	}
 	for (size_t i = 0; i < p->ng; i++)
 		total += p->g[i].len;
-	gap_max = l->tune.gap_max ? (l->tune.gap_max == UINT64_MAX ? 0 : l->tune.gap_max)
-				  : LD_GAP_MAX_DEFAULT;
+	gap_max = l->tune.gap_max; /* 0: each file system's default; UINT64_MAX: no gap */
 	chunk = l->tune.chunk_bytes;
 	if (!chunk) {
 		chunk = total / ((uint64_t)nthreads * 4);
