@@ -4,7 +4,8 @@
  * bound), the files written (header, sharding metadata, bytes; blobs; replicas skipped), the
  * checkpoint directory protocol (world 1 and 2, a missing rank, stale markers, EEXIST) and
  * back-pressure.  Every test works in its own temporary directory under $TMPDIR (or /tmp)
- * and, like every Check test, in its own forked process.
+ * and, like every Check test, in its own forked process; the runner removes the directories
+ * at the end even when a test failed.
  *
  * Test-only instrumentation: ckptfs__test_set_write_delay() and ckptfs__test_pool_base(),
  * declared in core/trainer/trainer_int.h and exported by the library for these tests only.
@@ -31,22 +32,39 @@
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
+/* base_dir: made once in the runner's process (unchecked fixture) and removed there at the end,
+ * also when a test failed in its forked process; tmp_root: each test's own directory in it. */
+static char base_dir[900];
 static char tmp_root[1024];
 
 static void rm_rf(const char *p)
 {
-	char cmd[8300];
+	char cmd[1100];
 
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", p);
 	if (system(cmd) != 0)
 		fprintf(stderr, "cannot remove %s\n", p);
 }
 
-static void setup(void)
+static void base_setup(void)
 {
 	const char *t = getenv("TMPDIR");
 
-	snprintf(tmp_root, sizeof(tmp_root), "%s/tsave-XXXXXX", t && *t ? t : "/tmp");
+	snprintf(base_dir, sizeof(base_dir), "%s/tsave-XXXXXX", t && *t ? t : "/tmp");
+	if (!mkdtemp(base_dir)) {
+		perror(base_dir);
+		exit(1);
+	}
+}
+
+static void base_teardown(void)
+{
+	rm_rf(base_dir);
+}
+
+static void setup(void)
+{
+	snprintf(tmp_root, sizeof(tmp_root), "%s/t-XXXXXX", base_dir);
 	ck_assert_ptr_nonnull(mkdtemp(tmp_root));
 }
 
@@ -1058,6 +1076,7 @@ static Suite *suite(void)
 	Suite *s = suite_create("tsave");
 	TCase *tc = tcase_create("save");
 
+	tcase_add_unchecked_fixture(tc, base_setup, base_teardown);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_version);
