@@ -484,6 +484,12 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 	tr_errbuf_clear(&s->err);
 	return 0;
 out:
+	/* A refused save keeps its plan for the next one (no writer ever saw it). */
+	if (j && j->plan) {
+		tr_plan_free(s->prev_plan);
+		s->prev_plan = j->plan;
+		j->plan = NULL;
+	}
 	job_free(j);
 	return fail(s, ret, msg);
 }
