@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--step", type=int, help="the step of view_dir, to compare with the trainer")
     args = ap.parse_args()
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.view_dir, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.view_dir, dtype=torch.float32)
     model.eval()
     load_s = time.perf_counter() - t
     tokens = eval_batch()
