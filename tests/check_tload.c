@@ -823,14 +823,19 @@ START_TEST(test_mismatch)
 	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
 	ckptfs_loader_error(l, msg, sizeof(msg));
 	ck_assert_msg(strstr(msg, "requested 3 dimensions, stored global shape [4, 4]"), "%s", msg);
-	q = req_box(&a, NULL, off, sh, buf);
+	q = req_box(&a, NULL, (int64_t[2]){2, 0}, NULL, buf);
 	q.flat = 1;
 	q.flat_start = 0;
-	q.flat_end = 17;
-	q.box_shape = NULL;
+	q.flat_end = 9;
+	q.box_shape = sh;
 	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
 	ckptfs_loader_error(l, msg, sizeof(msg));
-	ck_assert_msg(strstr(msg, "flat range [0, 17) outside the 4 elements"), "%s", msg);
+	ck_assert_msg(strstr(msg, "flat range [0, 9) outside the 8 elements"), "%s", msg);
+	/* no shape means the global shape, also with offsets */
+	q = req_box(&a, NULL, off, NULL, buf);
+	ck_assert_int_eq(ckptfs_load(l, &q, 1), -EINVAL);
+	ckptfs_loader_error(l, msg, sizeof(msg));
+	ck_assert_msg(strstr(msg, "the requested box [4, 4] at [3, 0] does not fit"), "%s", msg);
 	q = req_box(&a, "optim", NULL, NULL, buf);
 	ck_assert_int_eq(ckptfs_load(l, &q, 1), -ENOENT);
 	ckptfs_loader_error(l, msg, sizeof(msg));

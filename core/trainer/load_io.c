@@ -227,7 +227,7 @@ static int resolve(struct ckptfs_loader *l, const struct ckptfs_load_req *q, str
 	for (unsigned k = 0; k < t->ndim; k++) {
 		const int64_t *shp = q->flat ? q->box_shape : q->shape;
 		int64_t o = q->offsets ? q->offsets[k] : 0;
-		int64_t s = shp ? shp[k] : (int64_t)t->shape[k] - o;
+		int64_t s = shp ? shp[k] : (int64_t)t->shape[k];
 
 		if (o < 0 || s < 0 || (uint64_t)o > t->shape[k] ||
 		    (uint64_t)s > t->shape[k] - (uint64_t)o) {
