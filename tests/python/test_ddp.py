@@ -30,6 +30,17 @@ def save_ddp(rank, world, dirs, ref_path):
                                     "extra_state": {"rank": rank}}, replicas=mode))
     for h in handles:
         h.wait()
+    # a DTensor holding partial sums is refused, naming the tensor
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial
+    mesh = init_device_mesh("cpu", (world,))
+    part = DTensor.from_local(torch.ones(3), mesh, [Partial()])
+    try:
+        ckptfs.save(dirs["plain_one"] + "_partial", {"model": {"psum": part}})
+    except ValueError as e:
+        assert "psum" in str(e) and "Partial" in str(e), str(e)
+    else:
+        raise AssertionError("a Partial DTensor was saved")
     return True
 
 

@@ -124,6 +124,38 @@ def test_fsdp2_4_to_n(saved, world):
     run_ranks(world, load_fsdp2, saved["fsdp"], saved["ref"], timeout=180)
 
 
+def test_pieces_written_once(saved):
+    """FSDP2 x TP2 with replicas="one": every (tensor, box) is in exactly one rank's file, and
+    the tensors' explicit tp_dim is the TP mesh dimension's shard dim (-1 if replicated)."""
+    import json
+    import struct
+    seen = {}
+    for r in range(4):
+        for group in ("model", "optim"):
+            f = os.path.join(saved["tp"], f"{group}-rank{r:05d}.safetensors")
+            with open(f, "rb") as fh:
+                n = struct.unpack("<Q", fh.read(8))[0]
+                header = json.loads(fh.read(n))
+            meta = json.loads(header["__metadata__"]["ckptfs"])
+            assert meta["version"] == 1 and meta["group"] == group
+            for name in header:
+                if name == "__metadata__":
+                    continue
+                e = meta["tensors"].get(name, {})
+                key = (group, name, tuple(e.get("offsets", ())))
+                assert key not in seen, f"{key} written by ranks {seen[key]} and {r}"
+                seen[key] = r
+                if group == "model" and name == "up.weight":
+                    assert e["tp_dim"] == 0
+                if group == "model" and name == "down.weight":
+                    assert e["tp_dim"] == 1
+                if group == "model" and name == "down.bias":
+                    assert e["tp_dim"] == -1
+    # down.bias is replicated over tp (2 holders per dp shard): written once per box
+    assert sum(1 for k in seen if k[:2] == ("model", "down.bias")) == 2
+    assert len({seen[k] for k in seen}) == 4, "some rank wrote nothing"
+
+
 def test_fsdp2_tp_to_tp1(saved):
     run_ranks(1, load_tp1, saved["tp"], saved["ref"], timeout=120)
 

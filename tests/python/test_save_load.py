@@ -283,3 +283,21 @@ def test_writer_rule_one():
     ps = [Piece("model", "x", torch.empty(3), write=False)]
     _state.assign_writers(ps, "one")
     assert not ps[0].write
+
+
+def test_hf_config_and_view(ckptfs_mount):
+    """A Hugging Face model: rank 0 writes config.json, so the consolidated view of the
+    checkpoint loads with from_pretrained and gives the trainer's logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    ckptfs.save(ckptfs_mount.mnt / "hf", {"model": model}, async_=False)
+    view = ckptfs_mount.mnt / "tp1_pp1" / "hf"
+    assert json.loads((view / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    loaded = LlamaForCausalLM.from_pretrained(str(view)).eval()
+    x = torch.arange(10).reshape(1, 10)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, loaded(x).logits)

@@ -15,6 +15,7 @@ import pickle
 import random
 import threading
 import time
+import warnings
 from typing import Dict, List, Optional
 
 import torch
@@ -369,12 +370,11 @@ def save(path, state: dict, *, async_: bool = True, process_group=None, replicas
                             backpressure=backpressure, write_bytes=write_bytes,
                             commit_timeout_ms=commit_timeout_ms, wait_commit=wait_commit))
     job_id = _job_id(process_group, world)
-    _seq += 1
-    seq = _seq
-
     groups = describe(state, process_group)
     pieces = [p for ps in groups.values() for p in ps]
     _state.assign_writers(pieces, replicas)
+    _seq += 1
+    seq = _seq
 
     keep = _Keep()
     cuda_ok = bool(_lib.fn("ckptfs_cuda_available")())
@@ -590,8 +590,13 @@ def source_dir(path: str, groups: Dict[str, List[Piece]], view: str = "auto") ->
 
 
 def _auto_view(root, rel, path, groups):
-    # Chosen by measurement (see docs/trainer.md): the source shards themselves.
-    return path
+    """On a mount: the tpT view for a target whose tensors are split T ways along a "tp" mesh
+    dimension (its files hold exactly the target's TP parts), else the consolidated view.
+    Measured with tests/python/bench_load_views.py (256 MiB saved by FSDP2 on 4 ranks, cold
+    mount): TP1 target, consolidated view 0.81x the time of reading the saved shards; TP2
+    target, tp2 view 0.75x (consolidated 1.10x)."""
+    t = _target_tp(groups)
+    return _mount.view_dir(root, rel, t if t and t > 1 else 1)
 
 
 _AUTO_VIEW = _auto_view
@@ -645,7 +650,17 @@ def load(path, state: dict, *, process_group=None, io_threads: Optional[int] = N
         _state.init_optim_state(optim)
     groups = describe(state, process_group)
     directory = source_dir(path, groups, view)
-    with Loader(directory, io_threads, require_complete) as ld:
+    try:
+        ld = Loader(directory, io_threads, require_complete)
+    except CheckpointError as e:
+        if directory == path:
+            raise
+        # The view could not be opened: the saved shards tell why (the message then names
+        # PATH itself), or serve the load if only the view failed.
+        ld = Loader(path, io_threads, require_complete)
+        warnings.warn(f"ckptfs.load: {directory}: {e}; reading {path} instead")
+        directory = path
+    with ld:
         marker = read_marker(directory)
         for group, pieces in groups.items():
             wanted = []

@@ -176,6 +176,17 @@ def local_box(name, t) -> Tuple[Tuple[int, ...], Tuple[int, ...]]:
     return tuple(shape), tuple(int(o) for o in offsets)
 
 
+_REPLICATED_PEER_DIMS = ("tp", "cp")
+
+
+def _root_mesh(mesh):
+    get = getattr(mesh, "_get_root_mesh", None)
+    try:
+        return get() if get is not None else None
+    except Exception:
+        return None
+
+
 def dtensor_piece(group: str, name: str, t) -> Piece:
     mesh, placements = t.device_mesh, t.placements
     for p in placements:
@@ -191,6 +202,22 @@ def dtensor_piece(group: str, name: str, t) -> Piece:
         n = mesh.size(i)
         index = index * n + coord[i]
         count *= n
+    # A DTensor on a submesh (FSDP2 over mesh["dp"] of a (dp, tp) mesh) is also held by the
+    # ranks along the root mesh's "tp" and "cp" dimensions when they are not in the submesh:
+    # tensor- and context-parallel peers run the same modules, so a tensor not split over them
+    # is replicated over them.  Other root dimensions (pipeline stages, ...) are not assumed
+    # to hold it: their ranks write their own copy (the store deduplicates identical bytes).
+    root = _root_mesh(mesh)
+    extra_dims = []
+    if root is not None and root is not mesh and root.mesh_dim_names:
+        sub = set(mesh.mesh_dim_names or ())
+        rcoord = root.get_coordinate()
+        for i, dn in enumerate(root.mesh_dim_names):
+            if dn in _REPLICATED_PEER_DIMS and dn not in sub and rcoord is not None:
+                n = root.size(i)
+                index = index * n + rcoord[i]
+                count *= n
+                extra_dims.append(dn)
     tp_dim = None
     tp_size = None
     names = mesh.mesh_dim_names
@@ -198,13 +225,16 @@ def dtensor_piece(group: str, name: str, t) -> Piece:
         p = placements[names.index("tp")]
         tp_dim = p.dim if hasattr(p, "dim") and not p.is_replicate() else -1
         tp_size = mesh.size(names.index("tp"))
+    elif "tp" in extra_dims:
+        tp_dim = -1
+        tp_size = root.size(root.mesh_dim_names.index("tp"))
     piece = Piece(group=group, name=name, tensor=t._local_tensor.detach(),
                   global_shape=tuple(t.shape), offsets=offsets, tp_dim=tp_dim,
                   replica_count=count, replica_index=index)
     # Holders of this piece hold the same pieces of every tensor with the same mesh and
     # replicated dims: that is the writer rule's class (see assign_writers).
     piece.replica_group = ("mesh", tuple(mesh.mesh.flatten().tolist()), tuple(mesh.shape),
-                           tuple(rep_dims))
+                           tuple(rep_dims), tuple(extra_dims))
     piece._tp_size = tp_size      # the target's TP degree, for the choice of a view at load
     return piece
 
