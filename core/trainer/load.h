@@ -5,9 +5,16 @@
  *   - files[]: every *.safetensors file directly in the directory, in strcmp order of names,
  *     with the absolute byte offset of its data area and its size at open;
  *   - tensors[]: the global tensors in (group, name) strcmp order, each with its pieces in
- *     pieces[first_piece .. first_piece + n_pieces), ordered by (file, order in the file).
+ *     pieces[first_piece .. first_piece + n_pieces), ordered by (file, order in the file),
+ *     exact replicas and empty pieces left out, and whether those pieces are disjoint.
  * The index is immutable after open; ckptfs_load() only reads it (plus the per-loader error
- * message and statistics, which one caller thread at a time updates, as ckptfs.h requires).
+ * message, tune and statistics, which the one caller thread at a time updates, as ckptfs.h
+ * requires; the load's own reader threads touch none of them).
+ *
+ * Errors: every failure is recorded with ld_fail() as "WHAT: reason" naming the directory,
+ * file or (group, tensor); ckptfs_loader_error() returns it.  A failed ckptfs_loader_open()
+ * has no loader to keep it in: its message is kept per thread and ckptfs_loader_error(NULL)
+ * returns it.
  *
  * Internal entry points exported from the shared library for the tests and the benchmark
  * (ckptfs__* names, not part of the public API, may change with the library):

@@ -1,25 +1,31 @@
 /* load_io.c: ckptfs_load(): from requests to copy runs to parallel reads.
  *
- * Planning, per request (one thread, the caller's):
- *   1. The request's target is a box of the global tensor, or a flat range of a box; a flat
- *      range is cut into at most 2*ndim boxes that are each contiguous in the flattening and
- *      whose own row-major order is the flattening's (a partial slice at the head, whole
- *      slices, a partial slice at the tail, recursively), so both kinds are boxes with a base
- *      offset in the destination.
+ * Every request is checked first (tensor, dtype, global shape, bounds); nothing is read
+ * before all are valid.  Planning, per request (the caller's thread):
+ *   1. The target is a box of the global tensor, or a flat range of a box; a flat range is
+ *      cut into at most 2*ndim boxes that are each contiguous in the flattening and whose own
+ *      row-major order is the flattening's (a partial slice at the head, whole slices, a
+ *      partial slice at the tail), so both kinds are boxes with a base in the destination.
  *   2. Every stored piece whose box meets a target box yields its copy runs (ckpt_box_runs:
- *      destination offset, source offset, length, merged maximally, no per-element work).
- *   3. The runs of all pieces are ordered by (destination, piece) and swept once: a run covers
- *      what lies past the part already covered, so of overlapping pieces (replicas) the one
- *      starting first, then the one in the first file by name, is read, and each destination
- *      byte is read once.  A hole is an error naming the tensor and the first element's
- *      global index.
- * Then for all requests together: the chosen runs are sorted by (file, offset), runs adjacent
- * in both file and memory are merged, and runs of one file separated by gaps of at most
- * gap_max bytes are gathered into one read: one preadv() whose vector points into the
- * destinations, the gaps into a scratch buffer.  Reads are cut at chunk_max bytes so that
- * io_threads threads, which take reads in file order from a shared counter, all work.
- * Descriptors are opened once per file per load.  Device destinations are read into a host
- * staging buffer and copied to the device once the reads are done.
+ *      destination offset, source offset, length, merged maximally; no per-element work).
+ *   3. When the tensor's pieces are disjoint (decided at open) and the runs add up to the
+ *      request, they are taken as they are.  Otherwise they are ordered by (destination,
+ *      piece) and swept once: a run covers what lies past the part already covered, so of
+ *      overlapping pieces the one starting first, then the one in the first file by name, is
+ *      read, and each destination byte is read once.  A hole is an error naming the tensor
+ *      and the first uncovered element's global index.
+ * Then for all requests together (one phase): the runs are ordered by (file, offset) (per file,
+ * ascending stretches are concatenated; only interleaved ones are sorted), runs adjacent in
+ * both file and memory are merged, and runs of one file separated by gaps of at most the file
+ * system's gap limit (gap_limit) are gathered into one read: preadv() calls whose vectors
+ * point into the destinations, the gaps into a scratch buffer.  Reads are cut at `chunk`
+ * bytes so that io_threads threads, which take reads in file order from a shared counter, all
+ * work.  Descriptors are opened once per file per load.
+ *
+ * Device destinations (and, for the tests, host ones with stage_host) are read through one
+ * host staging buffer of at most LD_STAGE_BYTES: the requests are cut into element ranges that
+ * fill it, each fill is one phase as above, then each part is copied to its device with the
+ * copy engine.
  */
 #include <errno.h>
 #include <fcntl.h>
