@@ -301,6 +301,18 @@ def object_pieces(group: str, obj, pg) -> List[Piece]:
     return [tensor_piece(group, name, t, rank, world) for name, t in items]
 
 
+def _model_class_name(m) -> str:
+    """The model's own class name: FSDP2's fully_shard (and replicate) swap a module's class
+    for a dynamic subclass (FSDPModule, cls) named FSDP<cls>; from_pretrained needs <cls>."""
+    cls = type(m)
+    while True:
+        bases = cls.__bases__
+        if len(bases) >= 2 and bases[0].__module__.startswith("torch.distributed"):
+            cls = bases[-1]
+        else:
+            return cls.__name__
+
+
 def hf_config_json(obj) -> Optional[str]:
     """config.json of a Hugging Face PreTrainedModel (as save_pretrained writes it), or None."""
     if not isinstance(obj, torch.nn.Module):
@@ -313,7 +325,7 @@ def hf_config_json(obj) -> Optional[str]:
     import copy
     cfg = copy.deepcopy(cfg)
     try:
-        cfg.architectures = [type(m).__name__]
+        cfg.architectures = [_model_class_name(m)]
     except Exception:
         pass
     return cfg.to_json_string()
