@@ -883,6 +883,19 @@ START_TEST(test_invalid_meta)
 		ck_assert_msg(strstr(msg, "/b.safetensors: ") && strstr(msg, cases[i][1]),
 			      "case %zu: %s", i, msg);
 	}
+	/* several bad files among many (read by several threads): the first by name is named */
+	dir = mkdir_t("inv3");
+	for (int i = 0; i < 12; i++) {
+		char fn[64];
+
+		snprintf(fn, sizeof(fn), "f%02d.safetensors", i);
+		fb_box(&f, &a, (uint64_t[2]){0, 0}, (uint64_t[2]){2, 4});
+		fb_write_raw(&f, dir, fn, 1, NULL, i == 5 || i == 9 ? "{\"version\": 0}" : NULL);
+	}
+	for (int r = 0; r < 5; r++) {
+		ck_assert_int_eq(open_fail(dir, 0, msg, sizeof(msg)), -EINVAL);
+		ck_assert_msg(strstr(msg, "/f05.safetensors: invalid ckptfs metadata"), "%s", msg);
+	}
 	/* a truncated file, a file that is not safetensors */
 	dir = mkdir_t("inv2");
 	fb_whole(&f, &a);

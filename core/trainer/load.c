@@ -4,7 +4,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,8 +176,32 @@ static int list_files(struct ckptfs_loader *l, char ***ret_names, size_t *ret_n)
 	return 0;
 }
 
-/* Reads and validates the header of f->path: prefix, JSON (never the data), size. */
-static int read_header(struct ckptfs_loader *l, struct ld_file *f, ckpt_st_header **ret_h)
+/* The header of one file, read by one of the open's threads. */
+struct hslot {
+	ckpt_st_header *h;      /* NULL: not a regular file (skipped) or failed */
+	ckpt_shardmeta *m;
+	int err;                /* 0 or the failure's errno (negative) */
+	char msg[LD_ERR_MAX];   /* the failure, "FILE: reason" */
+};
+
+static int hfail(struct hslot *s, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+static int hfail(struct hslot *s, int err, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(s->msg, sizeof(s->msg), fmt, ap);
+	va_end(ap);
+	ckpt_str_one_line(s->msg);
+	s->err = err;
+	return err;
+}
+
+/* Reads and validates the header of f->path (prefix, JSON, never the data; the size) and
+ * parses its ckptfs metadata into s.  Touches only f and s (the open's threads run it). */
+static int read_header(struct ld_file *f, struct hslot *s)
 {
 	char reason[512];
 	uint8_t prefix[8];
@@ -185,12 +211,11 @@ static int read_header(struct ckptfs_loader *l, struct ld_file *f, ckpt_st_heade
 	struct statfs sfs;
 	int fd, rc, ret = 0;
 
-	*ret_h = NULL;
 	fd = open(f->path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return ld_fail(l, -errno, "%s: %s", f->path, strerror(errno));
+		return hfail(s, -errno, "%s: %s", f->path, strerror(errno));
 	if (fstat(fd, &st) != 0) {
-		ret = ld_fail(l, -errno, "%s: %s", f->path, strerror(errno));
+		ret = hfail(s, -errno, "%s: %s", f->path, strerror(errno));
 		goto out;
 	}
 	if (!S_ISREG(st.st_mode))
@@ -200,49 +225,103 @@ static int read_header(struct ckptfs_loader *l, struct ld_file *f, ckpt_st_heade
 		f->fuse = sfs.f_type == LD_FUSE_MAGIC;
 	rc = ckpt_pread_full(fd, prefix, sizeof(prefix), 0);
 	if (rc) {
-		ret = ld_fail(l, rc == -EIO ? -EINVAL : rc, "%s: %s", f->path,
-			      rc == -EIO ? "not a safetensors file (shorter than 8 bytes)"
-					 : strerror(-rc));
+		ret = hfail(s, rc == -EIO ? -EINVAL : rc, "%s: %s", f->path,
+			    rc == -EIO ? "not a safetensors file (shorter than 8 bytes)"
+				       : strerror(-rc));
 		goto out;
 	}
 	if (ckpt_st_header_len(prefix, &n) != 0 || n > f->size - 8) {
-		ret = ld_fail(l, -EINVAL,
-			      "%s: not a safetensors file (header length %llu, file size %llu)",
-			      f->path, (unsigned long long)n, (unsigned long long)f->size);
+		ret = hfail(s, -EINVAL,
+			    "%s: not a safetensors file (header length %llu, file size %llu)",
+			    f->path, (unsigned long long)n, (unsigned long long)f->size);
 		goto out;
 	}
 	json = malloc(n);
 	if (!json) {
-		ret = ld_fail(l, -ENOMEM, "%s: out of memory for a %llu-byte header", f->path,
-			      (unsigned long long)n);
+		ret = hfail(s, -ENOMEM, "%s: out of memory for a %llu-byte header", f->path,
+			    (unsigned long long)n);
 		goto out;
 	}
 	rc = ckpt_pread_full(fd, json, n, 8);
 	if (rc) {
-		ret = ld_fail(l, rc, "%s: reading the header: %s", f->path,
-			      rc == -EIO ? "file ends inside it" : strerror(-rc));
+		ret = hfail(s, rc, "%s: reading the header: %s", f->path,
+			    rc == -EIO ? "file ends inside it" : strerror(-rc));
 		goto out;
 	}
-	rc = ckpt_st_parse(json, n, ret_h, reason, sizeof(reason));
+	rc = ckpt_st_parse(json, n, &s->h, reason, sizeof(reason));
 	if (rc) {
-		ret = ld_fail(l, rc, "%s: invalid safetensors header: %s", f->path, reason);
+		ret = hfail(s, rc, "%s: invalid safetensors header: %s", f->path, reason);
 		goto out;
 	}
-	if (ckpt_st_check_file_size(*ret_h, f->size) != 0) {
-		ret = ld_fail(l, -EINVAL,
-			      "%s: file size %llu does not match its header (%llu bytes expected): "
-			      "truncated or not a safetensors file", f->path,
-			      (unsigned long long)f->size,
-			      (unsigned long long)(8 + n + ckpt_st_data_len(*ret_h)));
-		ckpt_st_header_free(*ret_h);
-		*ret_h = NULL;
+	if (ckpt_st_check_file_size(s->h, f->size) != 0) {
+		ret = hfail(s, -EINVAL,
+			    "%s: file size %llu does not match its header (%llu bytes expected): "
+			    "truncated or not a safetensors file", f->path,
+			    (unsigned long long)f->size,
+			    (unsigned long long)(8 + n + ckpt_st_data_len(s->h)));
 		goto out;
 	}
 	f->data_start = 8 + n;
+	rc = ckpt_shardmeta_parse(s->h, &s->m, reason, sizeof(reason));
+	if (rc)
+		ret = hfail(s, rc, "%s: invalid ckptfs metadata (docs/views.md section 3): %s",
+			    f->path, reason);
 out:
+	if (ret) {
+		ckpt_shardmeta_free(s->m);
+		ckpt_st_header_free(s->h);
+		s->m = NULL;
+		s->h = NULL;
+	}
 	free(json);
 	close(fd);
 	return ret;
+}
+
+/* Header readers: each takes the next file. */
+struct hread {
+	struct ckptfs_loader *l;
+	struct hslot *slots;
+	atomic_size_t next;
+};
+
+static void *hread_worker(void *arg)
+{
+	struct hread *r = arg;
+
+	for (;;) {
+		size_t i = atomic_fetch_add(&r->next, 1);
+
+		if (i >= r->l->n_files)
+			return NULL;
+		read_header(&r->l->files[i], &r->slots[i]);
+	}
+}
+
+/* Reads every file's header with up to io_threads threads (on a FUSE mount each open and
+ * read is a round trip; headers of many ranks' files add up); the first failure in file
+ * order is the open's error, whatever order the threads met them in. */
+static int read_headers(struct ckptfs_loader *l, struct hslot *slots)
+{
+	struct hread r = {.l = l, .slots = slots};
+	pthread_t th[256];
+	unsigned n = (unsigned)l->io_threads, started = 0;
+
+	if (n > l->n_files / 2)
+		n = (unsigned)(l->n_files / 2); /* a thread for fewer than 2 files does not pay */
+	atomic_init(&r.next, 0);
+	for (unsigned i = 1; i < n; i++) {
+		if (pthread_create(&th[started], NULL, hread_worker, &r) != 0)
+			break; /* fewer threads still read every header */
+		started++;
+	}
+	hread_worker(&r);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (size_t i = 0; i < l->n_files; i++)
+		if (slots[i].err)
+			return ld_fail(l, slots[i].err, "%s", slots[i].msg);
+	return 0;
 }
 
 /* One stored tensor before grouping: names point into its file's header. */
@@ -453,33 +532,22 @@ static int index_files(struct ckptfs_loader *l)
 {
 	struct entry *e = NULL;
 	size_t n = 0, cap = 0;
-	ckpt_st_header **hs;
-	ckpt_shardmeta **ms;
-	char reason[512];
+	struct hslot *hs;
 	int ret = 0;
 
 	hs = calloc(l->n_files ? l->n_files : 1, sizeof(*hs));
-	ms = calloc(l->n_files ? l->n_files : 1, sizeof(*ms));
-	if (!hs || !ms) {
-		ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+	if (!hs)
+		return ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+	ret = read_headers(l, hs);
+	if (ret)
 		goto out;
-	}
 	for (size_t i = 0; i < l->n_files; i++) {
 		struct ld_file *f = &l->files[i];
 		size_t nt;
 
-		ret = read_header(l, f, &hs[i]);
-		if (ret)
-			goto out;
-		if (!hs[i])
+		if (!hs[i].h)
 			continue;
-		ret = ckpt_shardmeta_parse(hs[i], &ms[i], reason, sizeof(reason));
-		if (ret) {
-			ld_fail(l, ret, "%s: invalid ckptfs metadata (docs/views.md section 3): %s",
-				f->path, reason);
-			goto out;
-		}
-		nt = ckpt_st_tensor_count(hs[i]);
+		nt = ckpt_st_tensor_count(hs[i].h);
 		if (n + nt > cap) {
 			size_t nc = cap ? 2 * cap : 64;
 			struct entry *ne;
@@ -495,16 +563,16 @@ static int index_files(struct ckptfs_loader *l)
 			cap = nc;
 		}
 		for (size_t k = 0; k < nt; k++) {
-			const struct ckpt_st_tensor *st = ckpt_st_tensor_at(hs[i], k);
+			const struct ckpt_st_tensor *st = ckpt_st_tensor_at(hs[i].h, k);
 			struct entry *x = &e[n];
 
-			ret = ckpt_shardmeta_tensor(ms[i], st, &x->meta);
+			ret = ckpt_shardmeta_tensor(hs[i].m, st, &x->meta);
 			if (ret) {
 				ld_fail(l, ret, "%s: tensor '%s': cannot be placed (more than %d "
 					"dimensions?)", f->path, st->name, CKPT_MAX_DIMS);
 				goto out;
 			}
-			x->group = ckpt_shardmeta_group(ms[i]);
+			x->group = ckpt_shardmeta_group(hs[i].m);
 			x->name = st->name;
 			x->file = (uint32_t)i;
 			x->order = (uint32_t)k;
@@ -518,12 +586,11 @@ static int index_files(struct ckptfs_loader *l)
 		qsort(e, n, sizeof(*e), cmp_entry);
 	ret = build_index(l, e, n);
 out:
-	for (size_t i = 0; hs && ms && i < l->n_files; i++) {
-		ckpt_shardmeta_free(ms[i]);
-		ckpt_st_header_free(hs[i]);
+	for (size_t i = 0; i < l->n_files; i++) {
+		ckpt_shardmeta_free(hs[i].m);
+		ckpt_st_header_free(hs[i].h);
 	}
 	free(hs);
-	free(ms);
 	free(e);
 	return ret;
 }
