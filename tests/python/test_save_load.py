@@ -301,3 +301,16 @@ def test_hf_config_and_view(ckptfs_mount):
     x = torch.arange(10).reshape(1, 10)
     with torch.no_grad():
         assert torch.equal(model(x).logits, loaded(x).logits)
+
+
+def test_library_not_found(tmp_path):
+    """$CKPTFS_LIBRARY naming a missing file: ImportError naming it (no silent fallback)."""
+    import subprocess
+    import sys
+    from conftest import PYPKG
+    env = dict(os.environ, CKPTFS_LIBRARY=str(tmp_path / "nolib.so"),
+               PYTHONPATH=str(PYPKG))
+    r = subprocess.run([sys.executable, "-c", "import ckptfs"], env=env, capture_output=True,
+                       text=True)
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and "nolib.so" in r.stderr and "CKPTFS_LIBRARY" in r.stderr

@@ -452,8 +452,12 @@ class Loader:
         h = ctypes.c_void_p()
         rc = _lib.fn("ckptfs_loader_open")(directory.encode(), ctypes.byref(o), ctypes.byref(h))
         if rc < 0:
-            # The loader does not exist: its message is not retrievable through an object.
-            raise _open_error(directory, rc, require_complete)
+            # No loader exists: the library keeps the message of this thread's last failed
+            # open (ckptfs_loader_error(NULL)).
+            e = _lib.error_of("ckptfs_loader_error", None, rc, directory)
+            if not e.strerror or e.strerror == os.strerror(e.errno):
+                e = _open_error(directory, rc, require_complete)
+            raise e
         self.h = h
 
     def close(self):
