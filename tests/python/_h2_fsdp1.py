@@ -45,13 +45,15 @@ def batch(step: int, rank: int):
     return tok, torch.roll(tok, 1, dims=1)
 
 
-def build_fsdp1(seed: int):
+def build_fsdp1(seed: int, strategy: str = "FULL_SHARD"):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     torch.manual_seed(seed)
     net = Net()
     return FSDP(net, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
-                device_id=torch.device("cpu"), sync_module_states=False)
+                device_id=torch.device("cpu"), sync_module_states=False,
+                sharding_strategy=getattr(ShardingStrategy, strategy))
 
 
 def train(model, steps: int, rank: int):

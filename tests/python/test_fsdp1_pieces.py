@@ -17,9 +17,9 @@ from _h2_common import assemble, bit_equal, diff_report, piece_record
 import _h2_fsdp1 as job
 
 
-def _save_side(rank, world):
+def _save_side(rank, world, strategy="FULL_SHARD"):
     import ckptfs.fsdp1 as f1
-    model = job.build_fsdp1(seed=1)
+    model = job.build_fsdp1(seed=1, strategy=strategy)
     opt = job.train(model, 2, rank)
     mp = f1.model_pieces(model, "model")
     op = f1.optim_pieces(model, opt, "optim")
@@ -52,8 +52,8 @@ def _fill_side(rank, world, ref_sd):
     return sd
 
 
-def _check(world):
-    res = run_ranks(world, _save_side, timeout=240)
+def _check(world, strategy="FULL_SHARD"):
+    res = run_ranks(world, _save_side, strategy, timeout=240)
     records = [r for rr in res for r in rr["pieces"]]
     sd, osd = res[0]["sd"], res[0]["osd"]
     model = assemble(records, "model")
@@ -62,7 +62,8 @@ def _check(world):
     assert diff_report(optim, osd) == []
     assert all(bit_equal(model[k], sd[k]) for k in sd)
     # Adam moments are really sharded, the step is whole; buffers are whole and replicated.
-    assert any(r["flat_range"] is not None for r in records if ".exp_avg" in r["name"])
+    assert (strategy == "NO_SHARD") != any(r["flat_range"] is not None for r in records
+                                           if ".exp_avg" in r["name"])
     assert all(r["flat_range"] is None and r["data"].dim() == 0
                for r in records if r["name"].endswith(".step"))
     assert "scale" in model and "scratch" not in model
@@ -90,3 +91,13 @@ def test_fsdp1_pieces_fill_in_place():
     filled = run_ranks(2, _fill_side, sd, timeout=240)
     for got in filled:
         assert diff_report(got, sd) == []
+
+
+def test_fsdp1_pieces_shard_grad_op_and_no_shard():
+    # SHARD_GRAD_OP keeps flat shards between steps; NO_SHARD keeps whole parameters, every
+    # rank a replica (the writer rule then picks one writer per tensor).
+    res, sd = _check(2, "SHARD_GRAD_OP")
+    assert any(r["flat_range"] is not None for rr in res for r in rr["pieces"])
+    res, sd = _check(2, "NO_SHARD")
+    recs = [r for rr in res for r in rr["pieces"] if r["group"] == "model"]
+    assert all(r["flat_range"] is None and r["replica_count"] == 2 for r in recs)

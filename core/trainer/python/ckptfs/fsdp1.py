@@ -93,13 +93,14 @@ def placements(module: torch.nn.Module) -> Dict[str, _Placement]:
     out: Dict[str, _Placement] = {}
     infos = _fsdp_param_infos(module)
     seen_handles = {}
-    for fqn, info in infos.items():
+    for raw_fqn, info in infos.items():
+        fqn = clean_name(raw_fqn)     # torch's names keep torch.compile's _orig_mod.
         handle = info.handle
         fp = handle.flat_param
         if not getattr(handle, "_use_orig_params", False):
             raise ValueError(f"ckptfs.fsdp1: {fqn}: the FSDP unit was built with "
                              f"use_orig_params=False; wrap with use_orig_params=True")
-        idx = info.param_indices[fqn]
+        idx = info.param_indices[raw_fqn]
         if fp._params is None:
             raise ValueError(f"ckptfs.fsdp1: {fqn}: FlatParameter has no original parameters")
         param = fp._params[idx]
