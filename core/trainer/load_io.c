@@ -881,11 +881,11 @@ struct load {
 	int *fds;
 };
 
-/* Reads the runs planned in ld->p (then empties the plan). */
-static int run_phase(struct load *ld)
+/* Reads the runs planned in p (then empties the plan).  Phases never run at the same time
+ * (the staged path's reads of one fill overlap only the copy-out of the previous one). */
+static int run_phase(struct load *ld, struct plan *p)
 {
 	struct ckptfs_loader *l = ld->l;
-	struct plan *p = &ld->p;
 	struct ckptfs__load_stats *st = &l->stats;
 	struct rd *reads = NULL;
 	struct seg *segs = NULL;
@@ -977,12 +977,10 @@ out:
 }
 
 /* Copies a staged part to its destination (device -1: a host destination, as the tests'
- * staging mode uses). */
-static int stage_copy(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs,
-		      const struct stage *s, const uint8_t *staging)
+ * staging mode uses); on failure returns the errno and the copy engine's reason in why. */
+static int stage_copy(const struct stage *s, const uint8_t *staging, char *why, size_t whylen)
 {
-	const struct ckptfs_load_req *q = &reqs[s->req];
-	const char *why;
+	const char *e;
 	int ret;
 
 	if (s->device < 0) {
@@ -992,76 +990,162 @@ static int stage_copy(struct ckptfs_loader *l, const struct ckptfs_load_req *req
 	ret = tr_copy_to_device ? tr_copy_to_device(s->dev, s->device, staging + s->host_off,
 						    s->len)
 				: -ENODEV;
-	if (!ret)
-		return 0;
-	why = tr_copy_error ? tr_copy_error() : "";
-	return ld_fail(l, ret, "%s: group '%s', tensor '%s': copy to device %d: %s", l->dir,
-		       q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT, q->name, s->device,
-		       why && *why ? why : strerror(-ret));
+	if (ret) {
+		e = tr_copy_error ? tr_copy_error() : NULL;
+		snprintf(why, whylen, "%s", e && *e ? e : strerror(-ret));
+	}
+	return ret;
 }
 
-/* The staged requests (device destinations), through one host buffer of at most
- * LD_STAGE_BYTES: requests are cut into element ranges that fill it, each fill is read as one
- * phase, then copied out. */
+/* One fill of a staging buffer: its plan and where its parts go. */
+struct fill {
+	struct plan p;
+	uint8_t *buf;
+	struct stage *cp;
+	size_t ncp, capcp;
+};
+
+/* Where the staged requests have been planned up to: request i, element done of it. */
+struct cursor {
+	size_t i;
+	uint64_t done;
+};
+
+/* Plans the next parts of the staged requests into fl (up to cap bytes); *ret_any is false
+ * when nothing was left. */
+static int plan_fill(struct load *ld, const struct ckptfs_load_req *reqs, const struct target *tg,
+		     const bool *staged, size_t n, struct cursor *c, struct fill *fl, uint64_t cap,
+		     bool *ret_any)
+{
+	struct ckptfs_loader *l = ld->l;
+	uint64_t used = 0;
+	int ret;
+
+	fl->ncp = 0;
+	*ret_any = false;
+	for (; c->i < n; c->i++, c->done = 0) {
+		const struct target *t = &tg[c->i];
+
+		if (!staged[c->i] || !t->bytes)
+			continue;
+		while (c->done < t->b - t->a) {
+			uint64_t room = (cap - used) / t->eb, take = t->b - t->a - c->done;
+			struct target sub = *t;
+
+			if (room == 0)
+				return 0; /* full */
+			if (take > room)
+				take = room;
+			sub.a = t->a + c->done;
+			sub.b = sub.a + take;
+			sub.bytes = take * t->eb;
+			ret = plan_target(&fl->p, &sub, fl->buf + used);
+			if (ret)
+				return ret;
+			if (grow((void **)&fl->cp, &fl->capcp, fl->ncp + 1, sizeof(*fl->cp)))
+				return ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
+			fl->cp[fl->ncp++] = (struct stage){(uint8_t *)reqs[c->i].dst + c->done * t->eb,
+							   reqs[c->i].device, used, sub.bytes, c->i};
+			used += sub.bytes;
+			c->done += take;
+			*ret_any = true;
+		}
+	}
+	return 0;
+}
+
+/* A phase run by a helper thread while the caller's thread copies the previous fill out. */
+struct async_phase {
+	struct load *ld;
+	struct plan *p;
+	int ret;
+};
+
+static void *phase_thread(void *arg)
+{
+	struct async_phase *a = arg;
+
+	a->ret = run_phase(a->ld, a->p);
+	return NULL;
+}
+
+/* The staged requests (device destinations), through two host buffers of half of at most
+ * LD_STAGE_BYTES each: the requests are cut into element ranges that fill a buffer; while one
+ * fill is copied out (to the device), the next one is read. */
 static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
 		       const struct target *tg, const bool *staged, size_t n, uint64_t total)
 {
 	struct ckptfs_loader *l = ld->l;
-	uint64_t cap = l->tune.stage_bytes ? l->tune.stage_bytes : LD_STAGE_BYTES, used = 0;
-	struct stage *cp = NULL;
-	size_t ncp = 0, capcp = 0;
-	uint8_t *staging;
-	int ret = 0;
+	uint64_t cap = l->tune.stage_bytes ? l->tune.stage_bytes : LD_STAGE_BYTES;
+	struct fill fl[2];
+	struct cursor c = {0, 0};
+	unsigned cur = 0;
+	bool any;
+	int ret;
 
+	memset(fl, 0, sizeof(fl));
+	fl[0].p.l = fl[1].p.l = l;
+	cap /= 2;
 	if (cap < 16)
 		cap = 16; /* room for an element of any dtype */
 	if (cap > total)
 		cap = total; /* which holds every staged request whole */
-	staging = malloc(cap);
-	if (!staging)
-		return ld_fail(l, -ENOMEM, "%s: out of memory for a %llu-byte staging buffer",
-			       l->dir, (unsigned long long)cap);
-	for (size_t i = 0; i <= n; i++) {
-		uint64_t done = 0, n_el = i < n ? tg[i].b - tg[i].a : 0;
+	fl[0].buf = malloc(cap);
+	fl[1].buf = total > cap ? malloc(cap) : NULL;
+	if (!fl[0].buf || (total > cap && !fl[1].buf)) {
+		ret = ld_fail(l, -ENOMEM, "%s: out of memory for a %llu-byte staging buffer",
+			      l->dir, (unsigned long long)(total > cap ? 2 * cap : cap));
+		goto out;
+	}
+	ret = plan_fill(ld, reqs, tg, staged, n, &c, &fl[0], cap, &any);
+	if (!ret)
+		ret = run_phase(ld, &fl[0].p);
+	while (!ret && any) {
+		struct fill *now = &fl[cur], *next = &fl[1 - cur];
+		struct async_phase a = {ld, &next->p, 0};
+		pthread_t th;
+		bool next_any = false, threaded = false;
+		char why[512];
+		size_t k = 0;
+		int cret = 0;
 
-		if (i < n && (!staged[i] || !tg[i].bytes))
-			continue;
-		while (i == n || done < n_el) {
-			uint64_t room = i < n ? (cap - used) / tg[i].eb : 0, take;
-			struct target sub;
-
-			if (room == 0 || i == n) {
-				/* the buffer is full (or all is planned): read, copy out */
-				ret = run_phase(ld);
-				for (size_t k = 0; !ret && k < ncp; k++)
-					ret = stage_copy(l, reqs, &cp[k], staging);
-				if (ret || i == n)
-					goto out;
-				ncp = 0;
-				used = 0;
-				continue;
-			}
-			take = n_el - done < room ? n_el - done : room;
-			sub = tg[i];
-			sub.a = tg[i].a + done;
-			sub.b = sub.a + take;
-			sub.bytes = take * tg[i].eb;
-			ret = plan_target(&ld->p, &sub, staging + used);
+		if (next->buf) {
+			ret = plan_fill(ld, reqs, tg, staged, n, &c, next, cap, &next_any);
 			if (ret)
-				goto out;
-			if (grow((void **)&cp, &capcp, ncp + 1, sizeof(*cp))) {
-				ret = ld_fail(l, -ENOMEM, "%s: out of memory", l->dir);
-				goto out;
-			}
-			cp[ncp++] = (struct stage){(uint8_t *)reqs[i].dst + done * tg[i].eb,
-						   reqs[i].device, used, sub.bytes, i};
-			used += sub.bytes;
-			done += take;
+				break;
 		}
+		if (next_any) {
+			threaded = pthread_create(&th, NULL, phase_thread, &a) == 0;
+			if (!threaded)
+				a.ret = run_phase(ld, &next->p); /* no thread: one after the other */
+		}
+		for (; k < now->ncp; k++) {
+			cret = stage_copy(&now->cp[k], now->buf, why, sizeof(why));
+			if (cret)
+				break;
+		}
+		if (threaded)
+			pthread_join(th, NULL);
+		/* the copy's failure is reported after the reader thread is gone (one writer of
+		 * the loader's message at a time); it is the earlier one */
+		if (cret) {
+			const struct ckptfs_load_req *q = &reqs[now->cp[k].req];
+
+			ret = ld_fail(l, cret, "%s: group '%s', tensor '%s': copy to device %d: %s",
+				      l->dir, q->group ? q->group : CKPT_SHARDMETA_GROUP_DEFAULT,
+				      q->name, q->device, why);
+			break;
+		}
+		ret = a.ret;
+		any = next_any;
+		cur = 1 - cur;
 	}
 out:
-	free(cp);
-	free(staging);
+	for (int k = 0; k < 2; k++) {
+		free(fl[k].buf);
+		free(fl[k].cp);
+		plan_free(&fl[k].p);
+	}
 	return ret;
 }
 
@@ -1124,7 +1208,7 @@ CKPTFS_EXPORT int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_
 			goto out;
 	}
 	l->stats.plan_ns += now_ns() - t0;
-	ret = run_phase(&ld);
+	ret = run_phase(&ld, &ld.p);
 	if (ret)
 		goto out;
 	if (staged_bytes)
