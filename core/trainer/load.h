@@ -53,7 +53,8 @@
 /* Reads are announced to the kernel (POSIX_FADV_WILLNEED) this many bytes ahead. */
 #define LD_AHEAD_BYTES (64u << 20)
 #define LD_WILLNEED_DEFAULT 0
-/* Device destinations are read into a host buffer of at most this many bytes, refilled. */
+/* Device destinations are read into host staging buffers of this many bytes in all (two
+ * halves: one is copied to the device while the other is read), refilled. */
 #define LD_STAGE_BYTES (256u << 20)
 
 struct ld_file {

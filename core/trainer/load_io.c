@@ -22,10 +22,10 @@
  * bytes so that io_threads threads, which take reads in file order from a shared counter, all
  * work.  Descriptors are opened once per file per load.
  *
- * Device destinations (and, for the tests, host ones with stage_host) are read through one
- * host staging buffer of at most LD_STAGE_BYTES: the requests are cut into element ranges that
- * fill it, each fill is one phase as above, then each part is copied to its device with the
- * copy engine.
+ * Device destinations (and, for the tests, host ones with stage_host) are read through two
+ * host staging buffers of LD_STAGE_BYTES / 2 each: the requests are cut into element ranges
+ * that fill one, each fill is one phase as above, and its parts are copied to their devices
+ * with the copy engine while a helper thread reads the next fill into the other buffer.
  */
 #include <errno.h>
 #include <fcntl.h>
