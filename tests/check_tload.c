@@ -1018,6 +1018,53 @@ START_TEST(test_edge_shapes)
 }
 END_TEST
 
+/* Sixteen dimensions: pieces cut along three of them, boxes and flat ranges back. */
+START_TEST(test_16_dims)
+{
+	const char *dir = mkdir_t("d16");
+	struct gt g;
+	uint64_t s[16], cut[3] = {0, 5, 9};
+	struct ckptfs_loader *l;
+
+	for (int k = 0; k < 16; k++)
+		s[k] = k < 10 ? 2 : 1;
+	s[5] = 3;
+	gt_init(&g, "t16", "I32", 4, 16, s);
+	for (int p = 0; p < 8; p++) {
+		uint64_t off[16] = {0}, sh[16];
+		struct fb f = {0};
+		char fn[32];
+
+		memcpy(sh, s, sizeof(sh));
+		for (int c = 0; c < 3; c++) {
+			uint64_t b, e;
+
+			chunk_bounds(s[cut[c]], 2, (uint64_t)(p >> c) & 1, &b, &e);
+			off[cut[c]] = b;
+			sh[cut[c]] = e - b;
+		}
+		fb_box(&f, &g, off, sh);
+		snprintf(fn, sizeof(fn), "p%d.safetensors", p);
+		fb_write(&f, dir, fn, 1);
+	}
+	l = open_ok(dir, 3);
+	check_whole(l, &g);
+	for (int r = 0; r < 50; r++) {
+		uint64_t off[16], sh[16], n;
+
+		for (int k = 0; k < 16; k++) {
+			off[k] = rndn(s[k]);
+			sh[k] = 1 + rndn(s[k] - off[k]);
+		}
+		check_box(l, &g, off, sh);
+		n = box_elems(16, sh);
+		check_flat(l, &g, off, sh, rndn(n), n);
+	}
+	ckptfs_loader_free(l);
+	free(g.data);
+}
+END_TEST
+
 /* The load reads only what the requests cover: the counters, and a file whose unneeded tail is
  * cut off after the open. */
 START_TEST(test_reads_only_needed)
@@ -1387,6 +1434,7 @@ int main(void)
 	tcase_add_test(tc, test_invalid_meta);
 	tcase_add_test(tc, test_require_complete);
 	tcase_add_test(tc, test_edge_shapes);
+	tcase_add_test(tc, test_16_dims);
 	tcase_add_test(tc, test_reads_only_needed);
 	tcase_add_test(tc, test_large_threads);
 	tcase_add_loop_test(tc, test_randomized, 0, 4);
