@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -35,6 +36,18 @@ int ld_fail(struct ckptfs_loader *l, int err, const char *fmt, ...)
 	ckpt_str_one_line(l->errmsg);
 	l->err = err;
 	return err;
+}
+
+int ld_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
+{
+	sigset_t all, old;
+	int rc;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	rc = pthread_create(t, NULL, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return rc;
 }
 
 CKPTFS_EXPORT void ckptfs_loader_opts_init(struct ckptfs_loader_opts *opts)
@@ -311,7 +324,7 @@ static int read_headers(struct ckptfs_loader *l, struct hslot *slots)
 		n = (unsigned)(l->n_files / 2); /* a thread for fewer than 2 files does not pay */
 	atomic_init(&r.next, 0);
 	for (unsigned i = 1; i < n; i++) {
-		if (pthread_create(&th[started], NULL, hread_worker, &r) != 0)
+		if (ld_thread_start(&th[started], hread_worker, &r) != 0)
 			break; /* fewer threads still read every header */
 		started++;
 	}

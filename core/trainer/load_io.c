@@ -857,7 +857,7 @@ static int run_reads(struct ckptfs_loader *l, struct exec *x, unsigned nthreads)
 	unsigned started = 0;
 
 	for (unsigned i = 1; i < nthreads; i++) {
-		if (pthread_create(&th[started], NULL, worker, x) != 0)
+		if (ld_thread_start(&th[started], worker, x) != 0)
 			break; /* fewer threads still finish the work */
 		started++;
 	}
@@ -1128,7 +1128,7 @@ static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
 				break;
 		}
 		if (next_any) {
-			threaded = pthread_create(&th, NULL, phase_thread, &a) == 0;
+			threaded = ld_thread_start(&th, phase_thread, &a) == 0;
 			if (!threaded)
 				a.ret = run_phase(ld, &next->p); /* no thread: one after the other */
 		}
