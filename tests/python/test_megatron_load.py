@@ -34,7 +34,7 @@ def _save(rank, world, path, ref_file):
     return True
 
 
-def _load(rank, world, path, ref_file):
+def _load(rank, world, path, ref_file, view):
     import ckptfs
     import ckptfs.megatron as mg
     model, _ = job.build(world, seed=21)
@@ -42,7 +42,7 @@ def _load(rank, world, path, ref_file):
     want = job.reference_local(glob, world, rank)
     assert diff_report(job.local_params(model), want) != []
     # Per query group pieces (views of the fused local tensors), filled in place.
-    ckptfs.load(path, {"model": mg.state_dict(model)})
+    ckptfs.load(path, {"model": mg.state_dict(model)}, view=view)
     problems = diff_report(job.local_params(model), want)
     job.finish()
     assert problems == [], problems
@@ -53,8 +53,10 @@ def test_megatron_tp2_to_tp1_tp4_and_llama_view(ckptfs_mount, tmp_path):
     path = ckptfs_mount.mnt / "mcore_tp2"
     ref = str(tmp_path / "ref.pt")
     run_ranks(2, _save, str(path), ref, timeout=240)
-    run_ranks(1, _load, str(path), ref, timeout=240)
-    run_ranks(4, _load, str(path), ref, timeout=300)
+    # "source": the TP2 ranks' own files; "auto": on the mount, the consolidated view.
+    for view in ("source", "auto"):
+        run_ranks(1, _load, str(path), ref, view, timeout=240)
+        run_ranks(4, _load, str(path), ref, view, timeout=300)
 
     from safetensors import safe_open
     glob = torch.load(ref)
