@@ -1,0 +1,52 @@
+"""ckptfs.save / ckptfs.load as the trainer benchmark calls them (the same shape as the peers in
+peers.py).  The checkpoint directory lies in a ckptfs mount the driver started.
+
+save() returns once this rank's tensors are in the saver's pool (the library's snapshot), so
+the training loop may modify them.  wait() returns when the rank's files are fsynced and rank
+0's completion marker is written (SaveHandle.wait with wait_commit, the package's default);
+a barrier then makes it the slowest rank's time, as for the peers."""
+
+import os
+import sys
+
+import torch.distributed as dist
+
+_TOP = None
+
+
+def _import():
+    # the editable install (tools/setup.sh) makes `import ckptfs` work; a tree without it still
+    # runs the benchmark from its own checkout
+    try:
+        import ckptfs
+    except ImportError:
+        sys.path.insert(0, os.path.join(_TOP, "core", "trainer", "python"))
+        import ckptfs
+    return ckptfs
+
+
+class Saver:
+    def __init__(self, model, opt, cfg):
+        global _TOP
+        _TOP = cfg["top"]
+        self.ckptfs = _import()
+        self.model, self.opt, self.replicas = model, opt, cfg["replicas"]
+        self.h = None
+        self.note = f"replicas={self.replicas}"
+
+    def save(self, path, step):
+        self.h = self.ckptfs.save(path, {"model": self.model, "optimizer": self.opt},
+                                  async_=True, replicas=self.replicas)
+
+    def wait(self):
+        self.h.wait()
+        dist.barrier()
+
+
+def loader(cfg):
+    global _TOP
+    _TOP = cfg["top"]
+
+    def load(path, model, opt):
+        _import().load(path, {"model": model, "optimizer": opt})
+    return load
