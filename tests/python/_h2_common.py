@@ -21,7 +21,7 @@ def piece_record(p) -> dict:
             "flat_range": None if p.flat_range is None else tuple(p.flat_range),
             "box_shape": None if p.box_shape is None else tuple(p.box_shape),
             "tp_dim": p.tp_dim, "pp": p.pp, "replica_count": p.replica_count,
-            "replica_index": p.replica_index, "storage": p.tensor.untyped_storage().data_ptr(),
+            "replica_index": p.replica_index, "write": p.write, "storage": p.tensor.untyped_storage().data_ptr(),
             "storage_offset": p.tensor.storage_offset(),
             "is_view": p.tensor._base is not None}
 
@@ -109,3 +109,15 @@ def diff_report(got: Dict[str, torch.Tensor], want: Dict[str, torch.Tensor]) -> 
             lines.append(f"{k}: got {tuple(got[k].shape)} {got[k].dtype}, want "
                          f"{tuple(want[k].shape)} {want[k].dtype}")
     return lines
+
+
+def written_once(records) -> list:
+    """Problems with the writer choice: every distinct piece (group, name, offsets, flat
+    range) must be written by exactly one rank."""
+    count = {}
+    for r in records:
+        k = (r["group"], r["name"], r["offsets"], r["flat_range"],
+             tuple(r["data"].shape))
+        count.setdefault(k, 0)
+        count[k] += 1 if r["write"] else 0
+    return [f"{k}: written {n} times" for k, n in count.items() if n != 1]

@@ -51,9 +51,15 @@ def build_fsdp1(seed: int, strategy: str = "FULL_SHARD"):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     torch.manual_seed(seed)
     net = Net()
+    kw = {}
+    if strategy == "HYBRID_SHARD":
+        from torch.distributed.device_mesh import init_device_mesh
+        world = dist.get_world_size()
+        kw["device_mesh"] = init_device_mesh("cpu", (world // 2, 2),
+                                             mesh_dim_names=("replicate", "shard"))
     return FSDP(net, auto_wrap_policy=ModuleWrapPolicy({Block}), use_orig_params=True,
                 device_id=torch.device("cpu"), sync_module_states=False,
-                sharding_strategy=getattr(ShardingStrategy, strategy))
+                sharding_strategy=getattr(ShardingStrategy, strategy), **kw)
 
 
 def train(model, steps: int, rank: int):

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from conftest import run_ranks
-from _h2_common import assemble, bit_equal, diff_report, piece_record
+from _h2_common import assemble, bit_equal, diff_report, piece_record, written_once
 import _h2_fsdp1 as job
 
 
@@ -23,6 +23,9 @@ def _save_side(rank, world, strategy="FULL_SHARD"):
     opt = job.train(model, 2, rank)
     mp = f1.model_pieces(model, "model")
     op = f1.optim_pieces(model, opt, "optim")
+    # The core's writer rule (no communication) over these pieces' replica classes.
+    from ckptfs._state import assign_writers
+    assign_writers(mp + op, "one")
     # The model pieces are views of the FlatParameters' storage (no copy).
     flat_ptrs = {h.flat_param.untyped_storage().data_ptr()
                  for h in [m._handle for m in model.modules() if getattr(m, "_handle", None)]}
@@ -61,6 +64,7 @@ def _check(world, strategy="FULL_SHARD"):
     assert diff_report(model, sd) == []
     assert diff_report(optim, osd) == []
     assert all(bit_equal(model[k], sd[k]) for k in sd)
+    assert written_once(records) == []
     # Adam moments are really sharded, the step is whole; buffers are whole and replicated.
     assert (strategy == "NO_SHARD") != any(r["flat_range"] is not None for r in records
                                            if ".exp_avg" in r["name"])
@@ -101,3 +105,11 @@ def test_fsdp1_pieces_shard_grad_op_and_no_shard():
     res, sd = _check(2, "NO_SHARD")
     recs = [r for rr in res for r in rr["pieces"] if r["group"] == "model"]
     assert all(r["flat_range"] is None and r["replica_count"] == 2 for r in recs)
+
+
+def test_fsdp1_pieces_hybrid_shard_4_ranks():
+    # HYBRID_SHARD on 2 x 2: chunks are sharded within a pair of ranks and replicated across
+    # pairs; each chunk's two copies are replicas (replica_count 2), written once.
+    res, sd = _check(4, "HYBRID_SHARD")
+    flat = [r for rr in res for r in rr["pieces"] if r["flat_range"] is not None]
+    assert flat and all(r["replica_count"] == 2 for r in flat)

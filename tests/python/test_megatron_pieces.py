@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from conftest import run_ranks
-from _h2_common import assemble, diff_report, piece_record
+from _h2_common import assemble, diff_report, piece_record, written_once
 import _h2_mcore as job
 
 
@@ -25,6 +25,8 @@ def _describe(rank, world, names):
     else:
         ps = mg.pieces(model.sharded_state_dict(), "model", config=cfg, names=names)
     # Fused parts are views of the fused local parameter: no copy.
+    from ckptfs._state import assign_writers
+    assign_writers(ps, "one")
     ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for p in ps:
         assert p.tensor.untyped_storage().data_ptr() in ptrs, p.name
@@ -58,6 +60,7 @@ def _tp2_global():
 def test_megatron_tp2_pieces_are_llama_global_tensors():
     records, got, want = _tp2_global()
     assert diff_report(got, want) == []
+    assert written_once(records) == []
     # Every layer's q has heads*head_dim rows, k and v num_query_groups*head_dim rows.
     assert got["model.layers.0.self_attn.q_proj.weight"].shape == (job.HEADS * job.HEAD_DIM, job.HIDDEN)
     assert got["model.layers.0.self_attn.k_proj.weight"].shape == (job.GROUPS * job.HEAD_DIM, job.HIDDEN)

@@ -19,7 +19,9 @@ turns that description into Piece objects (pieces.py) that sharding metadata v1 
   * linear_fc1 of a gated MLP (SwiGLU): mcore's global tensor is [gate (ffn rows); up (ffn
     rows)]; the rank's gate rows and up rows are ranges of the global gate and up tensors.
   A TP partition need not align with groups: every intersection of the local row range with
-  a part becomes a piece.  With ``flattened_range`` (distributed optimizer) each part keeps
+  a part becomes a piece.  A rank holding several query groups thus has several pieces of
+  q, k and v; libckptfs's writer takes one entry per tensor name and rank, so a save merges
+  them (merge_repeated, a copy of those rows) while a load fills each in place.  With ``flattened_range`` (distributed optimizer) each part keeps
   the flat sub-range that falls in its rows, as a flat range of its row box.
 - Names: ``names="llama"`` (default) renames the GPT layout to Hugging Face Llama names
   (model.embed_tokens, model.layers.<i>.self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
