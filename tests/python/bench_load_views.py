@@ -6,6 +6,7 @@ A model of --mib MiB (fp32) is saved with FSDP2 on 4 ranks into a fresh ckptfs m
 alternating the choices round by round, it is loaded
   * on 1 process into a plain model (target TP1), and
   * on 2 processes into a TP2 model (1-D "tp" mesh),
+  * on 2 processes into an FSDP2 model,
 from the saved shards themselves (view="source"), the consolidated view (MOUNT/tp1_pp1/PATH)
 and, for TP2, the tp2 view (MOUNT/tp2_pp1/PATH).  Each load runs cold (the daemon remounted,
 so its chunk cache is empty, and the kernel's page cache of the mount dropped by the remount)
@@ -49,13 +50,18 @@ def save_fsdp2(rank, world, path, mib):
     return True
 
 
-def load_timed(rank, world, path, mib, views):
+def load_timed(rank, world, path, mib, views, kind="tp"):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
     import ckptfs
     m = Big(mib)
-    if world > 1:
+    if world > 1 and kind == "fsdp2":
+        for layer in m.layers:
+            fully_shard(layer)
+        fully_shard(m)
+    elif world > 1:
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
         parallelize_module(m, mesh, {f"layers.{i}": ColwiseParallel()
                                      for i in range(len(m.layers))})
@@ -87,28 +93,31 @@ def main():
         path = str(mount.mnt / "ck")
         run_ranks(4, save_fsdp2, path, a.mib, timeout=600)
         for rnd in range(a.rounds):
-            for world, views in ((1, ["source", "consolidated"]),
-                                 (2, ["source", "consolidated", "tp"])):
+            for target, world, views in (("TP1", 1, ["source", "consolidated"]),
+                                         ("TP2", 2, ["source", "consolidated", "tp"]),
+                                         ("FSDP2x2", 2, ["source", "consolidated"])):
                 order = views if rnd % 2 == 0 else list(reversed(views))
+                kind = "fsdp2" if target.startswith("FSDP2") else "tp"
                 for view in order:
                     # a fresh mount per measured view: cold chunk cache and page cache
                     mount.restart()
-                    r = run_ranks(world, load_timed, path, a.mib, [view], timeout=600)
+                    r = run_ranks(world, load_timed, path, a.mib, [view], kind, timeout=600)
                     cold, warm = r[0][view]
-                    results.setdefault((world, view), []).append((cold, warm))
+                    results.setdefault((target, view), []).append((cold, warm))
     finally:
         mount.stop()
-    print(f"load of {a.mib} MiB saved by FSDP2 on 4 ranks, medians of {a.rounds} rounds")
-    for world in (1, 2):
-        src = results[(world, "source")]
+    print(f"load of {a.mib} MiB saved by FSDP2 on 4 ranks, medians of {a.rounds} rounds "
+          f"(rank 0's time, between barriers)")
+    for target in ("TP1", "TP2", "FSDP2x2"):
+        src = results[(target, "source")]
         sc = statistics.median(c for c, _ in src)
         sw = statistics.median(w for _, w in src)
-        for (w, view), rs in sorted(results.items()):
-            if w != world:
+        for (t, view), rs in sorted(results.items()):
+            if t != target:
                 continue
             c = statistics.median(x for x, _ in rs)
             wm = statistics.median(y for _, y in rs)
-            print(f"  target TP{world} {view:13s} cold {c:7.3f} s ({c / sc:5.2f}x source)"
+            print(f"  target {target:8s} {view:13s} cold {c:7.3f} s ({c / sc:5.2f}x source)"
                   f"  warm {wm:7.3f} s ({wm / sw:5.2f}x source)")
 
 

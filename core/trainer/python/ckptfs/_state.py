@@ -11,7 +11,11 @@ so a checkpoint saved under any wrapper loads under any other.
 
 Sharding comes from the objects:
   * plain tensors (a plain module, DDP, a tensor dict) are whole and replicated over the
-    process group: replica_count = world, replica_index = rank;
+    process group: replica_count = world, replica_index = rank (every rank of the group is
+    assumed to hold them: with pipeline stages that hold different plain tensors, save with
+    replicas="all");
+  * a plain optimizer tensor of a DTensor parameter (Adam's scalar step) is whole and
+    replicated over the parameter's mesh;
   * a DTensor is the box of its local shard in the global tensor (torch's own offset
     arithmetic, torch.chunk semantics, uneven and empty shards, _StridedShard checked to be a
     box), replicated over its Replicate mesh dimensions; Partial placements are refused;
@@ -364,9 +368,42 @@ def optim_pieces(model, optim, pg, group: str = "optim") -> List[Piece]:
             if fqn is None:
                 raise ValueError("an optimizer parameter is not a parameter of state['model']")
             for key, v in optim.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor):
-                    pieces.append(tensor_piece(group, f"state.{fqn}.{key}", v, rank, world))
+                if not isinstance(v, torch.Tensor):
+                    continue
+                name = f"state.{fqn}.{key}"
+                if is_dtensor(p) and not is_dtensor(v):
+                    pieces.append(_mesh_whole_piece(group, name, v, p.device_mesh))
+                else:
+                    pieces.append(tensor_piece(group, name, v, rank, world))
     return pieces
+
+
+def _mesh_whole_piece(group: str, name: str, v: torch.Tensor, mesh) -> Piece:
+    """A whole tensor (a scalar step) kept for a DTensor parameter: held by every rank of the
+    parameter's mesh (and its tp/cp peers), not necessarily by every rank of the process group
+    (pipeline stages hold other parameters)."""
+    coord = mesh.get_coordinate()
+    count, index = 1, 0
+    for i in range(mesh.ndim):
+        n = mesh.size(i)
+        index = index * n + coord[i]
+        count *= n
+    extra_dims = []
+    root = _root_mesh(mesh)
+    if root is not None and root is not mesh and root.mesh_dim_names:
+        sub = set(mesh.mesh_dim_names or ())
+        rcoord = root.get_coordinate()
+        for i, dn in enumerate(root.mesh_dim_names):
+            if dn in _REPLICATED_PEER_DIMS and dn not in sub and rcoord is not None:
+                n = root.size(i)
+                index = index * n + rcoord[i]
+                count *= n
+                extra_dims.append(dn)
+    piece = Piece(group=group, name=name, tensor=v.detach(), replica_count=count,
+                  replica_index=index)
+    piece.replica_group = ("mesh-whole", tuple(mesh.mesh.flatten().tolist()),
+                           tuple(mesh.shape), tuple(extra_dims))
+    return piece
 
 
 def optim_extra(model, optim) -> dict:
