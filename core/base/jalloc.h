@@ -13,6 +13,11 @@
  * it ends.  The allocator is installed (json_set_alloc_funcs) before main()
  * runs, so every jansson allocation of the process carries the small header
  * that tells the two kinds apart.  Thread-safe (the arena is per thread).
+ *
+ * Built with CKPT_JALLOC_NO_INSTALL (the copy inside libckptfs, a library
+ * loaded into other programs' processes, which may use jansson themselves
+ * with their own allocations), nothing is installed: jansson keeps its
+ * allocator and the scopes have no effect.
  */
 #ifndef CKPT_JALLOC_H
 #define CKPT_JALLOC_H
