@@ -183,6 +183,7 @@ struct ckptfs_loader;
 
 /* Opens DIR and parses the headers (not the data) of every *.safetensors file directly in it:
  * files with ckptfs metadata are pieces as described; files without are whole tensors. */
+/* On failure *ret_loader is NULL and ckptfs_loader_error(NULL, ...) says why. */
 int ckptfs_loader_open(const char *dir, const struct ckptfs_loader_opts *opts,
                        struct ckptfs_loader **ret_loader);
 void ckptfs_loader_free(struct ckptfs_loader *l);
@@ -224,6 +225,8 @@ struct ckptfs_load_req {
  * one, if a part is covered by no stored piece, or on a read error (naming the file).
  * Returns 0 or a negative errno; on failure, destinations may be partly written. */
 int ckptfs_load(struct ckptfs_loader *l, const struct ckptfs_load_req *reqs, size_t n);
+/* Copies the loader's last error message into buf, as ckptfs_saver_error().  l NULL: the
+ * message of the calling thread's last failed ckptfs_loader_open(). */
 int ckptfs_loader_error(const struct ckptfs_loader *l, char *buf, size_t len);
 
 #ifdef __cplusplus
