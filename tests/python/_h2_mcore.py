@@ -14,9 +14,10 @@ import torch
 HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN, VOCAB, LAYERS = 64, 8, 4, 8, 96, 128, 2
 
 
-def config(tp: int):
+def config(tp: int, pp: int = 1):
     from megatron.core.transformer.transformer_config import TransformerConfig
     return TransformerConfig(
+        pipeline_model_parallel_size=pp, pipeline_dtype=torch.float32,
         num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
         num_query_groups=GROUPS, kv_channels=HEAD_DIM, ffn_hidden_size=FFN,
         gated_linear_unit=True, activation_func=torch.nn.functional.silu,
@@ -25,27 +26,32 @@ def config(tp: int):
         tensor_model_parallel_size=tp, perform_initialization=True)
 
 
-def build(tp: int, seed: int):
-    """(model, config) for TP size tp over all ranks; every parameter filled from seed."""
+def build(tp: int, seed: int, pp: int = 1):
+    """(model, config) for TP size tp (and PP size pp) over all ranks; every parameter filled
+    from seed."""
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
-    cfg = config(tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp,
+                                     pipeline_model_parallel_size=pp)
+    cfg = config(tp, pp)
     torch.manual_seed(seed)
     model = GPTModel(config=cfg,
                      transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
                      vocab_size=VOCAB, max_sequence_length=32, position_embedding_type="rope",
-                     share_embeddings_and_output_weights=False)
+                     share_embeddings_and_output_weights=False,
+                     pre_process=ps.is_pipeline_first_stage(),
+                     post_process=ps.is_pipeline_last_stage())
     # Distinct values per TP rank and tensor (a layout that mixes up rows cannot pass);
     # replicated tensors (norms) equal on every rank, as training keeps them.
     tp_rank = ps.get_tensor_model_parallel_rank()
     with torch.no_grad():
         for i, (name, p) in enumerate(sorted(model.named_parameters())):
             sharded = getattr(p, "tensor_model_parallel", False)
-            g = torch.Generator().manual_seed(seed * 100000 + i * 100 + (tp_rank if sharded else 99))
+            g = torch.Generator().manual_seed(seed * 100000 + i * 100 + (tp_rank if sharded else 99)
+                                              + 1000 * ps.get_pipeline_model_parallel_rank())
             p.copy_(torch.randn(p.shape, generator=g))
     return model, cfg
 
@@ -132,4 +138,18 @@ def reference_local(glob: dict, tp: int, rank: int) -> dict:
             out[pre + f"self_attention.linear_qkv.{kind}"] = torch.cat(rows)
         out[pre + "mlp.linear_fc1.weight"] = torch.cat(
             [ch(glob[src + "mlp.gate_proj.weight"], 0), ch(glob[src + "mlp.up_proj.weight"], 0)])
+    return out
+
+
+def merge_stages(locals_by_stage) -> dict:
+    """One TP rank's raw parameters from its pipeline stages, layers renumbered globally."""
+    import re
+    out = {}
+    per = LAYERS // len(locals_by_stage)
+    for s, loc in enumerate(locals_by_stage):
+        for k, v in loc.items():
+            k = re.sub(r"^decoder\.layers\.(\d+)\.",
+                       lambda m: f"decoder.layers.{int(m.group(1)) + s * per}.", k)
+            assert k not in out, k
+            out[k] = v
     return out

@@ -79,3 +79,38 @@ def test_megatron_tp2_to_tp1_tp4_and_llama_view(ckptfs_mount, tmp_path):
     res = llama.load_state_dict(got, strict=False)
     assert res.unexpected_keys == []
     assert all(k.endswith("o_proj.bias") for k in res.missing_keys), res.missing_keys
+
+
+def _save_pp(rank, world, path, ref_file):
+    import ckptfs
+    import ckptfs.megatron as mg
+    import torch.distributed as dist
+    model, _ = job.build(1, seed=9, pp=2)
+    local = job.local_params(model)
+    ckptfs.save(path, {"model": mg.state_dict(model, merge_repeated=True)}, async_=False)
+    stages = [None] * world
+    dist.all_gather_object(stages, local)
+    if rank == 0:
+        torch.save(job.reference_global([job.merge_stages(stages)]), ref_file)
+    job.finish()
+    return True
+
+
+def test_megatron_pp2_to_tp2(ckptfs_mount, tmp_path):
+    """Pipeline stages number their layers locally; mcore's global offsets place them.  TP1 x
+    PP2 saved, loaded as TP2 x PP1; the tp1_pp2 view puts layer 0 and the embedding on stage
+    0, layer 1, the final norm and the output layer on stage 1."""
+    path = ckptfs_mount.mnt / "mcore_pp2"
+    ref = str(tmp_path / "ref.pt")
+    run_ranks(2, _save_pp, str(path), ref, timeout=240)
+    run_ranks(2, _load, str(path), ref, "source", timeout=240)
+    from safetensors import safe_open
+    view = ckptfs_mount.mnt / "tp1_pp2" / "mcore_pp2"
+    names = []
+    for stage in (0, 1):
+        with safe_open(str(view / f"model_tp0_pp{stage}.safetensors"), "pt") as f:
+            names.append(set(f.keys()))
+    assert "model.embed_tokens.weight" in names[0] and "lm_head.weight" in names[1]
+    assert "model.layers.0.self_attn.q_proj.weight" in names[0]
+    assert "model.layers.1.mlp.up_proj.weight" in names[1] and "model.norm.weight" in names[1]
+    assert not any(".layers.1." in n for n in names[0])
