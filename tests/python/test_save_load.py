@@ -314,3 +314,20 @@ def test_library_not_found(tmp_path):
                        text=True)
     assert r.returncode != 0
     assert "ImportError" in r.stderr and "nolib.so" in r.stderr and "CKPTFS_LIBRARY" in r.stderr
+
+
+def test_exit_finishes_save(tmp_path):
+    """A process that returns right after save() (still writing) leaves a complete checkpoint:
+    the save in flight is finished at interpreter exit."""
+    import subprocess
+    import sys
+    from conftest import PYPKG
+    code = ("import ckptfs, torch\nfrom ckptfs import _api\n_api._test_set_write_delay(400)\n"
+            f"h = ckptfs.save({str(tmp_path / 'ck')!r}, {{'model': {{'a': torch.arange(5.)}}}})\n"
+            "assert not h.done()\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=str(PYPKG)),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = {"a": torch.zeros(5)}
+    ckptfs.load(tmp_path / "ck", {"model": out})
+    assert torch.equal(out["a"], torch.arange(5.))

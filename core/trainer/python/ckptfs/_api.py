@@ -7,6 +7,7 @@ library once per group.  See the package docstring for the state's keys.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import errno
 import json
@@ -148,6 +149,13 @@ def shutdown():
         if _saver is not None:
             _saver.free()
             _saver = None
+
+
+# At interpreter exit the save in flight is finished (its files made durable and, on rank 0,
+# the checkpoint committed, bounded by commit_timeout_ms) and the saver's threads stopped
+# before the process tears down: a job that returns right after save() still leaves a
+# complete checkpoint.
+atexit.register(shutdown)
 
 
 def saver_stats() -> dict:
