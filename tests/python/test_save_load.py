@@ -172,6 +172,10 @@ def test_save_errors(tmp_path):
         h = ckptfs.save(tmp_path / "no" / "such" / "ck", {"model": sd})
         h.wait()
     assert "no/such" in str(ei.value), str(ei.value)
+    with pytest.raises(ckptfs.CheckpointError) as ei:
+        ckptfs.save(tmp_path / "big", {"model": {"a": torch.ones(1 << 18)}}, pool_bytes=65536)
+    assert ei.value.errno == errno.EFBIG and "big" in str(ei.value), str(ei.value)
+    assert not (tmp_path / "big").exists()
     with pytest.raises(TypeError, match="extra_state"):
         ckptfs.save(tmp_path / "ck3", {"model": {"a": "not a tensor"}})
     with pytest.raises(ValueError, match="replicas"):
