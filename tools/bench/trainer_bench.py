@@ -2,11 +2,13 @@
 """Trainer checkpoint benchmark: ckptfs.save/ckptfs.load against the real peers from PyPI, in
 the same run, alternating, medians over repetitions.
 
-    tools/bench/trainer_bench.py [--size GiB] [--reps N] [--kinds fsdp2,ddp]
-                                 [--methods ckptfs_one,dcp,...] [--out DIR] [--dir DIR]
+    tools/bench/trainer_bench.py [--size GiB] [--ddp-size GiB] [--reps N] [--kinds fsdp2,ddp]
+                                 [--methods ckptfs_one,dcp,...] [--ckptfs-view auto|source]
+                                 [--no-stored] [--out DIR] [--dir DIR]
 
 One state (GPT-style bf16 weights + fp32 AdamW moments, --size GiB in all, weights and moments
-together) on --ranks gloo processes on the CPU, under FSDP2 (fully_shard) and DDP, saved by:
+together) on --ranks gloo processes on the CPU, under FSDP2 (fully_shard) and DDP (--ddp-size
+GiB, default half of --size: every rank holds it whole), saved by:
     ckptfs_one / ckptfs_all  ckptfs.save into a ckptfs mount (replicas="one" / "all"; the two
                              differ only for DDP, where every tensor is a replica)
     dcp / dcp_async          torch.distributed.checkpoint save / async_save, plain directory
@@ -235,9 +237,11 @@ class Bench:
         sys.path.insert(0, from_state)
 
     def cfg(self, kind, phase, method, d):
-        return {"phase": phase, "method": method, "kind": kind, "hidden": self.hidden,
-                "layers": self.layers, "dir": d, "top": TOP,
-                "replicas": "all" if method == "ckptfs_all" else "one"}
+        hidden, layers = self.shapes[kind]
+        return {"phase": phase, "method": method, "kind": kind, "hidden": hidden,
+                "layers": layers, "dir": d, "top": TOP,
+                "replicas": "all" if method == "ckptfs_all" else "one",
+                "ckptfs_view": self.a.ckptfs_view}
 
     def where(self, method, label):
         """(checkpoint dir, mount or None) for one run of `method`."""
@@ -276,6 +280,7 @@ class Bench:
             self.extra[(kind, "rank_bytes")] = max(r["rank_bytes"] for r in res)
             if res[0].get("note"):
                 self.notes[(kind, method)] = res[0]["note"]
+            self.add(kind, method, "rank_bytes", rep, max(r["rank_bytes"] for r in res))
             sums = res[0]["sums"]
             if m is not None:
                 # a cold load: the daemon's own caches go with it
@@ -295,9 +300,12 @@ class Bench:
             inexact = [k for k, v in sums.items() if k not in bad
                        and abs(got[k] - v) > 1e-9 * max(1.0, abs(v))]
             if inexact:
+                why = (" (its load goes through torch's Optimizer.load_state_dict, which casts "
+                       "the fp32 moments to the parameters' bf16 dtype)" if method == "bcp" else "")
                 self.notes[(kind, method + " load")] = (
                     f"loaded values are not bit-identical in {len(inexact)} tensors, e.g. "
-                    f"{inexact[0]}: saved sum {sums[inexact[0]]!r}, loaded {got[inexact[0]]!r}")
+                    f"{inexact[0]}: saved sum {sums[inexact[0]]!r}, loaded "
+                    f"{got[inexact[0]]!r}{why}")
             if bad:
                 self.record_error(kind, method, "load",
                                   f"loaded values differ from the saved ones in {len(bad)} "
@@ -352,9 +360,13 @@ class Bench:
         # (OMP_NUM_THREADS=1), the same for every method
         import state as st
         a = self.a
-        self.hidden, self.layers = st.shape_for(a.size * GiB, a.hidden)
-        log(f"trainer bench: {a.size:g} GiB state (hidden {self.hidden}, {self.layers} layers, "
-            f"bf16 weights + fp32 AdamW moments) on {a.ranks} ranks, load on {a.load_ranks}; "
+        self.shapes = {"fsdp2": st.shape_for(a.size * GiB, a.hidden),
+                       "ddp": st.shape_for(a.ddp_size * GiB, a.hidden)}
+        desc = "; ".join(f"{k} {sz:g} GiB (hidden {self.shapes[k][0]}, {self.shapes[k][1]} "
+                         f"layers)" for k, sz in (("fsdp2", a.size), ("ddp", a.ddp_size))
+                         if k in a.kinds)
+        log(f"trainer bench: state of bf16 weights + fp32 AdamW moments: {desc}; saved on "
+            f"{a.ranks} ranks, loaded on {a.load_ranks}; "
             f"methods {','.join(a.methods)}; kinds {','.join(a.kinds)}; {a.reps} reps; "
             f"work dir {self.work}; load average {loadavg():.2f}")
         self.load_before = loadavg()
@@ -453,7 +465,7 @@ class Bench:
                 if metric == "stored":
                     v, ref, unit = v / GiB, ref / GiB, "GiB"
                 out.append(f"  {kind} {name}: {who} {v:.3f} {unit} / {refname} {ref:.3f} {unit} = "
-                           f"{ratio:.2f} (target {cmp} {bound:g}) {'MET' if ok else 'NOT MET'}")
+                           f"{ratio:.3f} (target {cmp} {bound:g}) {'MET' if ok else 'NOT MET'}")
 
             sp, spn = best("stall", PEERS)
             line("stall vs best peer", "stall", 0.5, sp, f"{spn}")
@@ -502,6 +514,9 @@ def main():
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", type=float, default=2.0,
                    help="GiB of state in all, bf16 weights + fp32 moments (default 2)")
+    p.add_argument("--ddp-size", type=float, default=None,
+                   help="GiB of state for DDP, held whole by every rank (default: half of "
+                   "--size, so that 4 replicas and their staging copies fit in memory)")
     p.add_argument("--hidden", type=int, default=None, help="hidden size (default: from --size)")
     p.add_argument("--reps", type=int, default=3, help="rounds per method (default 3)")
     p.add_argument("--ranks", type=int, default=4, help="ranks that save (default 4)")
@@ -509,12 +524,16 @@ def main():
     p.add_argument("--kinds", default="fsdp2,ddp", help="fsdp2,ddp (default both)")
     p.add_argument("--methods", default=",".join(ALL_METHODS),
                    help=f"subset of {','.join(ALL_METHODS)}")
+    p.add_argument("--ckptfs-view", default="auto", choices=["auto", "source", "consolidated"],
+                   help="which directory ckptfs.load reads on the mount (default auto)")
     p.add_argument("--no-stored", action="store_true", help="skip the stored-bytes runs")
     p.add_argument("--out", default=None, help="results folder (default: a new temp folder)")
     p.add_argument("--dir", default=None,
                    help="where checkpoints and stores go (default: $TMPDIR; same disk for all)")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per process group")
     a = p.parse_args()
+    if a.ddp_size is None:
+        a.ddp_size = a.size / 2
     a.kinds = [k for k in a.kinds.split(",") if k]
     a.methods = [m for m in a.methods.split(",") if m]
     for m in a.methods:

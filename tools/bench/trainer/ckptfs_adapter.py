@@ -47,6 +47,8 @@ def loader(cfg):
     global _TOP
     _TOP = cfg["top"]
 
+    view = cfg.get("ckptfs_view", "auto")
+
     def load(path, model, opt):
-        _import().load(path, {"model": model, "optimizer": opt})
+        _import().load(path, {"model": model, "optimizer": opt}, view=view)
     return load
