@@ -153,3 +153,30 @@ def merge_stages(locals_by_stage) -> dict:
             assert k not in out, k
             out[k] = v
     return out
+
+
+def adam_steps(model, steps: int, seed: int):
+    """torch Adam over the model's parameters, stepped with synthetic gradients (equal on the
+    TP ranks for replicated parameters, as Megatron's gradient all-reduce makes them)."""
+    from megatron.core import parallel_state as ps
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    tp_rank = ps.get_tensor_model_parallel_rank()
+    named = sorted(model.named_parameters())
+    for s in range(steps):
+        for i, (_, p) in enumerate(named):
+            sharded = getattr(p, "tensor_model_parallel", False)
+            g = torch.Generator().manual_seed(seed * 7919 + s * 1000 + i * 10
+                                              + (tp_rank if sharded else 9))
+            p.grad = torch.randn(p.shape, generator=g)
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def optim_locals(model, opt) -> dict:
+    """{key: {param name: state tensor}} of this rank's raw optimizer state."""
+    out = {}
+    for name, p in model.named_parameters():
+        for k, v in opt.state.get(p, {}).items():
+            out.setdefault(k, {})[name] = v.detach().clone()
+    return out

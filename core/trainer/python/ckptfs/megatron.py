@@ -2,7 +2,7 @@
 
 megatron-core describes every rank's tensors itself: ``model.sharded_state_dict()`` maps each
 local tensor to a ShardedTensor (key, data, global_shape, global_offset, axis_fragmentations,
-replica_id, prepend_axis_num, flattened_range) or to a ShardedTensorFactory that builds them
+replica_id, prepend_axis_num) or to a ShardedTensorFactory that builds them
 (SwiGLU's linear_fc1 is one: its gate rows and up rows are sharded separately).  ``pieces``
 turns that description into Piece objects (pieces.py) that sharding metadata v1 can carry:
 
@@ -21,8 +21,9 @@ turns that description into Piece objects (pieces.py) that sharding metadata v1 
   A TP partition need not align with groups: every intersection of the local row range with
   a part becomes a piece.  A rank holding several query groups thus has several pieces of
   q, k and v; libckptfs's writer takes one entry per tensor name and rank, so a save merges
-  them (merge_repeated, a copy of those rows) while a load fills each in place.  With ``flattened_range`` (distributed optimizer) each part keeps
-  the flat sub-range that falls in its rows, as a flat range of its row box.
+  them (merge_repeated, a copy of those rows) while a load fills each in place.
+- ``flattened_range`` is refused: megatron-core 0.16.1's ShardedTensor refuses it too (its
+  distributed optimizer no longer describes flat shards that way).
 - Names: ``names="llama"`` (default) renames the GPT layout to Hugging Face Llama names
   (model.embed_tokens, model.layers.<i>.self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
   input_layernorm, post_attention_layernorm, model.norm, lm_head), so that the tp1_pp1 view of
@@ -31,6 +32,13 @@ turns that description into Piece objects (pieces.py) that sharding metadata v1 
   ``<prefix>.gate_proj.weight``, ``.up_proj``.  Keys of optimizer state
   (``optimizer.state.<key>.<param key>``) become ``state.<param name>.<key>``, the naming the
   other adapters use.
+- Optimizer state: megatron-core's own optimizers need CUDA (its DDP allocates its grad
+  buffers with torch.cuda.current_device()), so ``optimizer_state(model_state, optimizer)``
+  describes a torch optimizer (Adam) over the model's parameters as a sharded state of the
+  same layout: each moment is sharded like its parameter (fused ones de-interleaved the same
+  way), ``step`` is whole, one per parameter (a fused parameter's under its first part's name,
+  e.g. ``state.<...>.q_proj.weight.step``).  param_groups are not tensors: keep them in
+  extra_state.
 - ``tp_dim`` is explicit: 0 for column-parallel tensors (embedding, output layer, q/k/v,
   gate/up, fc1), 1 for row-parallel weights (linear_proj, linear_fc2), -1 for replicated ones;
   other keys take the axis mcore fragments, if any.
@@ -48,9 +56,9 @@ No collective is issued.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
 import re
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -233,9 +241,7 @@ def _unstack(st) -> Tuple[str, torch.Tensor, Tuple[int, ...], Tuple[int, ...], T
         return key, data, gshape[1:], off[1:], local
     # Any other prepended axis (e.g. experts) stays part of the global tensor.
     local = (1,) * p + local
-    if st.flattened_range is None:
-        data = data.reshape(local)
-    return key, data, gshape, off, local
+    return key, data.reshape(local), gshape, off, local
 
 
 def _rename(key: str, scheme: str) -> str:
@@ -279,6 +285,9 @@ def pieces(sharded_state_dict, group: str = "model", *, config=None,
             continue
         if st.data is None:
             raise ValueError(f"ckptfs.megatron: {st.key}: ShardedTensor without data")
+        if getattr(st, "flattened_range", None) is not None:
+            raise NotImplementedError(f"ckptfs.megatron: {st.key}: flattened_range "
+                                      f"ShardedTensors are not supported")
         out.extend(_tensor_pieces(st, group, config, gated, names))
     return _merge(out) if merge_repeated else out
 
@@ -350,6 +359,17 @@ def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
             tp_dim += len(gshape) - len(frags)
 
     parts = None
+    if not gshape:
+        # A scalar (an optimizer step of a fused parameter): whole, under the first part's
+        # name so that it sits next to that part's moments.
+        if _QKV.search(param_key):
+            param_key = part_name(param_key, "q_proj")
+        elif _FC1.search(param_key) and (gated if gated is not None
+                                         else _fused_fc1_guess(st, config)):
+            param_key = part_name(param_key, "gate_proj")
+        return _finish([Piece(name=final(_rename(param_key, scheme)), tensor=data,
+                              global_shape=(), offsets=(), group=group, tp_dim=-1,
+                              replica_count=rc, replica_index=ri, write=write)], holders)
     if _QKV.search(param_key):
         parts = _qkv_parts(param_key, gshape, config, part_name)
     elif _FC1.search(param_key) and (gated if gated is not None
@@ -357,38 +377,23 @@ def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
         parts = _fc1_parts(param_key, gshape, config, part_name)
 
     common = dict(group=group, tp_dim=tp_dim, replica_count=rc, replica_index=ri, write=write)
-    fr = st.flattened_range
-    out = []
     if parts is None:
-        name = final(_rename(param_key, scheme))
-        if fr is None:
-            out.append(Piece(name=name, tensor=data, global_shape=gshape, offsets=off, **common))
-        else:
-            out.append(Piece(name=name, tensor=data, global_shape=gshape, offsets=off,
-                             flat_range=(fr.start, fr.stop), box_shape=local, **common))
-        parts = ()
-    elif len(gshape) != len(local):
+        return _finish([Piece(name=final(_rename(param_key, scheme)), tensor=data,
+                              global_shape=gshape, offsets=off, **common)], holders)
+    if len(gshape) != len(local):
         raise ValueError(f"ckptfs.megatron: {st.key}: fused tensor with extra prepended axes")
-    o0, n0 = (off[0], local[0]) if parts else (0, 0)
-    stride = math.prod(local[1:])
+    o0, n0 = off[0], local[0]
+    out = []
     for fstart, rows, tname, tstart, tshape in parts:
         lo, hi = max(o0, fstart), min(o0 + n0, fstart + rows)
-        if lo >= hi:
-            continue
-        r0, r1 = lo - o0, hi - o0
-        toff = (tstart + lo - fstart,) + tuple(off[1:])
-        name = final(tname)
-        if fr is None:
-            out.append(Piece(name=name, tensor=data[r0:r1], global_shape=tshape,
-                             offsets=toff, **common))
-            continue
-        x, y = max(fr.start, r0 * stride), min(fr.stop, r1 * stride)
-        if x >= y:
-            continue
-        out.append(Piece(name=name, tensor=data[x - fr.start:y - fr.start],
-                         global_shape=tshape, offsets=toff,
-                         flat_range=(x - r0 * stride, y - r0 * stride),
-                         box_shape=(r1 - r0,) + tuple(local[1:]), **common))
+        if lo < hi:
+            out.append(Piece(name=final(tname), tensor=data[lo - o0:hi - o0],
+                             global_shape=tshape,
+                             offsets=(tstart + lo - fstart,) + tuple(off[1:]), **common))
+    return _finish(out, holders)
+
+
+def _finish(out: List[Piece], holders) -> List[Piece]:
     for p in out:
         p.replica_group = holders
     return out
@@ -399,3 +404,69 @@ def _fused_fc1_guess(st, config) -> bool:
     ffn = getattr(config, "ffn_hidden_size", None)
     g = tuple(st.global_shape)[st.prepend_axis_num:]
     return ffn is not None and len(g) >= 1 and g[0] == 2 * int(ffn)
+
+
+def optimizer_state(model_state, optimizer) -> ShardedState:
+    """The per-parameter state of a torch optimizer over a megatron model, as a sharded state
+    of the model's layout (see the module docstring): pass it as its own key, e.g.
+    ckptfs.save(path, {"model": state_dict(model), "optim": optimizer_state(sd, opt)}); its
+    pieces are named ``state.<param name>.<key>`` in group "optim".
+
+    model_state: the model's sharded state dict (state_dict(model) or
+    model.sharded_state_dict()).  A moment shaped like its parameter is described by views of
+    the same rows as the parameter's pieces (so a load fills the optimizer's own tensors);
+    a scalar (``step``) whole, replicated on every rank of the stage.  An optimizer without
+    state yet (a fresh one, before a load) first gets it from a zero-gradient step with lr 0
+    (torch.distributed.checkpoint's own initialisation), leaving the parameters unchanged.
+    """
+    m = _mapping()
+    if not optimizer.state:
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+        with torch.enable_grad():
+            _init_optim_state(optimizer)
+    by_storage = {}
+    for g in optimizer.param_groups:
+        for prm in g["params"]:
+            by_storage[prm.untyped_storage().data_ptr()] = prm
+    try:
+        from megatron.core import parallel_state as ps
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        dp_rank = ps.get_data_parallel_rank(with_context_parallel=True)
+    except Exception:
+        tp_rank = dp_rank = 0
+    out = ShardedState()
+    out.config = getattr(model_state, "config", None)
+    out.merge_repeated = getattr(model_state, "merge_repeated", False)
+    scalars_done = set()
+    for st in _leaves(model_state):
+        if not isinstance(st, m.ShardedTensor) or st.data is None:
+            continue
+        prm = by_storage.get(st.data.untyped_storage().data_ptr())
+        if prm is None:
+            continue
+        for k, v in optimizer.state.get(prm, {}).items():
+            if not isinstance(v, torch.Tensor):
+                continue
+            key = f"optimizer.state.{k}.{st.key}"
+            if v.shape == prm.shape and v.stride() == prm.stride():
+                view = v.as_strided(st.data.size(), st.data.stride(),
+                                    v.storage_offset() + st.data.storage_offset()
+                                    - prm.storage_offset())
+                out[f"{key}@{tuple(st.global_offset)}"] = dataclasses.replace(
+                    st, key=key, data=view, dtype=v.dtype)
+            elif v.dim() == 0:
+                if (id(prm), k) in scalars_done:
+                    continue
+                scalars_done.add((id(prm), k))
+                p = st.prepend_axis_num
+                frags = tuple(st.axis_fragmentations or (1,) * len(st.global_shape))[:p]
+                out[f"{key}@{tuple(st.global_offset[:p])}"] = m.ShardedTensor(
+                    key=key, data=v, dtype=v.dtype, local_shape=(),
+                    global_shape=tuple(st.global_shape[:p]),
+                    global_offset=tuple(st.global_offset[:p]), axis_fragmentations=frags,
+                    replica_id=(0, tp_rank, dp_rank), prepend_axis_num=p)
+            else:
+                raise ValueError(f"ckptfs.megatron: {key}: optimizer state of shape "
+                                 f"{tuple(v.shape)} for a parameter of shape "
+                                 f"{tuple(prm.shape)}")
+    return out
