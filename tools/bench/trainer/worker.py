@@ -4,8 +4,8 @@ WORLD_SIZE, MASTER_ADDR and MASTER_PORT set and one JSON argument:
      "hidden": H, "layers": L, "dir": PATH, "out": FILE_PREFIX, ...}
 It writes FILE_PREFIX.r<rank>.json with its timings (seconds), its memory (bytes) and, on
 failure, the exact error.  Phases:
-    save    build the state, one untimed save (warm-up: allocations, plan caches), a training
-            step, then the timed save: stall = the save call, durable = until wait() returns
+    save    build the state, untimed warm-up saves (allocations, plan caches) each followed by a
+            training step, then the timed save: stall = the save call, durable = until wait() returns
     load    build the target state (other values), drop the page cache, time the load
     stored  a state with half the layers frozen, saved at 3 steps with a training step between
     floor   one memcpy of the rank's bytes into warm memory, all ranks at once"""
@@ -114,15 +114,19 @@ def run(cfg, res):
         res["memcpy"] = sorted(times)[len(times) // 2]
     elif phase == "save":
         saver = make_saver(method, model, opt, cfg)
-        saver.save(os.path.join(cfg["dir"], "warm"), 1)
-        saver.wait()
-        st.train_step(model, opt, 1)
+        # untimed warm-up saves (allocations, plan and metadata caches, RPC set-up), each after
+        # a training step as in a job that saves every N steps
+        nwarm = cfg.get("warmups", 2)
+        for i in range(nwarm):
+            saver.save(os.path.join(cfg["dir"], f"warm{i}"), i + 1)
+            saver.wait()
+            st.train_step(model, opt, i + 1)
         res["sums"] = checksums(model, opt, kind)
         if rank == 0:
             os.sync()  # the warm-up's writeback does not land in the timed save
         dist.barrier()
         t0 = now()
-        saver.save(os.path.join(cfg["dir"], "ckpt"), 2)
+        saver.save(os.path.join(cfg["dir"], "ckpt"), nwarm + 1)
         t1 = now()
         saver.wait()
         t2 = now()
