@@ -53,10 +53,10 @@ def test_megatron_tp2_to_tp1_tp4_and_llama_view(ckptfs_mount, tmp_path):
     path = ckptfs_mount.mnt / "mcore_tp2"
     ref = str(tmp_path / "ref.pt")
     run_ranks(2, _save, str(path), ref, timeout=240)
-    # "source": the TP2 ranks' own files; "auto": on the mount, the consolidated view.
-    for view in ("source", "auto"):
-        run_ranks(1, _load, str(path), ref, view, timeout=240)
-        run_ranks(4, _load, str(path), ref, view, timeout=300)
+    # "source": the TP2 ranks' own files; "auto": on the mount, the consolidated view (the
+    # Adam test below covers the other two combinations).
+    run_ranks(1, _load, str(path), ref, "source", timeout=240)
+    run_ranks(4, _load, str(path), ref, "auto", timeout=300)
 
     from safetensors import safe_open
     glob = torch.load(ref)
