@@ -429,24 +429,28 @@ START_TEST(test_world2)
 {
 	struct rank_ctx r[2] = { { .rank = 0 }, { .rank = 1 } };
 	pthread_t th[2];
-	const char *p = pathf("w2");
+	char p[4200], f0[4200];
 	struct stfile f;
 	json_t *mk;
 	size_t len;
 
+	snprintf(p, sizeof(p), "%s", pathf("w2"));
 	for (int i = 0; i < 2; i++) {
 		r[i].path = p;
 		r[i].world = 2;
 		r[i].job_id = 5;
 		r[i].timeout_ms = 10000;
 	}
-	/* Rank 1 is slow: rank 0 must wait for its marker. */
-	r[1].delay_ms = 400;
+	/* Rank 1 is slow: rank 0 must wait for its marker.  Poll (a loaded machine or valgrind
+	 * may take a while to get rank 0's file out) but never past rank 1's delay. */
+	r[1].delay_ms = 1500;
 	for (int i = 0; i < 2; i++)
 		ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
-	usleep(200 * 1000);
+	snprintf(f0, sizeof(f0), "%s", pathf("w2.partial/model-rank00000.safetensors"));
+	for (int i = 0; i < 1000 && !exists(f0) && !exists(p); i++)
+		usleep(1000);
 	ck_assert(!exists(p));
-	ck_assert(exists(pathf("w2.partial/model-rank00000.safetensors")));
+	ck_assert(exists(f0));
 	for (int i = 0; i < 2; i++)
 		pthread_join(th[i], NULL);
 	for (int i = 0; i < 2; i++) {
@@ -861,7 +865,10 @@ START_TEST(test_crash_mid_save)
 		ckptfs_save_wait(s, -1);
 		_exit(0);
 	}
-	usleep(300 * 1000);
+	/* Kill it while it writes (its writer sleeps 5 s before the file). */
+	for (int i = 0; i < 1000 && !exists(pathf("cr.partial")); i++)
+		usleep(10 * 1000);
+	usleep(100 * 1000);
 	kill(pid, SIGKILL);
 	waitpid(pid, &st, 0);
 	ck_assert(!exists(pathf("cr")));
