@@ -23,6 +23,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1078,6 +1079,52 @@ START_TEST(test_wait_commit)
 }
 END_TEST
 
+/* The library's threads (writers, host copy workers) block every signal, so that a signal for
+ * the process reaches one of the caller's threads (where a trainer's handler runs) and never
+ * interrupts a write. */
+START_TEST(test_threads_block_signals)
+{
+	struct ckptfs_saver *s;
+	pid_t self = (pid_t)syscall(SYS_gettid);
+	DIR *d;
+	struct dirent *de;
+	int others = 0;
+
+	setenv("CKPTFS_COPY_THREADS", "3", 1);
+	s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	unsetenv("CKPTFS_COPY_THREADS");
+	d = opendir("/proc/self/task");
+	ck_assert_ptr_nonnull(d);
+	while ((de = readdir(d))) {
+		char p[300], line[256];
+		unsigned long long blk = 0;
+		int found = 0;
+		FILE *f;
+
+		if (de->d_name[0] == '.' || atoi(de->d_name) == self)
+			continue;
+		snprintf(p, sizeof(p), "/proc/self/task/%s/status", de->d_name);
+		f = fopen(p, "r");
+		if (!f)
+			continue; /* a thread that just ended */
+		while (fgets(line, sizeof(line), f))
+			if (sscanf(line, "SigBlk: %llx", &blk) == 1)
+				found = 1;
+		fclose(f);
+		ck_assert_msg(found, "%s: no SigBlk line", p);
+		ck_assert_msg((blk & (1ull << (SIGINT - 1))) && (blk & (1ull << (SIGTERM - 1))) &&
+			      (blk & (1ull << (SIGUSR1 - 1))),
+			      "thread %s of the library does not block signals (SigBlk %llx)",
+			      de->d_name, blk);
+		others++;
+	}
+	closedir(d);
+	/* 2 writers and 2 host copy workers. */
+	ck_assert_int_ge(others, 4);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1104,6 +1151,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_copy_threads);
 	tcase_add_test(tc, test_odd_shapes);
 	tcase_add_test(tc, test_wait_commit);
+	tcase_add_test(tc, test_threads_block_signals);
 	suite_add_tcase(s, tc);
 	return s;
 }

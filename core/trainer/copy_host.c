@@ -236,7 +236,7 @@ int tr_copier_new(int threads, struct tr_copier **ret_copier)
 			goto out;
 		}
 		for (; c->n_tids < threads - 1; c->n_tids++) {
-			int e = pthread_create(&c->tids[c->n_tids], NULL, worker, c);
+			int e = tr_thread_start(&c->tids[c->n_tids], worker, c);
 
 			if (e) {
 				ret = -e;

@@ -253,7 +253,7 @@ TR_EXPORT int ckptfs_saver_new(const struct ckptfs_saver_opts *opts, struct ckpt
 		goto out;
 	}
 	for (; s->n_writers < s->opts.io_threads; s->n_writers++) {
-		int e = pthread_create(&s->writers[s->n_writers], NULL, writer_main, s);
+		int e = tr_thread_start(&s->writers[s->n_writers], writer_main, s);
 
 		if (e) {
 			r = -e;

@@ -54,6 +54,12 @@ void tr_json_free(void *p);
 /* Monotonic clock in nanoseconds. */
 uint64_t tr_now_ns(void);
 
+/* pthread_create() for the library's own threads: they start with every signal blocked, so
+ * that a signal meant for the process (a trainer's SIGINT, a profiler's SIGPROF) is delivered
+ * to one of the caller's threads, where its handler expects to run, and never interrupts a
+ * writer's system call.  Returns 0 or a positive errno, as pthread_create(). */
+int tr_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
+
 /* --- test hooks (exported for the unit tests only; not part of ckptfs.h) ------------------- */
 /* Each background writer sleeps ms before writing each file of the next saves. */
 TR_EXPORT void ckptfs__test_set_write_delay(struct ckptfs_saver *s, int ms);
