@@ -1125,6 +1125,24 @@ START_TEST(test_threads_block_signals)
 }
 END_TEST
 
+/* A write_bytes too large to round to 4 KiB without wrapping is capped, not taken as 0. */
+START_TEST(test_write_bytes_huge)
+{
+	struct ckptfs_saver_opts o;
+	struct ckptfs_saver *s = NULL;
+	float buf[64];
+
+	ckptfs_saver_opts_init(&o);
+	o.pool_bytes = 1 << 20;
+	o.write_bytes = SIZE_MAX;
+	ck_assert_int_eq(ckptfs_saver_new(&o, &s), 0);
+	ck_assert_int_eq(save1(s, pathf("wb"), buf, 64, 5.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	check_w(pathf("wb/model-rank00000.safetensors"), 64, 5.0f);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1152,6 +1170,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_odd_shapes);
 	tcase_add_test(tc, test_wait_commit);
 	tcase_add_test(tc, test_threads_block_signals);
+	tcase_add_test(tc, test_write_bytes_huge);
 	suite_add_tcase(s, tc);
 	return s;
 }

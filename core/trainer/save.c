@@ -40,6 +40,8 @@ struct tr_job {
 	uint64_t snapshot_ns, t_write0, t_durable, t_complete;
 };
 
+#define WRITE_BYTES_MAX ((size_t)1 << 30)
+
 struct ckptfs_saver {
 	struct ckptfs_saver_opts opts;
 	struct tr_pool *pool;
@@ -223,6 +225,10 @@ TR_EXPORT int ckptfs_saver_new(const struct ckptfs_saver_opts *opts, struct ckpt
 		if (s->opts.commit_timeout_ms <= 0)
 			s->opts.commit_timeout_ms = 600000;
 	}
+	/* At most 1 GiB per write (Linux moves at most 2 GiB - 4 KiB per call anyway), which also
+	 * keeps the rounding from wrapping to 0 for a huge value. */
+	if (s->opts.write_bytes > WRITE_BYTES_MAX)
+		s->opts.write_bytes = WRITE_BYTES_MAX;
 	s->opts.write_bytes = (s->opts.write_bytes + 4095) / 4096 * 4096;
 	if (s->opts.backpressure != CKPTFS_BP_WAIT && s->opts.backpressure != CKPTFS_BP_FAIL) {
 		free(s);
