@@ -1143,6 +1143,42 @@ START_TEST(test_write_bytes_huge)
 }
 END_TEST
 
+/* Sizes whose sum wraps 64 bits are refused, never laid out over a small pool: sixteen F64
+ * tensors of 2^57 elements are 2^64 bytes together; a blob of nearly 2^64 bytes wraps the
+ * rounding of the layout to a page. */
+START_TEST(test_size_overflow)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	static const int64_t sh[1] = { (int64_t)1 << 57 };
+	static double dummy[8];
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[16];
+	char names[16][8], err[512];
+	struct ckptfs_blob b = { "huge.bin", dummy, SIZE_MAX - 100 };
+	int ret;
+
+	args_init(&a, pathf("ovf"), 0, 1);
+	for (int i = 0; i < 16; i++) {
+		snprintf(names[i], sizeof(names[i]), "t%d", i);
+		tensor_init(&t[i], NULL, names[i], "F64", 1, sh, dummy);
+	}
+	a.tensors = t;
+	a.n_tensors = 16;
+	ret = ckptfs_save_async(s, &a);
+	ck_assert_msg(ret == -EFBIG || ret == -EOVERFLOW, "%d", ret);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), ret);
+	ck_assert_msg(strstr(err, "model-rank00000.safetensors") != NULL, "%s", err);
+	a.n_tensors = 0;
+	a.blobs = &b;
+	a.n_blobs = 1;
+	ck_assert_int_eq(ckptfs_save_async(s, &a), -EFBIG);
+	ck_assert_int_eq(ckptfs_saver_error(s, err, sizeof(err)), -EFBIG);
+	ck_assert_msg(strstr(err, "huge.bin") != NULL, "%s", err);
+	ck_assert(!exists(pathf("ovf")));
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1171,6 +1207,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_wait_commit);
 	tcase_add_test(tc, test_threads_block_signals);
 	tcase_add_test(tc, test_write_bytes_huge);
+	tcase_add_test(tc, test_size_overflow);
 	suite_add_tcase(s, tc);
 	return s;
 }

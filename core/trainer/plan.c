@@ -19,6 +19,8 @@
 
 #define GROUP_MAX 200
 #define BLOB_NAME_MAX 255
+/* The largest file (and pool layout) a save may make: an off_t must hold every offset. */
+#define FILE_MAX ((uint64_t)INT64_MAX)
 
 void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank)
 {
@@ -584,7 +586,15 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
 		ret = -ENOMEM;
 		for (size_t k = 0; k < o->n_items; k++) {
 			o->items[k].data_off = o->header_len + data;
+			/* Each item is below 2^61 bytes (its element count times its bits fit 64
+			 * bits), so the sum cannot wrap before it passes FILE_MAX. */
 			data += o->items[k].bytes;
+			if (data > FILE_MAX - o->header_len) {
+				ret = -EFBIG;
+				tr_fmt(err, errlen, "%s: more than 2^63-1 bytes (tensor '%s')", o->name,
+				       o->items[k].tensor->name);
+				goto out;
+			}
 			if (o->items[k].tensor->device >= 0)
 				p->any_device = 1;
 		}
@@ -623,6 +633,14 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
 		o->size = bl->len;
 	}
 	for (size_t k = 0; k < p->n_outs; k++) {
+		/* Sizes are at most FILE_MAX each: the sum is checked before it can wrap, so the
+		 * layout never places an image over another one (or past the pool's end). */
+		if (p->outs[k].size > FILE_MAX - pg || off > FILE_MAX - pg - p->outs[k].size) {
+			ret = -EFBIG;
+			tr_fmt(err, errlen, "%s: the save's files total more than 2^63-1 bytes",
+			       p->outs[k].name);
+			goto out;
+		}
 		p->outs[k].pool_off = off;
 		off = align_up(off + p->outs[k].size, pg);
 		p->bytes += p->outs[k].size;
