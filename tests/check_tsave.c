@@ -1179,6 +1179,45 @@ START_TEST(test_size_overflow)
 }
 END_TEST
 
+/* A forked child (a DataLoader worker) that never calls the library runs and exits normally
+ * while the parent's save is being written. */
+START_TEST(test_fork_child)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[64];
+	pid_t pid;
+	int st = 0, done = 0;
+
+	ckptfs__test_set_write_delay(s, 300);
+	ck_assert_int_eq(save1(s, pathf("fk"), buf, 64, 3.0f), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		char *p = malloc(1 << 20);
+		char line[64];
+
+		snprintf(line, sizeof(line), "%p", (void *)p);
+		free(p);
+		exit(line[0] ? 0 : 1);
+	}
+	for (int i = 0; i < 500 && !done; i++) {
+		if (waitpid(pid, &st, WNOHANG) == pid)
+			done = 1;
+		else
+			usleep(10 * 1000);
+	}
+	if (!done) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+	}
+	ck_assert_msg(done, "the forked child did not exit within 5 s");
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	check_w(pathf("fk/model-rank00000.safetensors"), 64, 3.0f);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1208,6 +1247,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_threads_block_signals);
 	tcase_add_test(tc, test_write_bytes_huge);
 	tcase_add_test(tc, test_size_overflow);
+	tcase_add_test(tc, test_fork_child);
 	suite_add_tcase(s, tc);
 	return s;
 }
