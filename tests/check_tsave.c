@@ -1218,6 +1218,50 @@ START_TEST(test_fork_child)
 }
 END_TEST
 
+/* Nothing that no rank listed reaches the checkpoint: an empty directory in PATH.partial is
+ * removed by the commit, a non-empty one fails it (naming it) and PATH is not created; the
+ * save retried at the same path (a new seq) after the caller removed it completes. */
+START_TEST(test_stale_dirs_and_retry)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[16];
+	char err[512];
+
+	ck_assert_int_eq(mkdir(pathf("sd.partial"), 0755), 0);
+	ck_assert_int_eq(mkdir(pathf("sd.partial/empty"), 0755), 0);
+	ck_assert_int_eq(save1(s, pathf("sd"), buf, 16, 1.0f), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_eq(count_entries(pathf("sd")), 2);
+
+	ck_assert_int_eq(mkdir(pathf("sf.partial"), 0755), 0);
+	ck_assert_int_eq(mkdir(pathf("sf.partial/junk"), 0755), 0);
+	write_text(pathf("sf.partial/junk/x"), "stale");
+	ck_assert_int_eq(save1(s, pathf("sf"), buf, 16, 2.0f), 0);
+	ck_assert_int_lt(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_lt(ckptfs_saver_error(s, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, pathf("sf.partial/junk")) != NULL, "%s", err);
+	ck_assert(!exists(pathf("sf")));
+	rm_rf(pathf("sf.partial/junk"));
+	{
+		struct ckptfs_save_args a;
+		struct ckptfs_tensor t;
+		int64_t sh[1] = { 16 };
+
+		fill(buf, 16, 3.0f);
+		args_init(&a, pathf("sf"), 0, 1);
+		a.seq = 2;
+		tensor_init(&t, NULL, "w", "F32", 1, sh, buf);
+		a.tensors = &t;
+		a.n_tensors = 1;
+		ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	}
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert_int_eq(count_entries(pathf("sf")), 2);
+	check_w(pathf("sf/model-rank00000.safetensors"), 16, 3.0f);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1248,6 +1292,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_write_bytes_huge);
 	tcase_add_test(tc, test_size_overflow);
 	tcase_add_test(tc, test_fork_child);
+	tcase_add_test(tc, test_stale_dirs_and_retry);
 	suite_add_tcase(s, tc);
 	return s;
 }

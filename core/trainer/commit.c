@@ -267,11 +267,26 @@ static int list_dir(struct tr_ckpt *c, json_t **ret, char *err, size_t errlen)
 		tr_fmt(err, errlen, "%s: opendir: %s", c->partial, strerror(e));
 		return -e;
 	}
-	errno = 0;
-	while ((de = readdir(d)) != NULL) {
+	/* A short listing would let a stale file through the commit: a readdir error fails. */
+	for (;;) {
+		errno = 0;
+		de = readdir(d);
+		if (!de)
+			break;
 		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
 			continue;
-		json_object_set_new(names, de->d_name, json_true());
+		if (json_object_set_new(names, de->d_name, json_true()) < 0) {
+			errno = ENOMEM;
+			break;
+		}
+	}
+	if (errno) {
+		int e = errno;
+
+		closedir(d);
+		json_decref(names);
+		tr_fmt(err, errlen, "%s: readdir: %s", c->partial, strerror(e));
+		return -e;
 	}
 	closedir(d);
 	*ret = names;
@@ -412,12 +427,20 @@ int tr_commit(struct tr_ckpt *c, char *err, size_t errlen)
 
 		if (json_object_get(listed, k))
 			continue;
-		if (fstatat(c->dirfd, k, &st, AT_SYMLINK_NOFOLLOW) < 0 || S_ISDIR(st.st_mode))
-			continue;
-		if (unlinkat(c->dirfd, k, 0) < 0 && errno != ENOENT) {
+		/* Nothing unlisted may reach PATH: an entry that cannot be examined or removed
+		 * (a non-empty directory no rank wrote) fails the commit, naming it. */
+		if (fstatat(c->dirfd, k, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
+				continue;
 			ret = -errno;
-			tr_fmt(err, errlen, "%s/%s: removing a stale file: %s", c->partial, k,
-			       strerror(errno));
+			tr_fmt(err, errlen, "%s/%s: %s", c->partial, k, strerror(-ret));
+			goto out;
+		}
+		if (unlinkat(c->dirfd, k, S_ISDIR(st.st_mode) ? AT_REMOVEDIR : 0) < 0 &&
+		    errno != ENOENT) {
+			ret = -errno;
+			tr_fmt(err, errlen, "%s/%s: removing a stale %s: %s", c->partial, k,
+			       S_ISDIR(st.st_mode) ? "directory" : "file", strerror(-ret));
 			goto out;
 		}
 	}

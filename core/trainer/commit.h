@@ -6,7 +6,8 @@
  *    "world":W,"rank":R,"groups":[...],"files":[{"name":N,"size":B},...]}
  * Rank 0, once its own files are durable, polls PATH.partial/ (readdir, then open) until every
  * other rank's marker with the same job_id, seq and world is there, checks every listed file's
- * size, removes every other entry that is a file (stale files of a crashed save, markers),
+ * size, removes every other entry (stale files of a crashed save, markers, empty directories;
+ * one it cannot remove, such as a non-empty directory, fails the commit naming it),
  * writes the completion marker ckptfs-checkpoint.json (fsynced, by rename):
  *   {"format":"ckptfs-checkpoint","format_version":1,"job_id":"<decimal u64>","seq":S,
  *    "world":W,"time":"YYYY-MM-DDTHH:MM:SSZ","groups":[...sorted union],
