@@ -52,7 +52,8 @@ class Tiny(torch.nn.Module):
 
 @pytest.fixture(autouse=True)
 def _fresh_saver():
-    ckptfs.configure(backpressure="wait")
+    ckptfs.configure(pool_bytes=None, io_threads=None, backpressure="wait", write_bytes=None,
+                     commit_timeout_ms=None, wait_commit=True)
     yield
     ckptfs.shutdown()
 

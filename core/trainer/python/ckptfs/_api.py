@@ -121,8 +121,10 @@ _seq = 0
 
 def configure(**opts):
     """Sets the process's saver options (pool_bytes, io_threads, backpressure "wait"|"fail",
-    write_bytes, commit_timeout_ms, wait_commit) for later saves.  A saver with other options
-    is replaced after its save in flight finished (its pool is freed)."""
+    write_bytes, commit_timeout_ms, wait_commit; None: the library's default) for later
+    saves.  Options given to save() are kept for later saves too.  A saver with other options
+    is replaced (after its save in flight finished; its pool is freed and a new one reserved),
+    so set them once: the pool is meant to be reused."""
     unknown = set(opts) - set(_DEFAULTS)
     if unknown:
         raise TypeError(f"configure: unknown options {sorted(unknown)}")
@@ -131,8 +133,8 @@ def configure(**opts):
 
 def _get_saver(overrides: dict) -> _Saver:
     global _saver
+    _DEFAULTS.update({k: v for k, v in overrides.items() if v is not None})
     want = dict(_DEFAULTS)
-    want.update({k: v for k, v in overrides.items() if v is not None})
     with _saver_lock:
         if _saver is not None and _saver.opts != want:
             _saver.free()
@@ -364,7 +366,8 @@ def save(path, state: dict, *, async_: bool = True, process_group=None, replicas
     load-balanced choice, no communication); "all": every holder writes its copy.
     pool_bytes, io_threads, backpressure ("wait": a save while the previous one still writes
     waits for it; "fail": raises CheckpointError EBUSY), write_bytes, commit_timeout_ms and
-    wait_commit configure the process's saver (a saver with other options is replaced).
+    wait_commit configure the process's saver for this and later saves (as configure(); None
+    keeps the current value; a saver with other options is replaced).
     num_layers: recorded for pipeline views; manifest_extra: a JSON-able dict stored under
     "user" in the completion marker's extra.
     """
