@@ -256,6 +256,9 @@ class Bench:
 
     def add(self, kind, method, metric, rep, value):
         self.samples.append((kind, method, metric, rep, value))
+        # kept as they come, so an interrupted run leaves what it measured
+        with open(os.path.join(self.out, "samples.partial.csv"), "a", newline="") as f:
+            csv.writer(f).writerow((kind, method, metric, rep, value))
 
     def record_error(self, kind, method, phase, err):
         key = (kind, method, phase)
@@ -439,6 +442,10 @@ class Bench:
                             w.writerow([kind, m, metric, statistics.median(xs), len(xs)])
             for (kind, m, ph), e in self.errors.items():
                 w.writerow([kind, m, f"error:{ph}", e, 0])
+        try:
+            os.unlink(os.path.join(self.out, "samples.partial.csv"))
+        except FileNotFoundError:
+            pass
         log(f"results in {self.out}/results.txt, results.csv, samples.csv")
 
     def targets(self):
