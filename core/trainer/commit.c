@@ -90,31 +90,39 @@ int tr_ckpt_prepare(struct tr_ckpt *c, char *err, size_t errlen)
 {
 	struct stat st;
 	char name[64];
+	int ret = 0;
 
 	if (lstat(c->path, &st) == 0) {
+		ret = -EEXIST;
 		tr_fmt(err, errlen, "%s: checkpoint already exists", c->path);
-		return -EEXIST;
+		goto out;
 	}
+	/* errno is saved before the message is formatted (strerror or vsnprintf may set it). */
 	if (errno != ENOENT) {
-		tr_fmt(err, errlen, "%s: %s", c->path, strerror(errno));
-		return -errno;
+		ret = -errno;
+		tr_fmt(err, errlen, "%s: %s", c->path, strerror(-ret));
+		goto out;
 	}
 	if (mkdir(c->partial, 0755) < 0 && errno != EEXIST) {
-		tr_fmt(err, errlen, "%s: mkdir: %s", c->partial, strerror(errno));
-		return -errno;
+		ret = -errno;
+		tr_fmt(err, errlen, "%s: mkdir: %s", c->partial, strerror(-ret));
+		goto out;
 	}
 	c->dirfd = open(c->partial, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (c->dirfd < 0) {
-		tr_fmt(err, errlen, "%s: open: %s", c->partial, strerror(errno));
-		return -errno;
+		ret = -errno;
+		tr_fmt(err, errlen, "%s: open: %s", c->partial, strerror(-ret));
+		goto out;
 	}
 	tr_done_marker_name(name, sizeof(name), c->rank);
 	if (unlinkat(c->dirfd, name, 0) < 0 && errno != ENOENT) {
+		ret = -errno;
 		tr_fmt(err, errlen, "%s/%s: removing a stale done marker: %s", c->partial, name,
-		       strerror(errno));
-		return -errno;
+		       strerror(-ret));
+		goto out;
 	}
-	return 0;
+out:
+	return ret;
 }
 
 static json_t *files_json(const struct tr_file_rec *f, size_t n)
@@ -251,12 +259,13 @@ static int list_dir(struct tr_ckpt *c, json_t **ret, char *err, size_t errlen)
 
 	*ret = NULL;
 	if (fd < 0 || !names) {
-		tr_fmt(err, errlen, "%s: opendir: %s", c->partial, fd < 0 ? strerror(errno) :
-		       "out of memory");
+		int e = fd < 0 ? errno : ENOMEM;
+
+		tr_fmt(err, errlen, "%s: opendir: %s", c->partial, strerror(e));
 		if (fd >= 0)
 			close(fd);
 		json_decref(names);
-		return fd < 0 ? -errno : -ENOMEM;
+		return -e;
 	}
 	d = fdopendir(fd);
 	if (!d) {
@@ -409,7 +418,7 @@ int tr_commit(struct tr_ckpt *c, char *err, size_t errlen)
 
 		if (fstatat(c->dirfd, k, &st, AT_SYMLINK_NOFOLLOW) < 0) {
 			ret = -errno;
-			tr_fmt(err, errlen, "%s/%s: %s", c->partial, k, strerror(errno));
+			tr_fmt(err, errlen, "%s/%s: %s", c->partial, k, strerror(-ret));
 			goto out;
 		}
 		if ((uint64_t)st.st_size != (uint64_t)json_integer_value(v)) {
@@ -492,14 +501,14 @@ int tr_commit(struct tr_ckpt *c, char *err, size_t errlen)
 		if (errno) {
 			ret = -errno;
 			tr_fmt(err, errlen, "%s: rename to %s: %s", c->partial, c->path,
-			       strerror(errno));
+			       strerror(-ret));
 			goto out;
 		}
 	}
 	pfd = open(c->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (pfd < 0) {
 		ret = -errno;
-		tr_fmt(err, errlen, "%s: open: %s", c->parent, strerror(errno));
+		tr_fmt(err, errlen, "%s: open: %s", c->parent, strerror(-ret));
 		goto out;
 	}
 	ret = tr_fsync_dir(pfd, c->parent, err, errlen);

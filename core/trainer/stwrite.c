@@ -19,7 +19,11 @@ int tr_write_file(int dirfd, const char *dirpath, const char *name, const char *
 	int fd, ret = 0;
 
 	(void)unlinkat(dirfd, tmp, 0);
-	fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	/* EINTR is retried everywhere: the library's threads block signals, but the caller's
+	 * thread writes too (a refused save's cleanup) and a FUSE request can be interrupted. */
+	do
+		fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	while (fd < 0 && errno == EINTR);
 	if (fd < 0) {
 		ret = -errno;
 		goto out;
@@ -47,12 +51,15 @@ int tr_write_file(int dirfd, const char *dirpath, const char *name, const char *
 		off += (uint64_t)w;
 	}
 	what = "fsync";
-	if (fsync(fd) < 0) {
+	while (fsync(fd) < 0) {
+		if (errno == EINTR)
+			continue;
 		ret = -errno;
 		goto out;
 	}
 	what = "close";
-	ret = close(fd) < 0 ? -errno : 0;
+	/* After EINTR the descriptor is closed on Linux, and the data is already synced. */
+	ret = close(fd) < 0 && errno != EINTR ? -errno : 0;
 	fd = -1;
 	if (ret < 0)
 		goto out;
@@ -71,10 +78,15 @@ out:
 
 int tr_fsync_dir(int dirfd, const char *dirpath, char *err, size_t errlen)
 {
-	if (fsync(dirfd) == 0 || errno == EINVAL || errno == ENOTSUP || errno == ENOSYS)
+	int e;
+
+	do
+		e = fsync(dirfd) == 0 ? 0 : errno;
+	while (e == EINTR);
+	if (e == 0 || e == EINVAL || e == ENOTSUP || e == ENOSYS)
 		return 0;
-	tr_fmt(err, errlen, "%s: fsync of the directory: %s", dirpath, strerror(errno));
-	return -errno;
+	tr_fmt(err, errlen, "%s: fsync of the directory: %s", dirpath, strerror(e));
+	return -e;
 }
 
 int tr_read_small(int dirfd, const char *name, size_t max, char **ret_buf, size_t *ret_len)
