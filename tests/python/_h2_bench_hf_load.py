@@ -51,19 +51,24 @@ def _save(rank, world, path):
 
 
 _TIMER = r"""
-import os, sys, time
+import os, resource, sys, time
 os.environ["HF_HUB_OFFLINE"] = "1"
 from transformers import AutoModelForCausalLM
-t = time.perf_counter()
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+t, c = time.perf_counter(), cpu()
 m = AutoModelForCausalLM.from_pretrained(sys.argv[1], local_files_only=True)
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, cpu() - c)
 """
 
 
-def _time_load(path: Path) -> float:
+def _time_load(path: Path):
+    """(wall seconds, CPU seconds of the loading process) of one from_pretrained."""
     out = subprocess.run([sys.executable, "-c", _TIMER, str(path)], check=True,
                          capture_output=True, text=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
 
 
 def main():
@@ -95,11 +100,15 @@ def main():
                 mount.restart()
                 times[(k, "cold")].append(_time_load(p))
                 times[(k, "warm")].append(_time_load(p))
-        print(f"model: {nbytes / 1e6:.0f} MB float32 parameters; shard size {a.shard}")
-        print(f"{'layout':8} {'files':>5} {'state':5} {'runs (s)':>22} {'median (s)':>10}")
+        print(f"model: {nbytes / 1e6:.0f} MB float32 parameters; shard size {a.shard}; "
+              f"load average {os.getloadavg()[0]:.1f}")
+        print(f"{'layout':8} {'files':>5} {'state':5} {'wall runs (s)':>24} {'median':>7} "
+              f"{'cpu median (s)':>14}")
         for (k, w), ts in times.items():
-            print(f"{k:8} {nfiles[k]:5d} {w:5} {' '.join(f'{t:6.3f}' for t in ts):>22} "
-                  f"{statistics.median(ts):10.3f}")
+            walls = [t[0] for t in ts]
+            print(f"{k:8} {nfiles[k]:5d} {w:5} {' '.join(f'{t:6.3f}' for t in walls):>24} "
+                  f"{statistics.median(walls):7.3f} "
+                  f"{statistics.median(t[1] for t in ts):14.3f}")
     finally:
         mount.stop()
         import shutil
