@@ -1180,25 +1180,29 @@ START_TEST(test_size_overflow)
 END_TEST
 
 /* A forked child (a DataLoader worker) that never calls the library runs and exits normally
- * while the parent's save is being written. */
-START_TEST(test_fork_child)
+ * while the parent's save is being written; a child that does call it (a trainer's exit
+ * handler freeing the saver) gets -ECHILD at once instead of hanging on the parent's threads. */
+static int fork_and_wait(struct ckptfs_saver *s, int use_saver)
 {
-	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
-	float buf[64];
-	pid_t pid;
+	pid_t pid = fork();
 	int st = 0, done = 0;
 
-	ckptfs__test_set_write_delay(s, 300);
-	ck_assert_int_eq(save1(s, pathf("fk"), buf, 64, 3.0f), 0);
-	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		char *p = malloc(1 << 20);
-		char line[64];
+		char line[600];
+		int ok = p != NULL;
 
 		snprintf(line, sizeof(line), "%p", (void *)p);
 		free(p);
-		exit(line[0] ? 0 : 1);
+		if (use_saver) {
+			ok = ok && ckptfs_save_done(s) == 1;
+			ok = ok && ckptfs_save_wait(s, -1) == -ECHILD;
+			ok = ok && ckptfs_saver_error(s, line, sizeof(line)) == -ECHILD &&
+			     strstr(line, "forked child") != NULL;
+			ckptfs_saver_free(s);
+		}
+		exit(ok ? 0 : 1);
 	}
 	for (int i = 0; i < 500 && !done; i++) {
 		if (waitpid(pid, &st, WNOHANG) == pid)
@@ -1209,11 +1213,24 @@ START_TEST(test_fork_child)
 	if (!done) {
 		kill(pid, SIGKILL);
 		waitpid(pid, &st, 0);
+		return -1;
 	}
-	ck_assert_msg(done, "the forked child did not exit within 5 s");
-	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+START_TEST(test_fork_child)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	float buf[64];
+
+	ckptfs__test_set_write_delay(s, 300);
+	ck_assert_int_eq(save1(s, pathf("fk"), buf, 64, 3.0f), 0);
+	ck_assert_msg(fork_and_wait(s, 0) == 0, "a child that does not use the saver failed");
+	ck_assert_msg(fork_and_wait(s, 1) == 0, "a child that uses the saver hung or failed");
 	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
 	check_w(pathf("fk/model-rank00000.safetensors"), 64, 3.0f);
+	/* Also with no save in flight (the writers wait for work). */
+	ck_assert_msg(fork_and_wait(s, 1) == 0, "a child that uses the idle saver hung or failed");
 	ckptfs_saver_free(s);
 }
 END_TEST

@@ -33,7 +33,14 @@
  * Threads: one saver or loader is used by one thread at a time (the caller's training thread);
  * the library's own threads never call back into the caller.  Different objects are
  * independent.  All strings passed in are copied before the call returns; data pointers of a
- * save are read only until ckptfs_save_async() returns (that is the snapshot).
+ * save are read only until ckptfs_save_async() returns (that is the snapshot).  The library's
+ * threads block every signal, so signals for the process reach the caller's threads.
+ *
+ * Fork: a forked child (a DataLoader worker) that never calls the library is unaffected.  A
+ * saver serves only the process that made it: in a child, ckptfs_save_async(),
+ * ckptfs_save_wait(), ckptfs_saver_error() and ckptfs_saver_stats() return -ECHILD at once,
+ * ckptfs_save_done() returns 1 and ckptfs_saver_free() returns without touching the saver
+ * (the parent's save goes on in the parent).
  */
 #ifndef CKPTFS_H
 #define CKPTFS_H

@@ -8,6 +8,12 @@
  * directory fsync, the done marker, the commit or the wait for it).  Only one save is in
  * flight: the next one waits or fails before touching the pool (back-pressure), so the
  * writers' source bytes never change under them.
+ *
+ * Fork: a forked child has none of the saver's threads, and the saver's locks may have been
+ * held by them at the fork.  A saver therefore serves only the process that made it (pid):
+ * in a child every call returns at once without taking a lock (-ECHILD, or "done"), and
+ * ckptfs_saver_free() forgets the saver without joining or freeing anything, so a child that
+ * runs its exit handlers (a trainer's atexit) never hangs on the parent's save.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,6 +50,7 @@ struct tr_job {
 #define WRITE_BYTES_MAX ((size_t)1 << 30)
 
 struct ckptfs_saver {
+	pid_t pid;                  /* the process that made it (see Fork above); constant */
 	struct ckptfs_saver_opts opts;
 	struct tr_pool *pool;
 	struct tr_copier *copier;   /* the caller's thread only */
@@ -60,6 +68,14 @@ struct ckptfs_saver {
 	int have_stats;
 	struct ckptfs_save_stats stats;
 };
+
+/* Whether s was made by another process (the caller is a forked child). */
+static int foreign(const struct ckptfs_saver *s)
+{
+	return s->pid != getpid();
+}
+
+#define FOREIGN_MSG "a saver serves only the process that made it (this is a forked child)"
 
 static size_t phys_half(void)
 {
@@ -213,6 +229,7 @@ TR_EXPORT int ckptfs_saver_new(const struct ckptfs_saver_opts *opts, struct ckpt
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
+	s->pid = getpid();
 	ckptfs_saver_opts_init(&s->opts);
 	if (opts) {
 		s->opts = *opts;
@@ -276,7 +293,7 @@ out:
 
 TR_EXPORT void ckptfs_saver_free(struct ckptfs_saver *s)
 {
-	if (!s)
+	if (!s || foreign(s))
 		return;
 	pthread_mutex_lock(&s->lock);
 	while (s->busy)
@@ -382,6 +399,8 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 
 	if (!s)
 		return -EINVAL;
+	if (foreign(s))
+		return -ECHILD;
 	if (!a || !a->path) {
 		ret = -EINVAL;
 		tr_fmt(msg, sizeof(msg), "save: no arguments or no path");
@@ -507,6 +526,8 @@ TR_EXPORT int ckptfs_save_wait(struct ckptfs_saver *s, int timeout_ms)
 
 	if (!s)
 		return -EINVAL;
+	if (foreign(s))
+		return -ECHILD;
 	clock_gettime(CLOCK_MONOTONIC, &dl);
 	if (timeout_ms >= 0) {
 		dl.tv_sec += timeout_ms / 1000;
@@ -540,8 +561,8 @@ TR_EXPORT int ckptfs_save_done(struct ckptfs_saver *s)
 {
 	int busy;
 
-	if (!s)
-		return 1;
+	if (!s || foreign(s))
+		return 1; /* no save of this process is in flight */
 	pthread_mutex_lock(&s->lock);
 	busy = s->busy;
 	pthread_mutex_unlock(&s->lock);
@@ -556,10 +577,10 @@ TR_EXPORT size_t ckptfs_saver_pool_bytes(const struct ckptfs_saver *s)
 
 TR_EXPORT int ckptfs_saver_error(const struct ckptfs_saver *s, char *buf, size_t len)
 {
-	if (!s) {
+	if (!s || foreign(s)) {
 		if (buf && len)
-			buf[0] = '\0';
-		return -EINVAL;
+			snprintf(buf, len, "%s", s ? FOREIGN_MSG : "");
+		return s ? -ECHILD : -EINVAL;
 	}
 	return tr_errbuf_get((struct tr_errbuf *)&s->err, buf, len);
 }
@@ -571,6 +592,10 @@ TR_EXPORT int ckptfs_saver_stats(const struct ckptfs_saver *s, struct ckptfs_sav
 
 	if (!s || !ret)
 		return -EINVAL;
+	if (foreign(s)) {
+		memset(ret, 0, sizeof(*ret));
+		return -ECHILD;
+	}
 	pthread_mutex_lock(&m->lock);
 	if (m->have_stats)
 		*ret = m->stats;
