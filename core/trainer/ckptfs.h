@@ -141,7 +141,10 @@ struct ckptfs_save_args {
 	int rank, world;         /* 0 <= rank < world */
 	uint64_t job_id;         /* the same on every rank of one job (done markers of other jobs'
 	                            crashed saves are ignored); 0 allowed for world == 1 */
-	uint64_t seq;            /* the save's sequence number within the job, same on every rank */
+	uint64_t seq;            /* the save's sequence number within the job, same on every rank;
+	                            a save retried at the same PATH after a failure takes a new
+	                            seq on every rank (done markers of the failed attempt must not
+	                            count), and PATH.partial may stay: stale files are removed */
 	const struct ckptfs_tensor *tensors;
 	size_t n_tensors;
 	const struct ckptfs_blob *blobs;   /* written by this rank as they are */
@@ -157,7 +160,9 @@ struct ckptfs_save_args {
  * already exists. */
 int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save_args *args);
 /* Waits for the last save: its files durable (and, on rank 0 or with wait_commit, the
- * checkpoint complete).  timeout_ms < 0: no limit.  0, -ETIMEDOUT, or the save's error. */
+ * checkpoint complete).  timeout_ms < 0: no limit.  0, -ETIMEDOUT, or the save's error.
+ * A background save's error is reported here (and by ckptfs_saver_error()) only until the
+ * next ckptfs_save_async() starts another save: wait before the next save to learn it. */
 int ckptfs_save_wait(struct ckptfs_saver *s, int timeout_ms);
 /* 1 if no save is in flight, 0 if one is. */
 int ckptfs_save_done(struct ckptfs_saver *s);

@@ -499,6 +499,9 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 	if (ret < 0)
 		goto out;
 	j->snapshot_ns = tr_now_ns() - t0;
+	/* Cleared before the writes are queued: a writer that fails at once sets the error, and
+	 * clearing it afterwards would hide that failure from ckptfs_saver_error(). */
+	tr_errbuf_clear(&s->err);
 	/* Queue the writes. */
 	pthread_mutex_lock(&s->lock);
 	s->job = j;
@@ -506,7 +509,6 @@ TR_EXPORT int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save
 	pthread_cond_broadcast(&s->work);
 	pthread_mutex_unlock(&s->lock);
 	j = NULL;
-	tr_errbuf_clear(&s->err);
 	return 0;
 out:
 	/* A refused save keeps its plan for the next one (no writer ever saw it). */
