@@ -45,13 +45,15 @@ def batch(step: int, rank: int):
     return tok, torch.roll(tok, 1, dims=1)
 
 
-def build_fsdp1(seed: int, strategy: str = "FULL_SHARD"):
+def build_fsdp1(seed: int, strategy: str = "FULL_SHARD", ignore_head: bool = False):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     torch.manual_seed(seed)
     net = Net()
     kw = {}
+    if ignore_head:
+        kw["ignored_modules"] = [net.head]     # stays whole (and replicated) on every rank
     if strategy == "HYBRID_SHARD":
         from torch.distributed.device_mesh import init_device_mesh
         world = dist.get_world_size()

@@ -17,10 +17,12 @@ from _h2_common import assemble, bit_equal, diff_report, piece_record, written_o
 import _h2_fsdp1 as job
 
 
-def _save_side(rank, world, strategy="FULL_SHARD"):
+def _save_side(rank, world, strategy="FULL_SHARD", ignore_head=False):
     import ckptfs.fsdp1 as f1
-    model = job.build_fsdp1(seed=1, strategy=strategy)
-    opt = job.train(model, 2, rank)
+    model = job.build_fsdp1(seed=1, strategy=strategy, ignore_head=ignore_head)
+    # FSDP1 does not reduce an ignored module's gradients: with the same data on every rank
+    # its copies stay equal, as a job that syncs them itself keeps them.
+    opt = job.train(model, 2, 0 if ignore_head else rank)
     mp = f1.model_pieces(model, "model")
     op = f1.optim_pieces(model, opt, "optim")
     # The core's writer rule (no communication) over these pieces' replica classes.
@@ -55,8 +57,8 @@ def _fill_side(rank, world, ref_sd):
     return sd
 
 
-def _check(world, strategy="FULL_SHARD"):
-    res = run_ranks(world, _save_side, strategy, timeout=240)
+def _check(world, strategy="FULL_SHARD", ignore_head=False):
+    res = run_ranks(world, _save_side, strategy, ignore_head, timeout=240)
     records = [r for rr in res for r in rr["pieces"]]
     sd, osd = res[0]["sd"], res[0]["osd"]
     model = assemble(records, "model")
@@ -113,3 +115,13 @@ def test_fsdp1_pieces_hybrid_shard_4_ranks():
     res, sd = _check(4, "HYBRID_SHARD")
     flat = [r for rr in res for r in rr["pieces"] if r["flat_range"] is not None]
     assert flat and all(r["replica_count"] == 2 for r in flat)
+
+
+def test_fsdp1_pieces_ignored_module():
+    # Parameters of an ignored module are plain whole tensors on every rank (and so is their
+    # Adam state), beside the flat-sharded rest: replicas, written once.
+    res, sd = _check(2, ignore_head=True)
+    recs = [r for rr in res for r in rr["pieces"]]
+    head = [r for r in recs if r["name"] in ("head.weight", "state.head.weight.exp_avg")]
+    assert len(head) == 4 and all(r["flat_range"] is None and r["replica_count"] == 2
+                                  for r in head)

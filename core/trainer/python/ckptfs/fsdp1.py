@@ -17,7 +17,9 @@ state as Piece objects (pieces.py):
   wrapper prefixes removed), the names FSDP's own FULL_STATE_DICT uses; a parameter shared by
   several modules appears once, under its first name;
 - parameters and buffers FSDP does not shard (ignored modules, buffers) are whole tensors,
-  replicated on every rank;
+  replicated on every rank (FSDP does not synchronise an ignored module's parameters: a job
+  whose copies differ by rank keeps the one its writer rule picks, and views report the
+  replicas as disagreeing when every rank writes);
 - optimizer state (group "optim", names ``state.<fqn>.<key>``): tensors with the local
   parameter's shape (Adam's exp_avg / exp_avg_sq) get the parameter's placement; other tensors
   (``step``) are whole, replicated on the ranks whose chunk holds part of the parameter (only
