@@ -46,6 +46,7 @@ VENV_PY = os.path.join(TOP, ".venv", "bin", "python")
 WORKER = os.path.join(HERE, "trainer", "worker.py")
 CKPTFS = os.path.join(TOP, "fs", "ckptfs")
 CKPT = os.path.join(TOP, "tools", "ckpt")
+LIBCKPTFS = os.path.join(TOP, "core", "trainer", ".libs", "libckptfs.so")
 
 ALL_METHODS = ["ckptfs_one", "ckptfs_all", "dcp", "dcp_async", "bcp", "torch_save"]
 PEERS = ["dcp", "dcp_async", "bcp", "torch_save"]
@@ -223,6 +224,35 @@ def settle_compression(store, limit=300):
     log(f"  warning: {store}: compression still pending after {limit} s")
 
 
+def snapshot_binaries(out):
+    """Copies fs/ckptfs, tools/ckpt and libckptfs.so to OUT/bin, so a rebuild during the run
+    cannot mix versions; the workers load the copied library ($CKPTFS_LIBRARY).  Returns a line
+    naming the copies' SHA-256 prefixes and the git revision."""
+    global CKPTFS, CKPT
+    import hashlib
+    bindir = os.path.join(out, "bin")
+    os.makedirs(bindir, exist_ok=True)
+    parts = []
+    for src in (CKPTFS, CKPT, LIBCKPTFS):
+        if not os.path.exists(src):
+            continue
+        dst = os.path.join(bindir, os.path.basename(src))
+        shutil.copy2(os.path.realpath(src), dst)
+        with open(dst, "rb") as f:
+            parts.append(f"{os.path.basename(src)} {hashlib.sha256(f.read()).hexdigest()[:12]}")
+    CKPTFS = os.path.join(bindir, "ckptfs")
+    CKPT = os.path.join(bindir, "ckpt")
+    if os.path.exists(os.path.join(bindir, "libckptfs.so")):
+        os.environ["CKPTFS_LIBRARY"] = os.path.join(bindir, "libckptfs.so")
+    rev = subprocess.run(["git", "-C", TOP, "rev-parse", "--short", "HEAD"], capture_output=True,
+                         text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", TOP, "status", "--porcelain", "--", "core", "fs",
+                            "tools/ckpt.c", "tools/bench"], capture_output=True,
+                           text=True).stdout.strip()
+    return (f"binaries: {', '.join(parts)}; git {rev}"
+            f"{' (uncommitted changes in core/, fs/ or tools/)' if dirty else ''}")
+
+
 class Bench:
     def __init__(self, a):
         self.a = a
@@ -372,6 +402,8 @@ class Bench:
             f"{a.ranks} ranks, loaded on {a.load_ranks}; "
             f"methods {','.join(a.methods)}; kinds {','.join(a.kinds)}; {a.reps} reps; "
             f"work dir {self.work}; load average {loadavg():.2f}")
+        self.bins = snapshot_binaries(self.out)
+        log(self.bins)
         self.load_before = loadavg()
         t0 = time.monotonic()
         for kind in a.kinds:
@@ -421,7 +453,7 @@ class Bench:
                 lines.append(f"error {kind} {m} {ph}: {e}")
         lines.append("")
         lines.append(f"load average {self.load_before:.2f} at start, {self.load_after:.2f} "
-                     f"at end ({os.cpu_count()} CPUs)")
+                     f"at end ({os.cpu_count()} CPUs); {self.bins}")
         text = "\n".join(lines)
         print(text)
         with open(os.path.join(self.out, "results.txt"), "w") as f:

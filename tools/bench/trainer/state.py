@@ -2,7 +2,7 @@
 (fully_shard) or DDP on a gloo process group, with fp32 Adam moments (exp_avg, exp_avg_sq) in a
 real torch.optim.AdamW, so that every peer sees the framework objects it was built for.
 
-The values are random (a trained model's weights and moments do not compress), drawn per rank
+The values are random with the distributions of trained state (see _fill), drawn per rank
 shard for FSDP2 and identically on every rank for DDP (replicas hold the same bytes)."""
 
 import math
@@ -42,9 +42,16 @@ class Model(nn.Module):
         self.layers = nn.ModuleList(Block(h) for _ in range(layers))
 
 
-def _fill(t, gen):
-    # uniform bf16/fp32 noise; normal_ is ~3x slower and no more realistic for the bytes
-    t.uniform_(-0.05, 0.05, generator=gen)
+def _fill(t, gen, kind):
+    """Values with the byte statistics of trained state (hence its compressibility): weights
+    ~ N(0, 0.02), exp_avg ~ N(0, 1e-3), exp_avg_sq ~ N(0, 1e-3)^2."""
+    if kind == "weight":
+        t.normal_(0.0, 0.02, generator=gen)
+    elif kind == "exp_avg":
+        t.normal_(0.0, 1e-3, generator=gen)
+    else:
+        t.normal_(0.0, 1e-3, generator=gen)
+        t.mul_(t)
 
 
 def build(kind, hidden, layers, frozen_half=False, seed=0):
@@ -75,7 +82,7 @@ def build(kind, hidden, layers, frozen_half=False, seed=0):
     params = list(model.parameters())
     with torch.no_grad():
         for p in params:
-            _fill(p.to_local() if hasattr(p, "to_local") else p, gen)
+            _fill(p.to_local() if hasattr(p, "to_local") else p, gen, "weight")
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, init_sync=False)
@@ -89,21 +96,23 @@ def build(kind, hidden, layers, frozen_half=False, seed=0):
             st["step"] = torch.tensor(1.0)
             for k in ("exp_avg", "exp_avg_sq"):
                 m = torch.empty_like(p, dtype=torch.float32)
-                _fill(m.to_local() if hasattr(m, "to_local") else m, gen)
+                _fill(m.to_local() if hasattr(m, "to_local") else m, gen, k)
                 st[k] = m
     return model, opt
 
 
 def train_step(model, opt, step):
-    """Stands in for an optimizer step: changes every trainable weight and its moments in place
-    (frozen weights stay as they are)."""
+    """Stands in for an optimizer step: changes every value of every trainable weight and its
+    moments in place, keeping their distributions (a 1% scaling changes the mantissa of nearly
+    every bf16 and fp32 value); frozen weights stay as they are."""
     with torch.no_grad():
         for p in model.parameters():
             if not p.requires_grad:
                 continue
-            for t in (p, opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]):
+            for t, f in ((p, 1.01), (opt.state[p]["exp_avg"], 0.99),
+                         (opt.state[p]["exp_avg_sq"], 0.99)):
                 loc = t.to_local() if hasattr(t, "to_local") else t
-                loc.add_(1e-3 * step)
+                loc.mul_(f)
             opt.state[p]["step"] += 1
 
 
