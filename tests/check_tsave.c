@@ -1153,7 +1153,7 @@ START_TEST(test_size_overflow)
 	static double dummy[8];
 	struct ckptfs_save_args a;
 	struct ckptfs_tensor t[16];
-	char names[16][8], err[512];
+	char names[16][16], err[512];
 	struct ckptfs_blob b = { "huge.bin", dummy, SIZE_MAX - 100 };
 	int ret;
 
