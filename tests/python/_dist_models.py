@@ -102,9 +102,6 @@ def fsdp2(model, mesh=None):
     return model
 
 
-TP_PLAN = None
-
-
 def tp_plan():
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
     return {"up": ColwiseParallel(), "down": RowwiseParallel()}

@@ -14,7 +14,6 @@ and then warm (the same load again in the same processes).  Prints medians and t
 "source".
 """
 import argparse
-import os
 import statistics
 import sys
 import tempfile

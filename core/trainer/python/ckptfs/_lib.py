@@ -15,7 +15,7 @@ import ctypes
 import ctypes.util
 import errno as _errno
 import os
-from ctypes import (POINTER, Structure, c_char, c_char_p, c_int, c_int64, c_size_t, c_uint64,
+from ctypes import (POINTER, Structure, c_char_p, c_int, c_int64, c_size_t, c_uint64,
                     c_void_p)
 from pathlib import Path
 
@@ -245,4 +245,4 @@ def as_i64p(arr):
 
 __all__ = ["CheckpointError", "Tensor", "Blob", "SaverOpts", "SaveArgs", "SaveStats",
            "LoaderOpts", "TensorInfo", "LoadReq", "fn", "error_of", "i64array", "as_i64p",
-           "lib", "path", "c_char"]
+           "lib", "path"]
