@@ -105,9 +105,12 @@ def load_tp4_and_2d(rank, world, tp_dir, ref_dir, mnt_tp_dir):
     ckptfs.load(tp_dir, st)
     M.assert_same_state(ref, M.full_state(model, opt), "FSDP2xTP2 -> FSDP2xTP2 transposed")
     assert st["extra_state"] == {"rank": rank}
-    # The same checkpoint copied onto the mount, loaded through the tp2 view
+    # The same checkpoint copied onto the mount: a TP4 target reads the tp4 view
     model = M.tp(M.make_net(13), init_device_mesh("cpu", (4,), mesh_dim_names=("tp",)))
-    ckptfs.load(mnt_tp_dir, {"model": model}, view="tp")
+    from ckptfs import _api
+    chosen = _api.source_dir(mnt_tp_dir, _api.describe({"model": model}))
+    assert chosen.endswith(os.path.join("tp4_pp1", "tp_copy")), chosen
+    ckptfs.load(mnt_tp_dir, {"model": model})
     got = M.full_state(model, None)
     for k, v in ref["model"].items():
         assert torch.equal(v, got["model"][k]), k
