@@ -45,7 +45,10 @@ def batch(step: int, rank: int):
     return tok, torch.roll(tok, 1, dims=1)
 
 
-def build_fsdp1(seed: int, strategy: str = "FULL_SHARD", ignore_head: bool = False):
+def build_fsdp1(seed: int, strategy: str = "FULL_SHARD", ignore_head: bool = False,
+                mixed_ckpt: bool = False):
+    """mixed_ckpt: bf16 compute (MixedPrecision) and activation checkpointing of every
+    Block (its wrapper puts _checkpoint_wrapped_module. into the parameter names)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -54,6 +57,13 @@ def build_fsdp1(seed: int, strategy: str = "FULL_SHARD", ignore_head: bool = Fal
     kw = {}
     if ignore_head:
         kw["ignored_modules"] = [net.head]     # stays whole (and replicated) on every rank
+    if mixed_ckpt:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            apply_activation_checkpointing)
+        from torch.distributed.fsdp import MixedPrecision
+        kw["mixed_precision"] = MixedPrecision(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.bfloat16)
+        apply_activation_checkpointing(net, check_fn=lambda m: isinstance(m, Block))
     if strategy == "HYBRID_SHARD":
         from torch.distributed.device_mesh import init_device_mesh
         world = dist.get_world_size()

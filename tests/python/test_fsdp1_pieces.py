@@ -17,9 +17,10 @@ from _h2_common import assemble, bit_equal, diff_report, piece_record, written_o
 import _h2_fsdp1 as job
 
 
-def _save_side(rank, world, strategy="FULL_SHARD", ignore_head=False):
+def _save_side(rank, world, strategy="FULL_SHARD", ignore_head=False, mixed_ckpt=False):
     import ckptfs.fsdp1 as f1
-    model = job.build_fsdp1(seed=1, strategy=strategy, ignore_head=ignore_head)
+    model = job.build_fsdp1(seed=1, strategy=strategy, ignore_head=ignore_head,
+                            mixed_ckpt=mixed_ckpt)
     # FSDP1 does not reduce an ignored module's gradients: with the same data on every rank
     # its copies stay equal, as a job that syncs them itself keeps them.
     opt = job.train(model, 2, 0 if ignore_head else rank)
@@ -57,8 +58,8 @@ def _fill_side(rank, world, ref_sd):
     return sd
 
 
-def _check(world, strategy="FULL_SHARD", ignore_head=False):
-    res = run_ranks(world, _save_side, strategy, ignore_head, timeout=240)
+def _check(world, strategy="FULL_SHARD", ignore_head=False, mixed_ckpt=False):
+    res = run_ranks(world, _save_side, strategy, ignore_head, mixed_ckpt, timeout=240)
     records = [r for rr in res for r in rr["pieces"]]
     sd, osd = res[0]["sd"], res[0]["osd"]
     model = assemble(records, "model")
@@ -125,3 +126,13 @@ def test_fsdp1_pieces_ignored_module():
     head = [r for r in recs if r["name"] in ("head.weight", "state.head.weight.exp_avg")]
     assert len(head) == 4 and all(r["flat_range"] is None and r["replica_count"] == 2
                                   for r in head)
+
+
+def test_fsdp1_pieces_mixed_precision_and_activation_checkpointing():
+    # bf16 compute keeps the sharded fp32 parameters as the state; the checkpoint wrapper's
+    # prefix is not part of the names.
+    res, sd = _check(2, mixed_ckpt=True)
+    recs = [r for rr in res for r in rr["pieces"]]
+    assert all("_checkpoint_wrapped_module" not in r["name"] for r in recs)
+    assert {r["data"].dtype for r in recs if r["group"] == "model"} == {torch.float32}
+    assert "blocks.1.lin1.weight" in sd
