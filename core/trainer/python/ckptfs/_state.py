@@ -14,8 +14,9 @@ Sharding comes from the objects:
     process group: replica_count = world, replica_index = rank (every rank of the group is
     assumed to hold them: with pipeline stages that hold different plain tensors, save with
     replicas="all");
-  * a plain optimizer tensor of a DTensor parameter (Adam's scalar step) is whole and
-    replicated over the parameter's mesh;
+  * a plain optimizer tensor of a DTensor parameter (Adam's scalar step), and a plain tensor
+    of a module or dict that also holds DTensors (a sharded model's buffers), is whole and
+    replicated over that DTensor's mesh (pipeline stages hold different plain tensors);
   * a DTensor is the box of its local shard in the global tensor (torch's own offset
     arithmetic, torch.chunk semantics, uneven and empty shards, _StridedShard checked to be a
     box), replicated over its Replicate mesh dimensions; Partial placements are refused;
@@ -302,7 +303,18 @@ def object_pieces(group: str, obj, pg) -> List[Piece]:
     else:
         raise TypeError(f"state['{group}']: {type(obj).__name__} is neither a module nor a "
                         f"dict of tensors")
-    return [tensor_piece(group, name, t, rank, world) for name, t in items]
+    items = list(items)
+    # Plain tensors beside DTensors (a sharded model's buffers) are held by the ranks of the
+    # model's mesh, which under pipeline parallelism is not the whole group: they are
+    # replicated over the first DTensor's mesh, like a DTensor parameter's scalar state.
+    mesh = next((t.device_mesh for _, t in items if is_dtensor(t)), None)
+    out = []
+    for name, t in items:
+        if mesh is not None and not is_dtensor(t) and isinstance(t, torch.Tensor):
+            out.append(_mesh_whole_piece(group, name, t, mesh))
+        else:
+            out.append(tensor_piece(group, name, t, rank, world))
+    return out
 
 
 def _model_class_name(m) -> str:
