@@ -805,6 +805,15 @@ START_TEST(test_validation)
 	EXPECT(-EINVAL, "blob #0 '.hidden': invalid name");
 	bl.name = "model-rank00000.safetensors";
 	EXPECT(-EINVAL, "blob 'model-rank00000.safetensors': name used twice");
+	{
+		/* Its temporary name (.tmp-rRRRRR-NAME) must fit NAME_MAX too: refused here, not
+		 * by the writer after the save was accepted. */
+		static char longname[250];
+
+		memset(longname, 'a', sizeof(longname) - 1);
+		bl.name = longname;
+		EXPECT(-EINVAL, "invalid name (a plain file name of 1..243 bytes");
+	}
 	bl.name = "ok.bin";
 	a.manifest_extra = "[1]";
 	EXPECT(-EINVAL, "manifest_extra is not a JSON object");

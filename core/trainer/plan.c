@@ -18,7 +18,8 @@
 #include "views/shardmeta.h"
 
 #define GROUP_MAX 200
-#define BLOB_NAME_MAX 255
+/* A blob is written as .tmp-rRRRRR-NAME first: that name must fit NAME_MAX (255) too. */
+#define BLOB_NAME_MAX (255 - 12)
 /* The largest file (and pool layout) a save may make: an off_t must hold every offset. */
 #define FILE_MAX ((uint64_t)INT64_MAX)
 
