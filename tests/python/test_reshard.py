@@ -45,6 +45,18 @@ def save_4(rank, world, fsdp_dir, tp_dir, ref_dir):
                 async_=False)
     if rank == 0:
         torch.save(ref, os.path.join(ref_dir, "tp.pt"))
+
+    # Two pipeline-like stages of 2 ranks, each an FSDP2 module of its own with its own plain
+    # buffer: every stage's tensors must be written under replicas="one".
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    stage = mesh.get_coordinate()[0]
+    m = torch.nn.Module()
+    setattr(m, f"stage{stage}", torch.nn.Linear(4, 6))
+    m.register_buffer(f"buf{stage}", torch.full((3,), float(stage)))
+    from torch.distributed.fsdp import fully_shard
+    fully_shard(m, mesh=mesh["dp"])
+    ckptfs.save(os.path.join(ref_dir, "stages"), {"model": m}, async_=False)
     return placements
 
 
@@ -145,6 +157,25 @@ def test_fsdp2_4_to_n(saved, world):
 
 def test_fsdp2_4_to_1_and_tp_to_tp1(saved):
     run_ranks(1, load_on_1, saved["fsdp"], saved["tp"], saved["ref"], timeout=180)
+
+
+def _names(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        return set(f.keys())
+
+
+def test_stages_all_written(saved):
+    """Stages holding different tensors (pipeline-like): each is written by a rank of its own
+    stage, none is lost to a writer that does not hold it."""
+    d = os.path.join(saved["ref"], "stages")
+    names = set()
+    for r in range(4):
+        f = os.path.join(d, f"model-rank{r:05d}.safetensors")
+        if os.path.exists(f):
+            names |= _names(f)
+    assert names == {"stage0.weight", "stage0.bias", "buf0", "stage1.weight", "stage1.bias",
+                     "buf1"}, names
 
 
 def test_pieces_written_once(saved):
