@@ -28,6 +28,26 @@ extern "C" int trc_device_count(void)
 	return n;
 }
 
+/* The calling thread's current device, or -1 (no context yet, or an error, cleared).  Every
+ * entry point that selects a device puts the caller's back before it returns: a trainer's
+ * thread keeps the device its framework set (torch allocates "cuda" tensors there). */
+static int cur_device(void)
+{
+	int d = -1;
+
+	if (cudaGetDevice(&d) != cudaSuccess) {
+		cudaGetLastError();
+		return -1;
+	}
+	return d;
+}
+
+static void restore_device(int prev)
+{
+	if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
+		cudaGetLastError();
+}
+
 static int use_device(int device, char *err, size_t errlen)
 {
 	cudaError_t e = cudaSetDevice(device);
@@ -42,7 +62,7 @@ extern "C" int trc_memcpy(void *dst, int dst_device, const void *src, int src_de
 {
 	cudaMemcpyKind kind;
 	cudaError_t e;
-	int r;
+	int r, prev = cur_device();
 
 	if (dst_device >= 0 && src_device >= 0)
 		kind = cudaMemcpyDeviceToDevice;
@@ -54,11 +74,13 @@ extern "C" int trc_memcpy(void *dst, int dst_device, const void *src, int src_de
 		kind = cudaMemcpyHostToHost;
 	r = use_device(dst_device >= 0 ? dst_device : src_device, err, errlen);
 	if (r < 0)
-		return r;
+		goto out;
 	e = cudaMemcpy(dst, src, len, kind);
 	if (e != cudaSuccess)
-		return fail(e, "cudaMemcpy", err, errlen);
-	return 0;
+		r = fail(e, "cudaMemcpy", err, errlen);
+out:
+	restore_device(prev);
+	return r;
 }
 
 extern "C" int trc_host_register(void *addr, size_t len, char *err, size_t errlen)
@@ -115,8 +137,11 @@ extern "C" int trc_streams_new(struct trc_streams **ret_streams)
 
 extern "C" void trc_streams_free(struct trc_streams *st)
 {
+	int prev;
+
 	if (!st)
 		return;
+	prev = cur_device();
 	for (int d = 0; d < st->n_devs; d++) {
 		struct trc_dev *dv = &st->dev[d];
 
@@ -129,6 +154,7 @@ extern "C" void trc_streams_free(struct trc_streams *st)
 			cudaStreamDestroy(dv->stream[i]);
 		}
 	}
+	restore_device(prev);
 	free(st->dev);
 	free(st);
 }
@@ -166,7 +192,7 @@ extern "C" int trc_d2h_async(struct trc_streams *st, void *dst, const void *src,
 	struct trc_dev *dv;
 	cudaError_t e;
 	unsigned i;
-	int r;
+	int r, prev;
 
 	if (device < 0 || device >= st->n_devs) {
 		if (err && errlen)
@@ -175,34 +201,41 @@ extern "C" int trc_d2h_async(struct trc_streams *st, void *dst, const void *src,
 		return -ENODEV;
 	}
 	dv = &st->dev[device];
+	prev = cur_device();
 	r = use_device(device, err, errlen);
 	if (r < 0)
-		return r;
+		goto out;
 	if (!dv->made) {
 		r = make_dev(dv, err, errlen);
 		if (r < 0)
-			return r;
+			goto out;
 	}
 	/* The copies run on the library's own non-blocking streams, which are not ordered after
 	 * the caller's: wait once per batch for the work already queued on the device (kernels
 	 * still writing the tensors), whatever stream it is on. */
 	if (!dv->synced) {
 		e = cudaDeviceSynchronize();
-		if (e != cudaSuccess)
-			return fail(e, "cudaDeviceSynchronize", err, errlen);
+		if (e != cudaSuccess) {
+			r = fail(e, "cudaDeviceSynchronize", err, errlen);
+			goto out;
+		}
 		dv->synced = 1;
 	}
 	i = dv->next++ % TRC_STREAMS;
 	e = cudaMemcpyAsync(dst, src, len, cudaMemcpyDeviceToHost, dv->stream[i]);
-	if (e != cudaSuccess)
-		return fail(e, "cudaMemcpyAsync", err, errlen);
+	if (e != cudaSuccess) {
+		r = fail(e, "cudaMemcpyAsync", err, errlen);
+		goto out;
+	}
 	dv->used[i] = 1;
-	return 0;
+out:
+	restore_device(prev);
+	return r;
 }
 
 extern "C" int trc_streams_wait(struct trc_streams *st, char *err, size_t errlen)
 {
-	int ret = 0;
+	int ret = 0, prev = cur_device();
 
 	/* Record every event first so that all streams keep running, then wait for each. */
 	for (int d = 0; d < st->n_devs; d++) {
@@ -239,5 +272,6 @@ extern "C" int trc_streams_wait(struct trc_streams *st, char *err, size_t errlen
 				ret = fail(e, "cudaEventSynchronize", err, errlen);
 		}
 	}
+	restore_device(prev);
 	return ret;
 }

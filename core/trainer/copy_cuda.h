@@ -1,7 +1,8 @@
 /* copy_cuda.h: the CUDA half of the copy engine (copy_cuda.cu), called only by copy_host.c
  * and only in a build with CKPTFS_CUDA.  Every function returns 0 or a negative errno and, on
  * failure, writes the CUDA reason into err (errlen bytes, NUL-terminated).  Safe from any
- * thread: each call selects the device it needs on the calling thread first. */
+ * thread: each call selects the device it needs on the calling thread first and puts the
+ * thread's current device back before it returns. */
 #ifndef CKPTFS_TRAINER_COPY_CUDA_H
 #define CKPTFS_TRAINER_COPY_CUDA_H
 
