@@ -43,6 +43,23 @@ def fsdp2(m, world: int):
     return m
 
 
+def fsdp1(m):
+    """FSDP1 (use_orig_params) with one unit per decoder layer, on CPU."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    return FSDP(m, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+                use_orig_params=True, device_id=torch.device("cpu"))
+
+
+def fsdp1_full_state(m) -> dict:
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    with FSDP.state_dict_type(m, StateDictType.FULL_STATE_DICT,
+                              FullStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+        return {k: v.detach().clone() for k, v in m.state_dict().items()}
+
+
 def tokens(step: int, rank: int, batch: int = 2, seq: int = 12):
     g = torch.Generator().manual_seed(77 + 1000 * step + rank)
     return torch.randint(0, VOCAB, (batch, seq), generator=g)

@@ -8,7 +8,8 @@ Then, in the test process (HF_HUB_OFFLINE=1):
   * transformers.AutoModelForCausalLM.from_pretrained(MNT/tp1_pp1/<step>) loads it, and its
     logits on a fixed input equal, exactly, the logits of a plain model holding the trainer's
     full state (same class, same dtype).
-Untied and tied embeddings, float32 and bfloat16.
+Untied and tied embeddings, float32 and bfloat16, and the same model under FSDP1
+(use_orig_params, through ckptfs.fsdp1).
 """
 from __future__ import annotations
 
@@ -23,27 +24,32 @@ from _h2_common import diff_report
 import _h2_llama as L
 
 
-def _train_and_save(rank, world, path, tie, dtype_name):
+def _train_and_save(rank, world, path, tie, dtype_name, wrap="fsdp2"):
     import ckptfs
     dtype = getattr(torch, dtype_name)
     cfg = L.config(tie=tie, dtype=dtype)
-    m = L.fsdp2(L.model(cfg, seed=4), world)
+    if wrap == "fsdp2":
+        m = L.fsdp2(L.model(cfg, seed=4), world)
+    else:
+        m = L.fsdp1(L.model(cfg, seed=4))
     opt = L.train(m, 3, rank)
-    full = L.full_state(m)
+    full = L.full_state(m) if wrap == "fsdp2" else L.fsdp1_full_state(m)
     h = ckptfs.save(path, {"model": m, "optimizer": opt, "extra_state": {"step": 3}})
     logits = L.logits_of(cfg, full) if rank == 0 else None
     h.wait()
     return {"full": full, "logits": logits} if rank == 0 else None
 
 
-@pytest.mark.parametrize("tie,dtype_name", [(False, "float32"), (True, "float32"),
-                                            (False, "bfloat16")])
-def test_tp1_view_loads_in_transformers_and_safe_open(ckptfs_mount, tie, dtype_name):
+@pytest.mark.parametrize("tie,dtype_name,wrap", [(False, "float32", "fsdp2"),
+                                                 (True, "float32", "fsdp2"),
+                                                 (False, "bfloat16", "fsdp2"),
+                                                 (False, "float32", "fsdp1")])
+def test_tp1_view_loads_in_transformers_and_safe_open(ckptfs_mount, tie, dtype_name, wrap):
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     step = ckptfs_mount.mnt / "run" / "step3"
     step.parent.mkdir()
-    res = run_ranks(2, _train_and_save, str(step), tie, dtype_name, timeout=300)[0]
+    res = run_ranks(2, _train_and_save, str(step), tie, dtype_name, wrap, timeout=300)[0]
     full, want_logits = res["full"], res["logits"]
     view = ckptfs_mount.mnt / "tp1_pp1" / "run" / "step3"
 
