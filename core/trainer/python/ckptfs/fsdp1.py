@@ -33,7 +33,7 @@ full-size save.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -208,7 +208,7 @@ def model_pieces(module: torch.nn.Module, group: str = "model") -> List[Piece]:
                                      ("world", len(p.holders))))
             continue
         if p.flat_range is None:
-            if p.shape.numel() == 0 and p.holders == [] and _shard_rank0(p):
+            if p.shape.numel() == 0 and not p.holders and _global_rank() == 0:
                 # A zero-element parameter lies in no rank's chunk; rank 0 records it.
                 out.append(Piece(group=group, name=fqn, tensor=t.reshape(p.shape),
                                  global_shape=tuple(p.shape)))
@@ -223,8 +223,8 @@ def model_pieces(module: torch.nn.Module, group: str = "model") -> List[Piece]:
     return out
 
 
-def _shard_rank0(p: _Placement) -> bool:
-    return (dist.get_rank() if dist.is_initialized() else 0) == 0
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def optim_pieces(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
