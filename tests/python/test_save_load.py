@@ -177,6 +177,12 @@ def test_save_errors(tmp_path):
         ckptfs.save(tmp_path / "big", {"model": {"a": torch.ones(1 << 18)}}, pool_bytes=65536)
     assert ei.value.errno == errno.EFBIG and "big" in str(ei.value), str(ei.value)
     assert not (tmp_path / "big").exists()
+    # the same path again, with a pool that fits (a new saver): the retry completes
+    ckptfs.save(tmp_path / "big", {"model": {"a": torch.ones(1 << 18)}}, pool_bytes=1 << 24,
+                async_=False)
+    out = {"a": torch.zeros(1 << 18)}
+    ckptfs.load(tmp_path / "big", {"model": out})
+    assert torch.equal(out["a"], torch.ones(1 << 18))
     with pytest.raises(TypeError, match="extra_state"):
         ckptfs.save(tmp_path / "ck3", {"model": {"a": "not a tensor"}})
     with pytest.raises(ValueError, match="replicas"):

@@ -376,6 +376,11 @@ def save(path, state: dict, *, async_: bool = True, process_group=None, replicas
     if not isinstance(state, dict):
         raise TypeError("state must be a dict such as {'model': m, 'optimizer': o, "
                         "'extra_state': {...}}")
+    # Every call takes the next sequence number, refused or not, so that ranks that all call
+    # save() the same number of times agree on it (a save retried after a failure gets a new
+    # one, as the library requires).
+    _seq += 1
+    seq = _seq
     rank, world = _state.group_info(process_group)
     saver = _get_saver(dict(pool_bytes=pool_bytes, io_threads=io_threads,
                             backpressure=backpressure, write_bytes=write_bytes,
@@ -384,8 +389,6 @@ def save(path, state: dict, *, async_: bool = True, process_group=None, replicas
     groups = describe(state, process_group)
     pieces = [p for ps in groups.values() for p in ps]
     _state.assign_writers(pieces, replicas)
-    _seq += 1
-    seq = _seq
 
     keep = _Keep()
     cuda_ok = bool(_lib.fn("ckptfs_cuda_available")())
@@ -438,7 +441,6 @@ def save(path, state: dict, *, async_: bool = True, process_group=None, replicas
             prev._finish(_lib.fn("ckptfs_save_wait")(saver.h, 0))
         rc = _lib.fn("ckptfs_save_async")(saver.h, ctypes.byref(args))
         if rc < 0:
-            _seq -= 1       # every rank refused alike: the sequence stays in step
             raise saver.error(rc, path)
         saver.current = handle
     del keep
