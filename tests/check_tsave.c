@@ -1293,6 +1293,53 @@ START_TEST(test_stale_dirs_and_retry)
 }
 END_TEST
 
+/* A rank whose save fails tells the others: rank 0 fails at once when rank 1 cannot write its
+ * file, and rank 1 (waiting for the commit) fails at once when rank 0 cannot; each names the
+ * failed rank and its file, long before the commit timeout. */
+START_TEST(test_failure_propagates)
+{
+	for (int bad = 0; bad < 2; bad++) {
+		struct rank_ctx r[2] = { { .rank = 0 }, { .rank = 1 } };
+		pthread_t th[2];
+		char p[4200], f[4400], want[300];
+		uint64_t t0;
+
+		snprintf(p, sizeof(p), "%s", pathf("fp%d", bad));
+		snprintf(f, sizeof(f), "%s.partial", p);
+		ck_assert_int_eq(mkdir(f, 0755), 0);
+		/* A non-empty directory where the failing rank's file must go: its rename fails. */
+		snprintf(f, sizeof(f), "%s.partial/model-rank%05d.safetensors", p, bad);
+		ck_assert_int_eq(mkdir(f, 0755), 0);
+		snprintf(f, sizeof(f), "%s.partial/model-rank%05d.safetensors/x", p, bad);
+		ck_assert_int_eq(mkdir(f, 0755), 0);
+		for (int i = 0; i < 2; i++) {
+			r[i].path = p;
+			r[i].world = 2;
+			r[i].job_id = 11;
+			r[i].timeout_ms = 20000;
+		}
+		t0 = now_ns();
+		for (int i = 0; i < 2; i++)
+			ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &r[i]), 0);
+		for (int i = 0; i < 2; i++)
+			pthread_join(th[i], NULL);
+		ck_assert_msg(now_ns() - t0 < 10ull * 1000000000, "failure took %llu ms to reach "
+			      "the other rank", (unsigned long long)((now_ns() - t0) / 1000000));
+		snprintf(want, sizeof(want), "model-rank%05d.safetensors: rename", bad);
+		for (int i = 0; i < 2; i++) {
+			ck_assert_int_eq(r[i].save_ret, 0);
+			ck_assert_int_lt(r[i].wait_ret, 0);
+			ck_assert_msg(strstr(r[i].err, want) != NULL, "rank %d: %s", i, r[i].err);
+			if (i != bad)
+				ck_assert_msg(strstr(r[i].err, bad ? "rank 1 failed" :
+						     "rank 0 failed the save") != NULL, "rank %d: %s",
+					      i, r[i].err);
+		}
+		ck_assert(!exists(p));
+	}
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tsave");
@@ -1324,6 +1371,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_size_overflow);
 	tcase_add_test(tc, test_fork_child);
 	tcase_add_test(tc, test_stale_dirs_and_retry);
+	tcase_add_test(tc, test_failure_propagates);
 	suite_add_tcase(s, tc);
 	return s;
 }

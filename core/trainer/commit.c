@@ -23,6 +23,11 @@ void tr_done_marker_name(char *buf, size_t len, int rank)
 	snprintf(buf, len, ".rank-%05d.done", rank);
 }
 
+void tr_failed_marker_name(char *buf, size_t len, int rank)
+{
+	snprintf(buf, len, ".rank-%05d.failed", rank);
+}
+
 int tr_ckpt_init(struct tr_ckpt *c, const char *path, char *err, size_t errlen)
 {
 	size_t n;
@@ -114,12 +119,17 @@ int tr_ckpt_prepare(struct tr_ckpt *c, char *err, size_t errlen)
 		tr_fmt(err, errlen, "%s: open: %s", c->partial, strerror(-ret));
 		goto out;
 	}
-	tr_done_marker_name(name, sizeof(name), c->rank);
-	if (unlinkat(c->dirfd, name, 0) < 0 && errno != ENOENT) {
-		ret = -errno;
-		tr_fmt(err, errlen, "%s/%s: removing a stale done marker: %s", c->partial, name,
-		       strerror(-ret));
-		goto out;
+	for (int k = 0; k < 2; k++) {
+		if (k == 0)
+			tr_done_marker_name(name, sizeof(name), c->rank);
+		else
+			tr_failed_marker_name(name, sizeof(name), c->rank);
+		if (unlinkat(c->dirfd, name, 0) < 0 && errno != ENOENT) {
+			ret = -errno;
+			tr_fmt(err, errlen, "%s/%s: removing a stale marker: %s", c->partial, name,
+			       strerror(-ret));
+			goto out;
+		}
 	}
 out:
 	return ret;
@@ -198,6 +208,48 @@ int tr_done_marker_write(struct tr_ckpt *c, char *err, size_t errlen)
 	ret = write_json(c, name, o, err, errlen);
 	json_decref(o);
 	return ret;
+}
+
+int tr_failed_marker_write(struct tr_ckpt *c, int error, const char *msg)
+{
+	char name[64], job[24], err[TR_MSG_MAX];
+	json_t *o;
+	int ret;
+
+	if (c->dirfd < 0 || c->published)
+		return c->published ? 0 : -EBADF; /* a published checkpoint is never written */
+	tr_failed_marker_name(name, sizeof(name), c->rank);
+	o = json_pack("{s:s, s:i, s:s, s:I, s:i, s:i, s:i, s:s}", "format", TR_FAILED_FORMAT,
+		      "format_version", 1, "job_id", job_str(c->job_id, job),
+		      "seq", (json_int_t)c->seq, "world", c->world, "rank", c->rank,
+		      "errno", -error, "error", msg ? msg : "");
+	ret = write_json(c, name, o, err, sizeof(err));
+	json_decref(o);
+	return ret;
+}
+
+/* Whether text s is rank r's failure marker of this save; if so, *ret_err is its negative
+ * errno (-EIO if it holds none) and msg its message. */
+static int failed_matches(const struct tr_ckpt *c, const char *s, int r, int *ret_err,
+			  char *msg, size_t len)
+{
+	json_t *o = json_loads(s, JSON_REJECT_DUPLICATES, NULL);
+	const char *fmt = NULL, *job = NULL, *why = NULL;
+	json_int_t seq = -1, world = -1, rank = -1, e = 0;
+	char jb[24];
+	int ok = 0;
+
+	if (o && json_unpack(o, "{s:s, s:s, s:I, s:I, s:I, s?I, s:s}", "format", &fmt, "job_id",
+			     &job, "seq", &seq, "world", &world, "rank", &rank, "errno", &e,
+			     "error", &why) == 0 &&
+	    !strcmp(fmt, TR_FAILED_FORMAT) && !strcmp(job, job_str(c->job_id, jb)) &&
+	    (uint64_t)seq == c->seq && world == c->world && rank == r) {
+		ok = 1;
+		*ret_err = e > 0 && e < 4096 ? -(int)e : -EIO;
+		snprintf(msg, len, "%s", why);
+	}
+	json_decref(o);
+	return ok;
 }
 
 /* Sleeps between polls: short at first (a local commit is quick), then up to 50 ms. */
@@ -358,6 +410,22 @@ int tr_commit(struct tr_ckpt *c, char *err, size_t errlen)
 
 			if (found[r])
 				continue;
+			/* A rank that failed says so: the save fails now, not at the timeout. */
+			tr_failed_marker_name(name, sizeof(name), r);
+			if (json_object_get(names, name) &&
+			    tr_read_small(c->dirfd, name, MARKER_MAX, &s, NULL) == 0) {
+				char why[TR_MSG_MAX];
+				int fe;
+
+				if (failed_matches(c, s, r, &fe, why, sizeof(why))) {
+					free(s);
+					tr_fmt(err, errlen, "%s: rank %d failed: %s", c->partial, r, why);
+					ret = fe;
+					goto out;
+				}
+				free(s);
+				s = NULL;
+			}
 			tr_done_marker_name(name, sizeof(name), r);
 			if (!json_object_get(names, name))
 				continue;
@@ -505,6 +573,7 @@ int tr_commit(struct tr_ckpt *c, char *err, size_t errlen)
 			goto out;
 		}
 	}
+	c->published = 1;
 	pfd = open(c->parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (pfd < 0) {
 		ret = -errno;
@@ -534,7 +603,7 @@ int tr_wait_complete(struct tr_ckpt *c, char *err, size_t errlen)
 {
 	uint64_t deadline = tr_now_ns() + (uint64_t)c->timeout_ms * 1000000ull;
 	size_t n = strlen(c->path) + sizeof(TR_MARKER_NAME) + 2;
-	char *mp = malloc(n), job[24];
+	char *mp = malloc(n), job[24], f0[64];
 	const char *other = NULL;
 	unsigned us = 1000;
 	char seen[96] = "";
@@ -545,8 +614,23 @@ int tr_wait_complete(struct tr_ckpt *c, char *err, size_t errlen)
 		return -ENOMEM;
 	}
 	snprintf(mp, n, "%s/%s", c->path, TR_MARKER_NAME);
+	tr_failed_marker_name(f0, sizeof(f0), 0);
 	for (;;) {
 		char *s = NULL;
+
+		/* Rank 0 failed this save (its own error or another rank's): stop waiting. */
+		if (tr_read_small(c->dirfd, f0, MARKER_MAX, &s, NULL) == 0) {
+			char why[TR_MSG_MAX];
+			int fe, hit = failed_matches(c, s, 0, &fe, why, sizeof(why));
+
+			free(s);
+			s = NULL;
+			if (hit) {
+				tr_fmt(err, errlen, "%s: rank 0 failed the save: %s", c->path, why);
+				ret = fe;
+				break;
+			}
+		}
 
 		if (tr_read_small(AT_FDCWD, mp, MARKER_MAX, &s, NULL) == 0) {
 			json_t *o = json_loads(s, 0, NULL);

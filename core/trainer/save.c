@@ -149,6 +149,13 @@ static void finish_job(struct ckptfs_saver *s, struct tr_job *j)
 	pthread_mutex_lock(&s->lock);
 	if (ret < 0)
 		set_job_err(j, ret, msg);
+	/* Tell the other ranks at once (best effort; they time out otherwise).  err and msg are
+	 * final here: no other thread touches this job any more. */
+	if (j->err) {
+		pthread_mutex_unlock(&s->lock);
+		(void)tr_failed_marker_write(&j->ck, j->err, j->msg);
+		pthread_mutex_lock(&s->lock);
+	}
 	if (j->err) {
 		tr_errbuf_set(&s->err, j->err, "%s", j->msg);
 	} else {
