@@ -11,6 +11,7 @@
  *   BLOB                          each blob under its own name
  *   .tmp-rRRRRR-NAME              a file being written (never published under this name)
  *   .rank-RRRRR.done              rank R's done marker (JSON, see commit.h)
+ *   .rank-RRRRR.failed            rank R's save of this job and seq failed (JSON, commit.h)
  *   ckptfs-checkpoint.json        the completion marker, written last by rank 0
  * RRRRR is the rank in decimal, at least 5 digits, zero-padded.
  */
