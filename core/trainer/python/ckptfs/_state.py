@@ -334,6 +334,14 @@ def hf_config_json(obj) -> Optional[str]:
     if not isinstance(obj, torch.nn.Module):
         return None
     m = unwrap(obj)
+    # FSDP1 and activation-checkpointing wrappers forward attributes (config, save_pretrained)
+    # to the module they wrap: name the wrapped model's class, not the wrapper's.
+    while True:
+        inner = m._modules.get("_fsdp_wrapped_module") or \
+            m._modules.get("_checkpoint_wrapped_module")
+        if inner is None:
+            break
+        m = inner
     cfg = getattr(m, "config", None)
     if cfg is None or not hasattr(cfg, "to_json_string") or not hasattr(cfg, "to_dict") \
             or not hasattr(m, "save_pretrained"):
