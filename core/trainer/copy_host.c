@@ -4,6 +4,7 @@
 #include "config.h"
 #endif
 #include <errno.h>
+#include <stdbool.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +62,9 @@ TR_EXPORT int ckptfs_cuda_available(void)
 	return tr_cuda_usable();
 }
 
-int tr_copy_to_host(void *dst, const void *src, size_t len, int device)
+/* One synchronous copy between host memory and device `device` (-1: host to host);
+ * to_device says which side the device pointer is on. */
+static int copy_one(void *dst, const void *src, size_t len, int device, bool to_device)
 {
 	copy_err[0] = '\0';
 	if (len == 0)
@@ -76,29 +79,20 @@ int tr_copy_to_host(void *dst, const void *src, size_t len, int device)
 	}
 #ifdef CKPTFS_CUDA
 	if (tr_cuda_usable())
-		return trc_memcpy(dst, -1, src, device, len, copy_err, sizeof(copy_err));
+		return to_device ? trc_memcpy(dst, device, src, -1, len, copy_err, sizeof(copy_err))
+				 : trc_memcpy(dst, -1, src, device, len, copy_err, sizeof(copy_err));
 #endif
 	return nodev(device);
 }
 
+int tr_copy_to_host(void *dst, const void *src, size_t len, int device)
+{
+	return copy_one(dst, src, len, device, false);
+}
+
 int tr_copy_to_device(void *dst, int device, const void *src, size_t len)
 {
-	copy_err[0] = '\0';
-	if (len == 0)
-		return 0;
-	if (!dst || !src) {
-		tr_fmt(copy_err, sizeof(copy_err), "NULL pointer");
-		return -EINVAL;
-	}
-	if (device < 0) {
-		memcpy(dst, src, len);
-		return 0;
-	}
-#ifdef CKPTFS_CUDA
-	if (tr_cuda_usable())
-		return trc_memcpy(dst, device, src, -1, len, copy_err, sizeof(copy_err));
-#endif
-	return nodev(device);
+	return copy_one(dst, src, len, device, true);
 }
 
 int tr_host_register(void *addr, size_t len)

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <jansson.h>
 
+#include "base/util.h"
 #include "trainer/trainer_int.h"
 
 void tr_errbuf_init(struct tr_errbuf *e)
@@ -21,13 +22,6 @@ void tr_errbuf_destroy(struct tr_errbuf *e)
 	pthread_mutex_destroy(&e->lock);
 }
 
-static void one_line(char *s)
-{
-	for (; *s; s++)
-		if (*s == '\n' || *s == '\r')
-			*s = ' ';
-}
-
 int tr_errbuf_set(struct tr_errbuf *e, int err, const char *fmt, ...)
 {
 	va_list ap;
@@ -37,7 +31,7 @@ int tr_errbuf_set(struct tr_errbuf *e, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
 	va_end(ap);
-	one_line(e->msg);
+	ckpt_str_one_line(e->msg);
 	pthread_mutex_unlock(&e->lock);
 	return err;
 }
@@ -71,15 +65,12 @@ void tr_fmt(char *buf, size_t len, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(buf, len, fmt, ap);
 	va_end(ap);
-	one_line(buf);
+	ckpt_str_one_line(buf);
 }
 
 uint64_t tr_now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return (uint64_t)ckpt_mono_ns();
 }
 
 int tr_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)

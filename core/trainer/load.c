@@ -17,6 +17,7 @@
 
 #include "base/util.h"
 #include "trainer/load.h"
+#include "trainer/trainer_int.h"
 #include "views/shardmeta.h"
 
 #define LD_FUSE_MAGIC 0x65735546 /* statfs f_type of FUSE file systems */
@@ -36,18 +37,6 @@ int ld_fail(struct ckptfs_loader *l, int err, const char *fmt, ...)
 	ckpt_str_one_line(l->errmsg);
 	l->err = err;
 	return err;
-}
-
-int ld_thread_start(pthread_t *t, void *(*fn)(void *), void *arg)
-{
-	sigset_t all, old;
-	int rc;
-
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	rc = pthread_create(t, NULL, fn, arg);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	return rc;
 }
 
 CKPTFS_EXPORT void ckptfs_loader_opts_init(struct ckptfs_loader_opts *opts)
@@ -324,7 +313,7 @@ static int read_headers(struct ckptfs_loader *l, struct hslot *slots)
 		n = (unsigned)(l->n_files / 2); /* a thread for fewer than 2 files does not pay */
 	atomic_init(&r.next, 0);
 	for (unsigned i = 1; i < n; i++) {
-		if (ld_thread_start(&th[started], hread_worker, &r) != 0)
+		if (tr_thread_start(&th[started], hread_worker, &r) != 0)
 			break; /* fewer threads still read every header */
 		started++;
 	}

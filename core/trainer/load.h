@@ -130,10 +130,6 @@ struct ckptfs_loader {
 int ld_fail(struct ckptfs_loader *l, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
-/* pthread_create() of a loader thread with every signal blocked in it, so that signals meant
- * for the caller's process (SIGINT of a Python trainer) go to the caller's threads. */
-int ld_thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
-
 /* Index of (group, name) in l->tensors, or -1. */
 long ld_find(const struct ckptfs_loader *l, const char *group, const char *name);
 

@@ -40,21 +40,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "trainer/copy.h"
 #include "trainer/load.h"
+#include "trainer/trainer_int.h"
 #include "views/shardmeta.h"
 
-/* The copy engine (trainer/copy.h, built with the save pipeline).  Declared weak so that the
- * loader links, and refuses device destinations with -ENODEV, in a library without it. */
-extern int tr_copy_to_device(void *dst, int device, const void *src, size_t len)
-	__attribute__((weak));
-extern int tr_cuda_usable(void) __attribute__((weak));
-extern const char *tr_copy_error(void) __attribute__((weak));
-extern int tr_host_register(void *addr, size_t len) __attribute__((weak));
-extern void tr_host_unregister(void *addr) __attribute__((weak));
 
 static bool have_device_copy(void)
 {
-	return tr_copy_to_device && tr_cuda_usable && tr_cuda_usable();
+	return tr_cuda_usable();
 }
 
 static uint64_t now_ns(void)
@@ -857,7 +851,7 @@ static int run_reads(struct ckptfs_loader *l, struct exec *x, unsigned nthreads)
 	unsigned started = 0;
 
 	for (unsigned i = 1; i < nthreads; i++) {
-		if (ld_thread_start(&th[started], worker, x) != 0)
+		if (tr_thread_start(&th[started], worker, x) != 0)
 			break; /* fewer threads still finish the work */
 		started++;
 	}
@@ -989,11 +983,9 @@ static int stage_copy(const struct stage *s, const uint8_t *staging, char *why, 
 		memcpy(s->dev, staging + s->host_off, s->len);
 		return 0;
 	}
-	ret = tr_copy_to_device ? tr_copy_to_device(s->dev, s->device, staging + s->host_off,
-						    s->len)
-				: -ENODEV;
+	ret = tr_copy_to_device(s->dev, s->device, staging + s->host_off, s->len);
 	if (ret) {
-		e = tr_copy_error ? tr_copy_error() : NULL;
+		e = tr_copy_error();
 		snprintf(why, whylen, "%s", e && *e ? e : strerror(-ret));
 	}
 	return ret;
@@ -1103,7 +1095,7 @@ static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
 	}
 	/* several fills to a device: page-locked buffers copy several times faster, which
 	 * outweighs locking them once (a failure leaves them pageable, slower but right) */
-	for (size_t i = 0; i < n && total > 2 * cap && tr_host_register; i++) {
+	for (size_t i = 0; i < n && total > 2 * cap; i++) {
 		if (!staged[i] || reqs[i].device < 0)
 			continue;
 		for (int k = 0; k < 2; k++)
@@ -1128,7 +1120,7 @@ static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
 				break;
 		}
 		if (next_any) {
-			threaded = ld_thread_start(&th, phase_thread, &a) == 0;
+			threaded = tr_thread_start(&th, phase_thread, &a) == 0;
 			if (!threaded)
 				a.ret = run_phase(ld, &next->p); /* no thread: one after the other */
 		}
@@ -1155,7 +1147,7 @@ static int load_staged(struct load *ld, const struct ckptfs_load_req *reqs,
 	}
 out:
 	for (int k = 0; k < 2; k++) {
-		if (pinned[k] && tr_host_unregister)
+		if (pinned[k])
 			tr_host_unregister(fl[k].buf);
 		free(fl[k].buf);
 		free(fl[k].cp);
