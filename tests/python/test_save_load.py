@@ -260,6 +260,7 @@ def test_optimizer_state_names(tmp_path):
     model(torch.ones(1, 2)).sum().backward()
     opt.step()
     g = _api.describe({"model": model, "optimizer": opt})
+    assert [p.name for p in g["model"]] == ["weight", "bias"]
     assert sorted(p.name for p in g["optim"]) == [
         "state.bias.exp_avg", "state.bias.exp_avg_sq", "state.bias.step",
         "state.weight.exp_avg", "state.weight.exp_avg_sq", "state.weight.step"]
