@@ -1,5 +1,6 @@
 """Resharded loads, bit-identical: FSDP2 saved on 4 ranks and loaded on 2, 3 (uneven) and 1
-process; FSDP2 x TP2 (2-D mesh) loaded as TP1, TP4 and FSDP2 x TP2 on a transposed mesh.
+process; FSDP2 x TP2 (2-D mesh) loaded as TP1, TP4 and FSDP2 x TP2 on a transposed mesh;
+HSDP (FSDP2 on a replicate x shard mesh) loaded on 1 process.
 Adam moments, steps and param_groups survive; extra_state is per rank.  The FSDP2 checkpoint
 lives on the ckptfs mount, the FSDP2 x TP2 one in a plain directory.
 
@@ -57,6 +58,18 @@ def save_4(rank, world, fsdp_dir, tp_dir, ref_dir):
     from torch.distributed.fsdp import fully_shard
     fully_shard(m, mesh=mesh["dp"])
     ckptfs.save(os.path.join(ref_dir, "stages"), {"model": m}, async_=False)
+
+    # HSDP: FSDP2 on a (replicate 2, shard 2) mesh: Replicate pieces, one writer each
+    hmesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = M.fsdp2(M.make_net(4), hmesh)
+    opt = M.make_optim(model)
+    M.train(model, opt, 1, hmesh.get_coordinate()[1])
+    placements["hsdp"] = str(model.up.weight.placements)
+    ref = M.full_state(model, opt)
+    ckptfs.save(os.path.join(ref_dir, "hsdp"), {"model": model, "optimizer": opt},
+                async_=False)
+    if rank == 0:
+        torch.save(ref, os.path.join(ref_dir, "hsdp.pt"))
     return placements
 
 
@@ -86,6 +99,11 @@ def load_fsdp2(rank, world, fsdp_dir, ref_dir):
 def load_on_1(rank, world, fsdp_dir, tp_dir, ref_dir):
     """One process, plain model: FSDP2 4 -> 1 and FSDP2 x TP2 -> TP1."""
     load_fsdp2(rank, world, fsdp_dir, ref_dir)
+    model = M.make_net(8)
+    opt = M.make_optim(model, lr=2.0)
+    ckptfs.load(os.path.join(ref_dir, "hsdp"), {"model": model, "optimizer": opt})
+    M.assert_same_state(torch.load(os.path.join(ref_dir, "hsdp.pt")), M.full_state(model, opt),
+                        "HSDP 2x2 -> 1")
     return load_tp1(rank, world, tp_dir, ref_dir)
 
 
@@ -145,6 +163,7 @@ def saved(tmp_path_factory):
         # the layouts are what the test means to cover
         assert "_StridedShard" in placements[0]["up.weight"]
         assert "Shard(dim=1)" in placements[0]["down.weight"]
+        assert placements[0]["hsdp"].startswith("(Replicate(), Shard(dim=0))")
         yield {"mount": mount, "fsdp": str(fsdp_dir), "tp": str(tp_dir), "ref": str(ref)}
     finally:
         mount.stop()
@@ -176,6 +195,33 @@ def test_stages_all_written(saved):
             names |= _names(f)
     assert names == {"stage0.weight", "stage0.bias", "buf0", "stage1.weight", "stage1.bias",
                      "buf1"}, names
+
+
+def _pieces(d, r, group):
+    """{name: ckptfs metadata entry} of one rank's file of a group ({} if none)."""
+    import json
+    import struct
+    f = os.path.join(d, f"{group}-rank{r:05d}.safetensors")
+    if not os.path.exists(f):
+        return {}
+    with open(f, "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+    meta = json.loads(header["__metadata__"]["ckptfs"])
+    return {k: meta["tensors"].get(k, {}) for k in header if k != "__metadata__"}
+
+
+def test_hsdp_replicas_written_once(saved):
+    d = os.path.join(saved["ref"], "hsdp")
+    seen = {}
+    for r in range(4):
+        for group in ("model", "optim"):
+            for name, e in _pieces(d, r, group).items():
+                key = (group, name, tuple(e.get("offsets", ())))
+                assert key not in seen, f"{key} written by ranks {seen[key]} and {r}"
+                seen[key] = r
+    assert ("model", "up.weight", (11, 0)) in seen
+    assert len(set(seen.values())) == 4, "the writer rule left a rank idle"
 
 
 def test_pieces_written_once(saved):
