@@ -858,6 +858,66 @@ START_TEST(test_all_replicas)
 }
 END_TEST
 
+/* Several pieces of one global tensor from one rank (a fused QKV's query groups) go to part
+ * files, one name per file; the loader reassembles the tensor from them. */
+START_TEST(test_repeated_name_parts)
+{
+	struct ckptfs_saver *s = saver(1 << 20, CKPTFS_BP_WAIT, 5000);
+	struct ckptfs_loader *l = NULL;
+	struct ckptfs_save_args a;
+	struct ckptfs_tensor t[3];
+	struct ckptfs_load_req r;
+	float full[8 * 2], out[8 * 2];
+	int64_t g[2] = { 8, 2 }, sh[2] = { 2, 2 }, o0[2] = { 0, 0 }, o1[2] = { 4, 0 },
+		o2[2] = { 6, 0 };
+	struct stfile f;
+	size_t len;
+
+	fill(full, 16, 1.0f);
+	args_init(&a, pathf("parts"), 0, 1);
+	tensor_init(&t[0], NULL, "q", "F32", 2, sh, full + 0);
+	tensor_init(&t[1], NULL, "q", "F32", 2, sh, full + 8);
+	tensor_init(&t[2], NULL, "q", "F32", 2, sh, full + 12);
+	for (int i = 0; i < 3; i++) {
+		t[i].global_ndim = 2;
+		t[i].global_shape = g;
+	}
+	t[0].offsets = o0;
+	t[1].offsets = o1;
+	t[2].offsets = o2;
+	a.tensors = t;
+	a.n_tensors = 3;
+	ck_assert_int_eq(ckptfs_save_async(s, &a), 0);
+	ck_assert_int_eq(ckptfs_save_wait(s, -1), 0);
+	ck_assert(exists(pathf("parts/model-rank00000.safetensors")));
+	ck_assert(exists(pathf("parts/model-rank00000-1.safetensors")));
+	ck_assert(exists(pathf("parts/model-rank00000-2.safetensors")));
+	st_open(&f, pathf("parts/model-rank00000-1.safetensors"));
+	ck_assert_int_eq(memcmp(st_tensor(&f, "q", "F32", sh, 2, &len), full + 8, 16), 0);
+	st_close(&f);
+
+	/* Rows 0-1 and 4-7 were saved: load them back through the loader. */
+	ck_assert_int_eq(ckptfs_loader_open(pathf("parts"), NULL, &l), 0);
+	memset(&r, 0, sizeof(r));
+	r.name = "q";
+	r.dtype = "F32";
+	r.dst = out;
+	r.device = -1;
+	r.ndim = 2;
+	r.shape = (int64_t[]){ 4, 2 };
+	r.offsets = o1;
+	ck_assert_int_eq(ckptfs_load(l, &r, 1), 0);
+	ck_assert_int_eq(memcmp(out, full + 8, 8 * sizeof(float)), 0);
+	ckptfs_loader_free(l);
+
+	/* The same part twice is refused. */
+	t[2].offsets = o1;
+	a.path = pathf("parts2");
+	ck_assert_int_eq(ckptfs_save_async(s, &a), -EINVAL);
+	ckptfs_saver_free(s);
+}
+END_TEST
+
 /* A process killed mid-save leaves no PATH; the next save of the same path completes and
  * removes the dead save's leftovers. */
 START_TEST(test_crash_mid_save)
@@ -1361,6 +1421,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_write_error_names_file);
 	tcase_add_test(tc, test_validation);
 	tcase_add_test(tc, test_all_replicas);
+	tcase_add_test(tc, test_repeated_name_parts);
 	tcase_add_test(tc, test_crash_mid_save);
 	tcase_add_test(tc, test_repeat_layout);
 	tcase_add_test(tc, test_copy_threads);

@@ -3,6 +3,7 @@
 #include "config.h"
 #endif
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -23,9 +24,12 @@
 /* The largest file (and pool layout) a save may make: an off_t must hold every offset. */
 #define FILE_MAX ((uint64_t)INT64_MAX)
 
-void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank)
+void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank, unsigned part)
 {
-	snprintf(buf, len, "%s-rank%05d.safetensors", group, rank);
+	if (part == 0)
+		snprintf(buf, len, "%s-rank%05d.safetensors", group, rank);
+	else
+		snprintf(buf, len, "%s-rank%05d-%u.safetensors", group, rank, part);
 }
 
 static const char *group_of(const struct ckptfs_tensor *t)
@@ -213,6 +217,53 @@ static int cmp_group_name(const void *a, const void *b)
 	int c = strcmp(group_of(x->tensor), group_of(y->tensor));
 
 	return c ? c : strcmp(x->tensor->name, y->tensor->name);
+}
+
+/* (group, name), then the caller's order: the k-th piece of a name is its k-th descriptor. */
+static int cmp_group_name_index(const void *a, const void *b)
+{
+	const struct tr_item *x = a, *y = b;
+	int c = cmp_group_name(a, b);
+
+	return c ? c : (x->index > y->index) - (x->index < y->index);
+}
+
+/* File order of the written items: group, part, name. */
+static int cmp_group_part_name(const void *a, const void *b)
+{
+	const struct tr_item *x = a, *y = b;
+	int c = strcmp(group_of(x->tensor), group_of(y->tensor));
+
+	if (c)
+		return c;
+	if (x->part != y->part)
+		return x->part < y->part ? -1 : 1;
+	return strcmp(x->tensor->name, y->tensor->name);
+}
+
+static bool same_i64(const int64_t *a, const int64_t *b, int n)
+{
+	for (int d = 0; d < n; d++)
+		if ((a ? a[d] : 0) != (b ? b[d] : 0))
+			return false;
+	return true;
+}
+
+/* Whether two descriptors of one name conflict: one is the whole tensor (which holds the
+ * other), or both place the same piece.  Other overlaps are the views' to check. */
+static bool same_placement(const struct ckptfs_tensor *x, const struct ckptfs_tensor *y)
+{
+	if (x->global_ndim == 0 || y->global_ndim == 0)
+		return true;
+	if (x->global_ndim != y->global_ndim || x->ndim != y->ndim || !!x->flat != !!y->flat)
+		return false;
+	if (!same_i64(x->offsets, y->offsets, x->global_ndim))
+		return false;
+	if (x->flat)
+		return x->flat_start == y->flat_start && x->flat_end == y->flat_end &&
+		       same_i64(x->box_shape ? x->box_shape : x->global_shape,
+				y->box_shape ? y->box_shape : y->global_shape, x->global_ndim);
+	return same_i64(x->shape, y->shape, x->ndim);
 }
 
 static json_t *int_array(const int64_t *v, int n)
@@ -546,21 +597,29 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
 		if (ret < 0)
 			goto out;
 	}
-	qsort(all, a->n_tensors, sizeof(*all), cmp_group_name);
-	for (size_t i = 1; i < a->n_tensors; i++)
-		if (!cmp_group_name(&all[i - 1], &all[i])) {
-			ret = -EINVAL;
-			tr_fmt(err, errlen, "tensor '%s' (group '%s'): given twice (#%zu and #%zu)",
-			       all[i].tensor->name, group_of(all[i].tensor), all[i - 1].index,
-			       all[i].index);
-			goto out;
-		}
-	/* Keep the written ones (grouped, in group order). */
+	qsort(all, a->n_tensors, sizeof(*all), cmp_group_name_index);
+	/* Pieces of one name: each must place a different piece; the k-th goes to part k. */
+	for (size_t i = 1; i < a->n_tensors; i++) {
+		if (cmp_group_name(&all[i - 1], &all[i]))
+			continue;
+		all[i].part = all[i - 1].part + 1;
+		for (size_t j = i - all[i].part; j < i; j++)
+			if (same_placement(all[j].tensor, all[i].tensor)) {
+				ret = -EINVAL;
+				tr_fmt(err, errlen, "tensor '%s' (group '%s'): given twice (#%zu and "
+				       "#%zu) for the same part of the tensor", all[i].tensor->name,
+				       group_of(all[i].tensor), all[j].index, all[i].index);
+				goto out;
+			}
+	}
+	/* Keep the written ones, grouped by (group, part). */
 	for (size_t i = 0; i < a->n_tensors; i++)
 		if (!all[i].tensor->replica)
 			all[n_all++] = all[i];
+	qsort(all, n_all, sizeof(*all), cmp_group_part_name);
 	for (size_t i = 0; i < n_all; i++)
-		if (i == 0 || strcmp(group_of(all[i].tensor), group_of(all[i - 1].tensor)))
+		if (i == 0 || strcmp(group_of(all[i].tensor), group_of(all[i - 1].tensor)) ||
+		    all[i].part != all[i - 1].part)
 			n_groups++;
 	p->outs = calloc(n_groups + a->n_blobs + 1, sizeof(*p->outs));
 	if (!p->outs)
@@ -570,9 +629,11 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
 		size_t j = i;
 		uint64_t data = 0;
 
-		while (j < n_all && !strcmp(group_of(all[j].tensor), group_of(all[i].tensor)))
+		while (j < n_all && !strcmp(group_of(all[j].tensor), group_of(all[i].tensor)) &&
+		       all[j].part == all[i].part)
 			j++;
-		tr_tensor_file_name(fname, sizeof(fname), group_of(all[i].tensor), a->rank);
+		tr_tensor_file_name(fname, sizeof(fname), group_of(all[i].tensor), a->rank,
+				    all[i].part);
 		o->name = strdup(fname);
 		o->group = strdup(group_of(all[i].tensor));
 		o->items = malloc((j - i) * sizeof(*o->items));

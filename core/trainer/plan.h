@@ -2,6 +2,9 @@
  *
  * tr_plan_build() checks every tensor and blob of a ckptfs_save_args, groups the tensors this
  * rank writes (replica == 0) into one safetensors file per group, GROUP-rankRRRRR.safetensors,
+ * (a rank may give several pieces of one global tensor, e.g. one per query group of a fused
+ * QKV: a safetensors file holds a name once, so the k-th piece of a name goes to part file
+ * k, GROUP-rankRRRRR-K.safetensors for K >= 1; pieces of one name must differ in placement),
  * builds each file's header (with the ckptfs sharding metadata, docs/views.md section 3, and
  * checked by the views' own parsers) and places each file's whole image contiguously in the
  * pool at a page-aligned offset: the header first, then the tensors' data in file order.
@@ -30,6 +33,7 @@ struct tr_item {
 	unsigned bits;         /* per element */
 	uint64_t bytes;
 	uint64_t data_off;     /* from the start of the file image */
+	unsigned part;         /* k: the k-th piece of its (group, name) on this rank, 0-based */
 };
 
 struct tr_out {
@@ -62,7 +66,7 @@ int tr_plan_build(const struct ckptfs_save_args *a, struct tr_plan **prev,
 		  struct tr_plan **ret_plan, char *err, size_t errlen);
 void tr_plan_free(struct tr_plan *p);
 
-/* "GROUP-rankRRRRR.safetensors" into buf. */
-void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank);
+/* "GROUP-rankRRRRR.safetensors" (part 0) or "GROUP-rankRRRRR-K.safetensors" into buf. */
+void tr_tensor_file_name(char *buf, size_t len, const char *group, int rank, unsigned part);
 
 #endif /* CKPTFS_TRAINER_PLAN_H */
