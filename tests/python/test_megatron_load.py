@@ -23,9 +23,9 @@ def _save(rank, world, path, ref_file):
     import torch.distributed as dist
     model, _ = job.build(world, seed=5)
     local = job.local_params(model)
-    # libckptfs's writer takes one entry per tensor name and rank: a TP2 rank holds 2 query
-    # groups, i.e. 2 pieces of each of q, k, v, merged here for the save (see pieces()).
-    ckptfs.save(path, {"model": mg.state_dict(model, merge_repeated=True)}, async_=False)
+    # A TP2 rank holds 2 query groups, i.e. 2 pieces of each of q, k, v: libckptfs writes
+    # the second into the rank's part file model-rankRRRRR-1.safetensors.
+    ckptfs.save(path, {"model": mg.state_dict(model)}, async_=False)
     locals_ = [None] * world
     dist.all_gather_object(locals_, local)
     if rank == 0:
@@ -87,7 +87,7 @@ def _save_pp(rank, world, path, ref_file):
     import torch.distributed as dist
     model, _ = job.build(1, seed=9, pp=2)
     local = job.local_params(model)
-    ckptfs.save(path, {"model": mg.state_dict(model, merge_repeated=True)}, async_=False)
+    ckptfs.save(path, {"model": mg.state_dict(model)}, async_=False)
     stages = [None] * world
     dist.all_gather_object(stages, local)
     if rank == 0:
@@ -122,7 +122,7 @@ def _save_optim(rank, world, path, ref_file):
     import torch.distributed as dist
     model, _ = job.build(world, seed=5)
     opt = job.adam_steps(model, 2, seed=1)
-    sd = mg.state_dict(model, merge_repeated=True)
+    sd = mg.state_dict(model)
     ckptfs.save(path, {"model": sd, "optim": mg.optimizer_state(sd, opt)}, async_=False)
     local = (job.local_params(model), job.optim_locals(model, opt))
     all_ = [None] * world

@@ -20,8 +20,9 @@ turns that description into Piece objects (pieces.py) that sharding metadata v1 
     rows)]; the rank's gate rows and up rows are ranges of the global gate and up tensors.
   A TP partition need not align with groups: every intersection of the local row range with
   a part becomes a piece.  A rank holding several query groups thus has several pieces of
-  q, k and v; libckptfs's writer takes one entry per tensor name and rank, so a save merges
-  them (merge_repeated, a copy of those rows) while a load fills each in place.
+  q, k and v: libckptfs writes the k-th piece of a name into the rank's k-th part file
+  (GROUP-rankRRRRR-K.safetensors), so a save copies nothing but the snapshot, and a load
+  fills each piece in place.
 - ``flattened_range`` is refused: megatron-core 0.16.1's ShardedTensor refuses it too (its
   distributed optimizer no longer describes flat shards that way).
 - Names: ``names="llama"`` (default) renames the GPT layout to Hugging Face Llama names
@@ -58,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterator, List, Optional, Tuple
+from typing import Any, Iterator, List, Tuple
 
 import torch
 
@@ -165,19 +166,15 @@ def _replicas(st, tp_fragmented: bool):
 
 class ShardedState(dict):
     """A megatron sharded state dict that carries its model's TransformerConfig (so that
-    ckptfs.save / ckptfs.load split fused tensors without a config argument) and the
-    merge_repeated choice (see pieces)."""
+    ckptfs.save / ckptfs.load split fused tensors without a config argument)."""
     config = None
-    merge_repeated = False
 
 
-def state_dict(model, *, merge_repeated: bool = False, **kwargs) -> ShardedState:
+def state_dict(model, **kwargs) -> ShardedState:
     """model.sharded_state_dict(**kwargs) with model.config attached: pass it as
-    state["model"] to ckptfs.save / ckptfs.load.  merge_repeated=True: for a save only (see
-    pieces)."""
+    state["model"] to ckptfs.save / ckptfs.load."""
     sd = ShardedState(model.sharded_state_dict(**kwargs))
     sd.config = getattr(model, "config", None)
-    sd.merge_repeated = bool(merge_repeated)
     return sd
 
 
@@ -254,25 +251,18 @@ def _rename(key: str, scheme: str) -> str:
 
 
 def pieces(sharded_state_dict, group: str = "model", *, config=None,
-           names: str = "llama", merge_repeated: Optional[bool] = None) -> List[Piece]:
+           names: str = "llama") -> List[Piece]:
     """The pieces of a megatron-core sharded state dict (see the module docstring).
 
     A rank that holds several query groups has several pieces of each of q, k and v (one per
-    group, each a view of the fused local tensor): the right description for a load, which
-    fills each piece's rows in place.  libckptfs's writer stores one entry per (group, name)
-    and rank and refuses a name given twice, so for a save with it pass
-    merge_repeated=True (or build the state with state_dict(model, merge_repeated=True)):
-    a rank's pieces of one tensor that are adjacent in it become one piece whose tensor is a
-    contiguous copy (one extra host copy of those rows, besides the pool snapshot).  Never
-    load into a merged description: its merged tensors are copies, not the model's memory.
+    group, each a view of the fused local tensor): a save writes each from the model's memory
+    and a load fills each in place.
     """
     if names not in ("llama", "mcore"):
         raise ValueError(f"ckptfs.megatron: names={names!r}: expected 'llama' or 'mcore'")
     m = _mapping()
     if config is None:
         config = getattr(sharded_state_dict, "config", None)
-    if merge_repeated is None:
-        merge_repeated = bool(getattr(sharded_state_dict, "merge_repeated", False))
     gated = getattr(config, "gated_linear_unit", None)
     out: List[Piece] = []
     for st in _leaves(sharded_state_dict):
@@ -289,43 +279,8 @@ def pieces(sharded_state_dict, group: str = "model", *, config=None,
             raise NotImplementedError(f"ckptfs.megatron: {st.key}: flattened_range "
                                       f"ShardedTensors are not supported")
         out.extend(_tensor_pieces(st, group, config, gated, names))
-    return _merge(out) if merge_repeated else out
-
-
-def _merge(ps: List[Piece]) -> List[Piece]:
-    """One piece per (group, name): pieces of one tensor that tile a box along dim 0 (same
-    other offsets and extents, no flat range) are concatenated (a copy)."""
-    by = {}
-    order = []
-    for p in ps:
-        k = (p.group, p.name)
-        if k not in by:
-            by[k] = []
-            order.append(k)
-        by[k].append(p)
-    out = []
-    for k in order:
-        same = by[k]
-        if len(same) == 1:
-            out.append(same[0])
-            continue
-        same.sort(key=lambda p: p.offsets[0])
-        first = same[0]
-        for a, b in zip(same, same[1:]):
-            if (a.flat_range is not None or b.flat_range is not None
-                    or a.offsets[0] + a.tensor.shape[0] != b.offsets[0]
-                    or tuple(a.offsets[1:]) != tuple(b.offsets[1:])
-                    or tuple(a.tensor.shape[1:]) != tuple(b.tensor.shape[1:])):
-                raise ValueError(f"ckptfs.megatron: {k[1]}: this rank's pieces of it are not "
-                                 f"adjacent rows; they cannot be merged into one entry")
-        merged = Piece(group=first.group, name=first.name,
-                       tensor=torch.cat([p.tensor for p in same], 0),
-                       global_shape=first.global_shape, offsets=first.offsets,
-                       tp_dim=first.tp_dim, pp=first.pp, replica_count=first.replica_count,
-                       replica_index=first.replica_index, write=first.write)
-        merged.replica_group = getattr(first, "replica_group", None)
-        out.append(merged)
     return out
+
 
 
 def _tensor_pieces(st, group, config, gated, scheme) -> List[Piece]:
@@ -436,7 +391,6 @@ def optimizer_state(model_state, optimizer) -> ShardedState:
         tp_rank = dp_rank = 0
     out = ShardedState()
     out.config = getattr(model_state, "config", None)
-    out.merge_repeated = getattr(model_state, "merge_repeated", False)
     scalars_done = set()
     for st in _leaves(model_state):
         if not isinstance(st, m.ShardedTensor) or st.data is None:
