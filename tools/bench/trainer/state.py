@@ -42,10 +42,12 @@ class Model(nn.Module):
         self.layers = nn.ModuleList(Block(h) for _ in range(layers))
 
 
-def _fill(t, gen, kind):
+def _fill(t, gen, kind, zero=False):
     """Values with the byte statistics of trained state (hence its compressibility): weights
     ~ N(0, 0.02), exp_avg ~ N(0, 1e-3), exp_avg_sq ~ N(0, 1e-3)^2."""
-    if kind == "weight":
+    if zero:
+        t.zero_()
+    elif kind == "weight":
         t.normal_(0.0, 0.02, generator=gen)
     elif kind == "exp_avg":
         t.normal_(0.0, 1e-3, generator=gen)
@@ -54,9 +56,10 @@ def _fill(t, gen, kind):
         t.mul_(t)
 
 
-def build(kind, hidden, layers, frozen_half=False, seed=0):
+def build(kind, hidden, layers, frozen_half=False, seed=0, zero=False):
     """Returns (model, optimizer).  kind: 'fsdp2' or 'ddp'.  With frozen_half the first half of
-    the layers have requires_grad=False and so no Adam state, as in fine-tuning."""
+    the layers have requires_grad=False and so no Adam state, as in fine-tuning.  zero: every
+    value 0 (a load target)."""
     rank = dist.get_rank()
     with torch.device("meta"):
         model = Model(hidden, layers).to(torch.bfloat16)
@@ -82,7 +85,7 @@ def build(kind, hidden, layers, frozen_half=False, seed=0):
     params = list(model.parameters())
     with torch.no_grad():
         for p in params:
-            _fill(p.to_local() if hasattr(p, "to_local") else p, gen, "weight")
+            _fill(p.to_local() if hasattr(p, "to_local") else p, gen, "weight", zero)
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, init_sync=False)
@@ -96,7 +99,7 @@ def build(kind, hidden, layers, frozen_half=False, seed=0):
             st["step"] = torch.tensor(1.0)
             for k in ("exp_avg", "exp_avg_sq"):
                 m = torch.empty_like(p, dtype=torch.float32)
-                _fill(m.to_local() if hasattr(m, "to_local") else m, gen, k)
+                _fill(m.to_local() if hasattr(m, "to_local") else m, gen, k, zero)
                 st[k] = m
     return model, opt
 

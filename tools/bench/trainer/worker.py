@@ -35,8 +35,19 @@ def drop_caches():
         f.write("3\n")
 
 
+def _row_offset(t):
+    """Global index of the first dim-0 row this rank holds of tensor t (a DTensor or plain)."""
+    if not hasattr(t, "to_local"):
+        return 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    _, off = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return off[0] if off else 0
+
+
 def checksums(model, opt, kind):
-    """Per tensor, the float64 sum of the whole (global) tensor: what a load must reproduce."""
+    """Per tensor, a fingerprint of the whole (global) tensor that a load must reproduce: the
+    float64 sum over rows of (global row + 1) * sum |row| (a value at another row or missing
+    changes it; zero-mean values do not cancel out)."""
     out = {}
     for n, p in model.named_parameters():
         ts = [("", p)]
@@ -44,7 +55,10 @@ def checksums(model, opt, kind):
             ts += [(".exp_avg", opt.state[p]["exp_avg"]), (".exp_avg_sq", opt.state[p]["exp_avg_sq"])]
         for suf, t in ts:
             loc = t.to_local() if hasattr(t, "to_local") else t
-            s = loc.detach().to(torch.float64).sum().reshape(1)
+            loc = loc.detach().to(torch.float64).abs()
+            rows = loc.reshape(loc.shape[0], -1).sum(dim=1) if loc.dim() else loc.reshape(1)
+            w = torch.arange(1, rows.numel() + 1, dtype=torch.float64) + _row_offset(t)
+            s = (rows * w).sum().reshape(1)
             if kind == "fsdp2":
                 dist.all_reduce(s)
             out[n.replace("module.", "") + suf] = s.item()
@@ -86,9 +100,10 @@ def run(cfg, res):
     rank = dist.get_rank()
     kind, phase, method = cfg["kind"], cfg["phase"], cfg.get("method")
     frozen = phase == "stored"
-    seed = 7 if phase == "load" else 1
     t = now()
-    model, opt = st.build(kind, cfg["hidden"], cfg["layers"], frozen_half=frozen, seed=seed)
+    # a load target starts from zeros: a tensor the load misses keeps a zero fingerprint
+    model, opt = st.build(kind, cfg["hidden"], cfg["layers"], frozen_half=frozen, seed=1,
+                          zero=phase == "load")
     res["build_s"] = now() - t
     res["rank_bytes"] = st.rank_bytes(model, opt)
     dist.barrier()
