@@ -164,6 +164,8 @@ int ckptfs_save_async(struct ckptfs_saver *s, const struct ckptfs_save_args *arg
  * A background save's error is reported here (and by ckptfs_saver_error()) only until the
  * next ckptfs_save_async() starts another save: wait before the next save to learn it. */
 int ckptfs_save_wait(struct ckptfs_saver *s, int timeout_ms);
+/* -ETIMEDOUT is also the error of a save whose commit timed out: ckptfs_save_done() tells the
+ * two apart (0: still running; 1: finished with that error). */
 /* 1 if no save is in flight, 0 if one is. */
 int ckptfs_save_done(struct ckptfs_saver *s);
 /* Bytes of the pool now populated (what the saver holds in host memory). */
