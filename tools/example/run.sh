@@ -16,11 +16,17 @@ export HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
 run=$mnt/example
 rm -rf "$run" "$run".partial 2>/dev/null || true
 mkdir -p "$run" "$work"
-torchrun=("$py" -m torch.distributed.run --standalone --log-dir "$work/torchrun" --redirects 0:0)
+# A static rendezvous on the loopback address: --standalone names the host by its hostname,
+# which a container or chroot may not resolve.
+port() { "$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+torchrun() {
+	"$py" -m torch.distributed.run --nnodes 1 --master-addr 127.0.0.1 --master-port "$(port)" \
+		--log-dir "$work/torchrun" --redirects 0:0 "$@"
+}
 quiet() { grep -v -E "^(W|I)[0-9]{4} |^\*+$|OMP_NUM_THREADS|^$" || true; }
 
 echo "== example: 4 processes (FSDP2 2 x TP 2) train 8 steps, ckptfs.save every 4 into $run"
-"${torchrun[@]}" --nproc-per-node 4 "$top/tools/example/train.py" --ckpt-dir "$run" \
+torchrun --nproc-per-node 4 "$top/tools/example/train.py" --ckpt-dir "$run" \
 	--steps 8 --save-every 4 --losses "$work/losses_4.json" 2>&1 | quiet
 ls -l "$run/step_8"
 echo "== example: evaluator reads the consolidated view $mnt/tp1_pp1/example/step_8"
@@ -28,7 +34,7 @@ ls -l "$mnt/tp1_pp1/example/step_8"
 "$py" "$top/tools/example/evaluate.py" "$mnt/tp1_pp1/example/step_8" \
 	--losses "$work/losses_4.json" --step 8
 echo "== example: resume from step_4 on 2 processes (FSDP2 1 x TP 2), train steps 5-8"
-"${torchrun[@]}" --nproc-per-node 2 "$top/tools/example/train.py" --ckpt-dir "$run" \
+torchrun --nproc-per-node 2 "$top/tools/example/train.py" --ckpt-dir "$run" \
 	--steps 8 --save-every 100 --resume-from 4 --losses "$work/losses_2.json" 2>&1 | quiet
 "$py" - "$work/losses_4.json" "$work/losses_2.json" <<'PY'
 import json, sys
