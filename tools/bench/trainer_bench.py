@@ -4,7 +4,7 @@ the same run, alternating, medians over repetitions.
 
     tools/bench/trainer_bench.py [--size GiB] [--ddp-size GiB] [--reps N] [--kinds fsdp2,ddp]
                                  [--methods ckptfs_one,dcp,...] [--ckptfs-view auto|source]
-                                 [--no-stored] [--out DIR] [--dir DIR]
+                                 [--no-stored | --no-saves] [--out DIR] [--dir DIR]
 
 One state (GPT-style bf16 weights + fp32 AdamW moments, --size GiB in all, weights and moments
 together) on --ranks gloo processes on the CPU, under FSDP2 (fully_shard) and DDP (--ddp-size
@@ -19,8 +19,9 @@ Measured per method (each save in a fresh process group, after one untimed warm-
     durable   from the save call until files are fsynced and the checkpoint marked complete
     load      saved on --ranks, loaded on --load-ranks, page cache dropped (and the ckptfs
               mount remounted) first: until every rank holds its tensors
-    stored    bytes on disk after 3 saves with half the layers frozen (du of the directory;
-              ckptfs: 'ckpt stat' stored bytes of a fresh store)
+    stored    bytes on disk after 3 saves with half the layers frozen (their weights and Adam
+              state unchanged, half of the bytes) (du of the directory; ckptfs: 'ckpt stat'
+              stored bytes of a fresh store)
     hwm       peak resident memory of a rank during the save phase (VmHWM), and the part above
               the trained state (VmHWM reset after the build: extra)
     memcpy    the floor: one copy of the rank's bytes into warm memory, all ranks at once
@@ -408,7 +409,7 @@ class Bench:
         t0 = time.monotonic()
         for kind in a.kinds:
             methods = [m for m in a.methods if not (kind == "fsdp2" and m == "ckptfs_all")]
-            for rep in range(a.reps):
+            for rep in range(0 if a.no_saves else a.reps):
                 # alternate: each round starts one method later
                 order = methods[rep % len(methods):] + methods[:rep % len(methods)]
                 self.floor(kind, rep)
@@ -566,6 +567,8 @@ def main():
     p.add_argument("--ckptfs-view", default="auto", choices=["auto", "source", "consolidated"],
                    help="which directory ckptfs.load reads on the mount (default auto)")
     p.add_argument("--no-stored", action="store_true", help="skip the stored-bytes runs")
+    p.add_argument("--no-saves", action="store_true",
+                   help="only the stored-bytes runs (no timed saves, loads or memcpy floor)")
     p.add_argument("--out", default=None, help="results folder (default: a new temp folder)")
     p.add_argument("--dir", default=None,
                    help="where checkpoints and stores go (default: $TMPDIR; same disk for all)")

@@ -58,8 +58,10 @@ def _fill(t, gen, kind, zero=False):
 
 def build(kind, hidden, layers, frozen_half=False, seed=0, zero=False):
     """Returns (model, optimizer).  kind: 'fsdp2' or 'ddp'.  With frozen_half the first half of
-    the layers have requires_grad=False and so no Adam state, as in fine-tuning.  zero: every
-    value 0 (a load target)."""
+    the layers are frozen (requires_grad=False) as in a job that freezes layers after training
+    them: they keep their Adam state, which an optimizer step leaves as it is (no gradient), so
+    half of the bytes stay bit-identical from step to step.  zero: every value 0 (a load
+    target)."""
     rank = dist.get_rank()
     with torch.device("meta"):
         model = Model(hidden, layers).to(torch.bfloat16)
@@ -89,12 +91,12 @@ def build(kind, hidden, layers, frozen_half=False, seed=0, zero=False):
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         model = DDP(model, init_sync=False)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trainable, lr=1e-4)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-4)
     # fp32 moments next to bf16 weights (mixed-precision training keeps them in fp32), installed
     # as the optimizer's own state so state_dict()/get_optimizer_state_dict see them
     with torch.no_grad():
-        for p in trainable:
+        for p in params:
             st = opt.state[p]
             st["step"] = torch.tensor(1.0)
             for k in ("exp_avg", "exp_avg_sq"):
