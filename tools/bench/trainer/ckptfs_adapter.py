@@ -40,6 +40,14 @@ class Saver:
 
     def wait(self):
         self.h.wait()
+        try:
+            # the library's own split of the save: how much of the stall is its snapshot
+            stats = self.ckptfs.saver_stats()
+            self.note = (f"replicas={self.replicas}; rank {dist.get_rank()}'s last save: "
+                         + ", ".join(f"{k} {v:.3f} s" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in stats.items()))
+        except Exception as e:  # noqa: BLE001 - diagnostics only
+            self.note = f"replicas={self.replicas}; saver_stats: {e}"
         dist.barrier()
 
 
