@@ -220,6 +220,22 @@ def _root_mesh(mesh):
         return None
 
 
+def _peer_dims(mesh, root, count: int, index: int):
+    """(count, index, names) extended by the root mesh's "tp"/"cp" dimensions that mesh (a
+    submesh) does not have: its tensors are replicated over those peers (see dtensor_piece)."""
+    extra_dims = []
+    if root is not None and root is not mesh and root.mesh_dim_names:
+        sub = set(mesh.mesh_dim_names or ())
+        rcoord = root.get_coordinate()
+        for i, dn in enumerate(root.mesh_dim_names):
+            if dn in _REPLICATED_PEER_DIMS and dn not in sub and rcoord is not None:
+                n = root.size(i)
+                index = index * n + rcoord[i]
+                count *= n
+                extra_dims.append(dn)
+    return count, index, extra_dims
+
+
 def dtensor_piece(group: str, name: str, t) -> Piece:
     mesh, placements = t.device_mesh, t.placements
     for p in placements:
@@ -241,16 +257,7 @@ def dtensor_piece(group: str, name: str, t) -> Piece:
     # is replicated over them.  Other root dimensions (pipeline stages, ...) are not assumed
     # to hold it: their ranks write their own copy (the store deduplicates identical bytes).
     root = _root_mesh(mesh)
-    extra_dims = []
-    if root is not None and root is not mesh and root.mesh_dim_names:
-        sub = set(mesh.mesh_dim_names or ())
-        rcoord = root.get_coordinate()
-        for i, dn in enumerate(root.mesh_dim_names):
-            if dn in _REPLICATED_PEER_DIMS and dn not in sub and rcoord is not None:
-                n = root.size(i)
-                index = index * n + rcoord[i]
-                count *= n
-                extra_dims.append(dn)
+    count, index, extra_dims = _peer_dims(mesh, root, count, index)
     tp_dim = None
     tp_size = None
     names = mesh.mesh_dim_names
@@ -436,17 +443,7 @@ def _mesh_whole_piece(group: str, name: str, v: torch.Tensor, mesh) -> Piece:
         n = mesh.size(i)
         index = index * n + coord[i]
         count *= n
-    extra_dims = []
-    root = _root_mesh(mesh)
-    if root is not None and root is not mesh and root.mesh_dim_names:
-        sub = set(mesh.mesh_dim_names or ())
-        rcoord = root.get_coordinate()
-        for i, dn in enumerate(root.mesh_dim_names):
-            if dn in _REPLICATED_PEER_DIMS and dn not in sub and rcoord is not None:
-                n = root.size(i)
-                index = index * n + rcoord[i]
-                count *= n
-                extra_dims.append(dn)
+    count, index, extra_dims = _peer_dims(mesh, _root_mesh(mesh), count, index)
     piece = Piece(group=group, name=name, tensor=v.detach(), replica_count=count,
                   replica_index=index)
     piece.replica_group = ("mesh-whole", _mesh_ranks(mesh),
