@@ -609,7 +609,7 @@ def source_dir(path: str, groups: Dict[str, List[Piece]], view: str = "auto") ->
 def _auto_view(root, rel, path, groups):
     """On a mount: the tpT view for a target whose tensors are split T ways along a "tp" mesh
     dimension (its files hold exactly the target's TP parts), else the consolidated view.
-    Measured with tests/python/bench_load_views.py (256 MiB saved by FSDP2 on 4 ranks, a
+    Measured with tools/bench/probes/load_views.py (256 MiB saved by FSDP2 on 4 ranks, a
     fresh mount per load, medians of 3 rounds, times relative to reading the saved shards):
     TP1 target: consolidated view 0.64x; TP2 target: tp2 view 0.81x (warm 0.51x),
     consolidated 0.99x; FSDP2 target on 2 ranks: consolidated 0.92x (warm 1.08x)."""

@@ -1,6 +1,6 @@
 """Which directory ckptfs.load should read on a mount: a timing script (not a test).
 
-    .venv/bin/python tests/python/bench_load_views.py [--mib 128] [--rounds 3]
+    .venv/bin/python tools/bench/probes/load_views.py [--mib 128] [--rounds 3]
 
 A model of --mib MiB (fp32) is saved with FSDP2 on 4 ranks into a fresh ckptfs mount.  Then,
 alternating the choices round by round, it is loaded
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[3] / "tests" / "python"  # conftest: Mount, run_ranks
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
@@ -122,5 +122,5 @@ def main():
 
 if __name__ == "__main__":
     # the ranks import the functions from this file by its module name
-    import bench_load_views
+    import load_views as bench_load_views
     bench_load_views.main()

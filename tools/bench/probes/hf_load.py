@@ -3,7 +3,7 @@ model.safetensors, what the view serves) against Hugging Face-style shards with
 model.safetensors.index.json, for a ~230 MB float32 Llama.  Not a test (pytest does not
 collect it); run by hand:
 
-    .venv/bin/python tests/python/_h2_bench_hf_load.py [--runs 2] [--shard 50MB]
+    .venv/bin/python tools/bench/probes/hf_load.py [--runs 2] [--shard 50MB]
 
 Layouts, all on the same ckptfs mount:
   view      MOUNT/tp1_pp1/bench/step0: the view of a checkpoint saved with ckptfs.save by 2
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[3] / "tests" / "python"  # conftest: Mount, run_ranks
 sys.path[:0] = [str(HERE), str(HERE.parent.parent / "core" / "trainer" / "python")]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -81,7 +81,7 @@ def main():
     mount.start()
     try:
         (mount.mnt / "bench").mkdir()
-        import _h2_bench_hf_load as me     # run_ranks needs an importable function
+        import hf_load as me     # run_ranks needs an importable function
         nbytes = run_ranks(2, me._save, str(mount.mnt / "bench" / "step0"), timeout=600)[0]
         cfg = L.config(**BIG)
         m = L.model(cfg, seed=1)
