@@ -272,7 +272,8 @@ class Bench:
         return {"phase": phase, "method": method, "kind": kind, "hidden": hidden,
                 "layers": layers, "dir": d, "top": TOP,
                 "replicas": "all" if method == "ckptfs_all" else "one",
-                "ckptfs_view": self.a.ckptfs_view}
+                "ckptfs_view": self.a.ckptfs_view, "ckpt": CKPT,
+                "store": os.path.join(os.path.dirname(d), "store")}
 
     def where(self, method, label):
         """(checkpoint dir, mount or None) for one run of `method`."""
