@@ -55,22 +55,8 @@ if str(PYPKG) not in sys.path:
 
 def _mount_fstype(mnt: Path):
     """The fstype of the mount at exactly mnt (from /proc/self/mountinfo), or None."""
-    target = os.path.realpath(mnt)
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found = None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        if len(fields) < 5:
-            continue
-        point = fields[4].encode().decode("unicode_escape")
-        if point == target:
-            found = right.split()[0]   # the last one mounted on top wins
-    return found
+    from ckptfs._mount import fstype_at   # here, not at collection: it loads libckptfs
+    return fstype_at(os.path.realpath(mnt))
 
 
 class Mount:

@@ -18,7 +18,8 @@ def _unescape(s: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
 
 
-def _fstype_at(point: str) -> Optional[str]:
+def fstype_at(point: str) -> Optional[str]:
+    """The fstype of the mount at exactly `point` (the last one mounted there), or None."""
     try:
         with open("/proc/self/mountinfo") as f:
             lines = f.read().splitlines()
@@ -47,7 +48,7 @@ def mount_root(path: str) -> Optional[str]:
         if parent == p or os.stat(parent).st_dev != dev:
             break
         p = parent
-    return p if _fstype_at(p) == "fuse.ckptfs" else None
+    return p if fstype_at(p) == "fuse.ckptfs" else None
 
 
 def split(path: str) -> Tuple[Optional[str], str, Optional[Tuple[int, int]]]:
