@@ -192,6 +192,19 @@ def loadavg():
         return float(f.read().split()[0])
 
 
+def unmount(mnt):
+    """Unmounts mnt if it is a mount point: fusermount3 -u, once more after a second (a file
+    still open), then a lazy umount."""
+    if not os.path.ismount(mnt):
+        return
+    r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+    if r.returncode != 0:
+        time.sleep(1)
+        r = subprocess.run(["fusermount3", "-u", mnt], capture_output=True)
+    if r.returncode != 0:
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
+
+
 class Mount:
     """A FUSE daemon run in the foreground (-f) by us, so its pid is known."""
 
@@ -240,13 +253,7 @@ class Mount:
     def stop(self):
         if self.proc is None:
             return
-        if os.path.ismount(self.mnt):
-            r = subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-            if r.returncode != 0:
-                time.sleep(1)
-                r = subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+        unmount(self.mnt)
         try:
             self.proc.wait(timeout=300)
         except subprocess.TimeoutExpired:

@@ -43,6 +43,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from bench import unmount  # noqa: E402  (the suite's unmount sequence)
 VENV_PY = os.path.join(TOP, ".venv", "bin", "python")
 WORKER = os.path.join(HERE, "trainer", "worker.py")
 CKPTFS = os.path.join(TOP, "fs", "ckptfs")
@@ -112,13 +114,7 @@ class Mount:
     def stop(self):
         if self.proc is None:
             return
-        if os.path.ismount(self.mnt):
-            r = subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-            if r.returncode != 0:
-                time.sleep(1)
-                r = subprocess.run(["fusermount3", "-u", self.mnt], capture_output=True)
-            if r.returncode != 0:
-                subprocess.run(["umount", "-l", self.mnt], capture_output=True)
+        unmount(self.mnt)
         try:
             self.proc.wait(timeout=600)
         except subprocess.TimeoutExpired:
