@@ -210,15 +210,11 @@ def ckpt_stat_stored(store):
 
 
 def settle_compression(store, limit=300):
-    """Waits (at most `limit` s) until the mounted store has no background compression pending,
-    as tools/demo.sh does before reading its accounting."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit:
-        r = subprocess.run([CKPT, "stat", store], capture_output=True, text=True)
-        if r.returncode == 0 and "compression_pending: 0" in r.stdout.splitlines():
-            return
-        time.sleep(0.2)
-    log(f"  warning: {store}: compression still pending after {limit} s")
+    """Waits (at most `limit` s) until the mounted store has no background compression
+    pending."""
+    import ckptfs_adapter
+    if not ckptfs_adapter.settle(CKPT, store, limit):
+        log(f"  warning: {store}: compression still pending after {limit} s")
 
 
 def snapshot_binaries(out):

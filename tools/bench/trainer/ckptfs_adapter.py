@@ -60,3 +60,17 @@ def loader(cfg):
     def load(path, model, opt):
         _import().load(path, {"model": model, "optimizer": opt}, view=view)
     return load
+
+
+def settle(ckpt, store, limit):
+    """Waits (at most `limit` s) until the mounted store has no background compression pending
+    (`ckpt stat`, as tools/demo.sh does before reading its accounting); False on time-out."""
+    import subprocess
+    import time
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        r = subprocess.run([ckpt, "stat", store], capture_output=True, text=True)
+        if r.returncode == 0 and "compression_pending: 0" in r.stdout.splitlines():
+            return True
+        time.sleep(0.1)
+    return False

@@ -25,17 +25,6 @@ import torch.distributed as dist  # noqa: E402
 import state as st  # noqa: E402
 
 
-def settle(ckpt, store, limit=120):
-    """Waits until the mounted store has no background compression pending."""
-    import subprocess
-    t0 = now()
-    while now() - t0 < limit:
-        r = subprocess.run([ckpt, "stat", store], capture_output=True, text=True)
-        if r.returncode == 0 and "compression_pending: 0" in r.stdout.splitlines():
-            return
-        time.sleep(0.1)
-
-
 def now():
     return time.perf_counter()
 
@@ -153,7 +142,8 @@ def run(cfg, res):
             if method.startswith("ckptfs"):
                 # Nor the daemon's background compression of the warm-up saves (a job saves
                 # every N minutes; the peers' equivalent is the writeback synced above).
-                settle(cfg["ckpt"], cfg["store"])
+                import ckptfs_adapter
+                ckptfs_adapter.settle(cfg["ckpt"], cfg["store"], 120)
         dist.barrier()
         t0 = now()
         saver.save(os.path.join(cfg["dir"], "ckpt"), nwarm + 1)
