@@ -680,10 +680,10 @@ def load(path, state: dict, *, process_group=None, io_threads: Optional[int] = N
         directory = path
     with ld:
         marker = read_marker(directory)
+        wanted = []
+        dropped = set()
         for group, pieces in groups.items():
-            wanted = []
             missing = []
-            dropped = set()
             for p in pieces:
                 if ld.find(group, p.name) < 0:
                     missing.append(p.name)
@@ -698,13 +698,14 @@ def load(path, state: dict, *, process_group=None, io_threads: Optional[int] = N
                     raise CheckpointError(errno.ENOENT, f"{directory}: group '{group}' has no "
                                           f"tensor {missing[0]!r} ({len(missing)} missing: "
                                           f"{', '.join(missing[:5])})")
-            ld.load(wanted)
-            if dropped:
-                fqns = _state.param_fqns(model)
-                for g in optim.param_groups:
-                    for prm in g["params"]:
-                        if fqns.get(id(prm)) in dropped:
-                            optim.state.pop(prm, None)
+        # Every group in one library call: one read phase, all io_threads busy to the end.
+        ld.load(wanted)
+        if dropped:
+            fqns = _state.param_fqns(model)
+            for g in optim.param_groups:
+                for prm in g["params"]:
+                    if fqns.get(id(prm)) in dropped:
+                        optim.state.pop(prm, None)
         if optim is not None:
             ex = _marker_extra(marker).get("optimizer")
             if ex:

@@ -521,11 +521,31 @@ def restore_param_groups(model, optim, extra: dict):
 
 def init_optim_state(optim):
     """Creates lazy optimizer state (Adam's moments and step) so that load can fill it: one
-    step with zero gradients and lr 0 (torch.distributed.checkpoint.state_dict's own
-    _init_optim_state).  Gradients are left as they were (None)."""
-    from torch.distributed.checkpoint.state_dict import _init_optim_state
-    with torch.enable_grad():
-        _init_optim_state(optim)
+    step with zero gradients and lr 0, as torch.distributed.checkpoint.state_dict's
+    _init_optim_state does (without importing that package: 0.13 s of a load).  Nothing
+    happens when the optimizer has state, or when any parameter has a gradient (a stateless
+    optimizer such as SGD then needs nothing).  Gradients are left as they were (None)."""
+    if optim.state:
+        return
+    params = [p for g in optim.param_groups for p in g["params"]]
+    if any(p.grad is not None for p in params):
+        return
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    lrs = []
+    for g in optim.param_groups:
+        if "lr" in g:
+            lrs.append(g["lr"])
+            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+    try:
+        with torch.enable_grad():
+            optim.step(closure=None)
+    finally:
+        for g in optim.param_groups:
+            if "lr" in g:
+                g["lr"] = lrs.pop(0)
+        optim.zero_grad(set_to_none=True)
 
 
 # ------------------------------------------------------------------------------ writer rule

@@ -64,6 +64,7 @@ from typing import Any, Iterator, List, Tuple
 import torch
 
 from .pieces import Piece
+from . import _state
 
 # Llama (Hugging Face) names of megatron-core's GPT layout, after layer unstacking.
 _LLAMA = [
@@ -372,13 +373,11 @@ def optimizer_state(model_state, optimizer) -> ShardedState:
     the same rows as the parameter's pieces (so a load fills the optimizer's own tensors);
     a scalar (``step``) whole, replicated on every rank of the stage.  An optimizer without
     state yet (a fresh one, before a load) first gets it from a zero-gradient step with lr 0
-    (torch.distributed.checkpoint's own initialisation), leaving the parameters unchanged.
+    (ckptfs._state.init_optim_state), leaving the parameters unchanged.
     """
     m = _mapping()
     if not optimizer.state:
-        from torch.distributed.checkpoint.state_dict import _init_optim_state
-        with torch.enable_grad():
-            _init_optim_state(optimizer)
+        _state.init_optim_state(optimizer)
     by_storage = {}
     for g in optimizer.param_groups:
         for prm in g["params"]:
