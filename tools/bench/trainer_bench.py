@@ -19,6 +19,9 @@ Measured per method (each save in a fresh process group, after one untimed warm-
     durable   from the save call until files are fsynced and the checkpoint marked complete
     load      saved on --ranks, loaded on --load-ranks, page cache dropped (and the ckptfs
               mount remounted) first: until every rank holds its tensors
+    cold read the floor of that load: page cache dropped, every file of the timed checkpoint
+              read whole by --load-ranks threads (ckptfs: through the mount after a remount,
+              its saved files and then its view tp1_pp1)
     stored    bytes on disk after 3 saves with half the layers frozen (their weights and Adam
               state unchanged, half of the bytes) (du of the directory; ckptfs: 'ckpt stat'
               stored bytes of a fresh store)
@@ -73,6 +76,45 @@ def drop_caches():
     os.sync()
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
+
+
+def cold_read(d, readers):
+    """Drops the page cache, then reads every regular file under `d` with `readers` threads
+    (files dealt out largest first to the least loaded reader), 8 MiB at a time into a reused
+    buffer.  Returns (seconds, bytes): the plain sequential-read floor of those bytes."""
+    import threading
+    files = []
+    for root, _, names in os.walk(d):
+        for n in names:
+            fp = os.path.join(root, n)
+            if os.path.isfile(fp) and not os.path.islink(fp):
+                files.append((os.path.getsize(fp), fp))
+    files.sort(reverse=True)
+    shares = [[0, []] for _ in range(readers)]
+    for sz, fp in files:
+        sh = min(shares, key=lambda x: x[0])
+        sh[0] += sz
+        sh[1].append(fp)
+    done = [0] * readers
+
+    def read(i):
+        buf = bytearray(8 << 20)
+        mv = memoryview(buf)
+        for fp in shares[i][1]:
+            with open(fp, "rb", buffering=0) as f:
+                while True:
+                    n = f.readinto(mv)
+                    if not n:
+                        break
+                    done[i] += n
+    drop_caches()
+    t0 = time.monotonic()
+    ts = [threading.Thread(target=read, args=(i,)) for i in range(readers)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return time.monotonic() - t0, sum(done)
 
 
 def du_bytes(path):
@@ -310,6 +352,25 @@ class Bench:
             self.add(kind, method, "rank_bytes", rep, max(r["rank_bytes"] for r in res))
             sums = res[0]["sums"]
             if m is not None:
+                # The load reads the checkpoint at rest: the daemon's background compression of
+                # the timed save done (a job reloads minutes after it saved; the peers' files
+                # are at rest once their fsync returned).
+                settle_compression(m.store)
+                m.stop()
+                m.start()
+            # the floor of any load that reads these bytes: a cold plain read of the saved
+            # files by as many readers as load ranks (ckptfs: through the mount)
+            secs, nbytes = cold_read(os.path.join(d, "ckpt"), self.a.load_ranks)
+            self.add(kind, method, "coldread", rep, secs)
+            self.add(kind, method, "coldread_bytes", rep, nbytes)
+            if m is not None:
+                # and the consolidated view ckptfs.load reads for these targets
+                m.stop()
+                m.start()
+                secs, nbytes = cold_read(os.path.join(d, "tp1_pp1", "ckpt"), self.a.load_ranks)
+                self.add(kind, method, "coldview", rep, secs)
+                self.add(kind, method, "coldview_bytes", rep, nbytes)
+            if m is not None:
                 # a cold load: the daemon's own caches go with it
                 m.stop()
                 m.start()
@@ -424,6 +485,7 @@ class Bench:
         a = self.a
         lines = []
         hdr = (f"{'kind':6} {'method':11} {'stall s':>9} {'durable s':>10} {'load s':>8} "
+               f"{'cold read s':>11} "
                f"{'stored GiB':>10} {'hwm GiB':>8} {'extra GiB':>9}")
         lines.append(hdr)
         for kind in a.kinds:
@@ -433,7 +495,8 @@ class Bench:
                     v = self.med(kind, m, metric)
                     return f"{v / scale:{w}.{p}f}" if v is not None else f"{'-':>{w}}"
                 lines.append(f"{kind:6} {m:11} {f('stall')} {f('durable', w=10)} "
-                             f"{f('load', w=8)} {f('stored', GiB, 10)} {f('hwm', GiB, 8)} "
+                             f"{f('load', w=8)} {f('coldread', w=11)} "
+                             f"{f('stored', GiB, 10)} {f('hwm', GiB, 8)} "
                              f"{f('extra', GiB, 9)}")
         lines.append("")
         lines += self.targets()
@@ -461,7 +524,8 @@ class Bench:
             w.writerow(["kind", "method", "metric", "median", "n"])
             for kind in a.kinds:
                 for m in ["memcpy"] + a.methods:
-                    for metric in ("stall", "durable", "load", "stored", "hwm", "extra"):
+                    for metric in ("stall", "durable", "load", "coldread", "coldread_bytes",
+                                   "coldview", "coldview_bytes", "stored", "hwm", "extra"):
                         xs = [v for k, mm, me, _, v in self.samples
                               if (k, mm, me) == (kind, m, metric)]
                         if xs:
@@ -517,6 +581,18 @@ class Bench:
                     out.append(f"  {kind} resharded load: not measured (ckptfs missing)")
             else:
                 out.append(f"  {kind} resharded load: not measured (no peer)")
+            for m in [x for x in self.a.methods if not (kind == "fsdp2" and x == "ckptfs_all")]:
+                ld, cr = self.med(kind, m, "load"), self.med(kind, m, "coldread")
+                nb = self.med(kind, m, "coldread_bytes")
+                if ld and cr and nb:
+                    out.append(f"  {kind} {m} load / cold read of its files: {ld:.3f} / {cr:.3f} "
+                               f"= {ld / cr:.2f} ({nb / GiB:.3f} GiB at "
+                               f"{nb / cr / 1e9:.2f} GB/s)")
+                cv, vb = self.med(kind, m, "coldview"), self.med(kind, m, "coldview_bytes")
+                if ld and cv and vb:
+                    out.append(f"  {kind} {m} load / cold read of its view tp1_pp1: {ld:.3f} / "
+                               f"{cv:.3f} = {ld / cv:.2f} ({vb / GiB:.3f} GiB at "
+                               f"{vb / cv / 1e9:.2f} GB/s)")
             bp, bpn = best("stored", PEERS)
             line("stored bytes vs best peer", "stored", 0.7, bp, f"{bpn}")
             rb = self.extra.get((kind, "rank_bytes"))

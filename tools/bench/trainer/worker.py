@@ -157,9 +157,19 @@ def run(cfg, res):
         if rank == 0:
             drop_caches()
         dist.barrier()
+        prof = None
+        if os.environ.get("TRAINER_BENCH_PROFILE"):
+            # $TRAINER_BENCH_PROFILE=DIR: cProfile of each rank's load in DIR
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = now()
         loader(os.path.join(cfg["dir"], "ckpt"), model, opt)
         t1 = now()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(os.path.join(os.environ["TRAINER_BENCH_PROFILE"],
+                                         f"load-{method}-r{rank}.prof"))
         dist.barrier()
         res["load_rank"] = t1 - t0
         res["load"] = now() - t0
