@@ -128,6 +128,8 @@ def run(cfg, res):
             dist.barrier()
         res["memcpy"] = sorted(times)[len(times) // 2]
     elif phase == "save":
+        # $TRAINER_BENCH_PROFILE=DIR: a cProfile of each rank's timed save call (and of its
+        # load, below) in DIR
         saver = make_saver(method, model, opt, cfg)
         # untimed warm-up saves (allocations, plan and metadata caches, RPC set-up), each after
         # a training step as in a job that saves every N steps
@@ -145,9 +147,18 @@ def run(cfg, res):
                 import ckptfs_adapter
                 ckptfs_adapter.settle(cfg["ckpt"], cfg["store"], 120)
         dist.barrier()
+        prof = None
+        if os.environ.get("TRAINER_BENCH_PROFILE"):
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = now()
         saver.save(os.path.join(cfg["dir"], "ckpt"), nwarm + 1)
         t1 = now()
+        if prof is not None:
+            prof.disable()
+            prof.dump_stats(os.path.join(os.environ["TRAINER_BENCH_PROFILE"],
+                                         f"save-{method}-r{rank}.prof"))
         saver.wait()
         t2 = now()
         res["stall"], res["durable"] = t1 - t0, t2 - t0
@@ -159,7 +170,6 @@ def run(cfg, res):
         dist.barrier()
         prof = None
         if os.environ.get("TRAINER_BENCH_PROFILE"):
-            # $TRAINER_BENCH_PROFILE=DIR: cProfile of each rank's load in DIR
             import cProfile
             prof = cProfile.Profile()
             prof.enable()
