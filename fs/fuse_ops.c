@@ -4,6 +4,23 @@
  *
  * Every request gets exactly one reply.  The layers below return negative
  * errno values; reply_err() is the one place they become FUSE replies.
+ *
+ * Permissions.  The mount always has the kernel's default_permissions
+ * (options.c adds it): the kernel checks permission bits and ownership of
+ * every access, chmod, chown, utimens, truncate and deletion in a sticky
+ * directory against the caller's full credentials (supplementary groups,
+ * capabilities, user namespaces) before a request reaches the daemon, so
+ * no request handler checks permissions.  The daemon sees only the uid,
+ * gid and pid of a request, would have to read the others from /proc, and
+ * would decide on attributes the kernel has cached anyway.
+ *
+ * S_ISUID and S_ISGID.  A write, a truncate (also by an open with O_TRUNC)
+ * or a chown clears S_ISUID, and S_ISGID if S_IXGRP is set, as ext4 does:
+ * for write and truncate only when the caller lacks CAP_FSETID, for chown
+ * of anything but a directory always.  The kernel knows the caller's
+ * capabilities and flags the requests (wire.c: FUSE_HANDLE_KILLPRIV_V2);
+ * the daemon clears the bits before it handles them
+ * (CKPT_SET_KILL_SUIDGID).
  */
 #include "config.h"
 
@@ -58,6 +75,7 @@ static void inode_to_stat(const struct ckpt_inode *in, struct stat *st)
 	st->st_uid = in->uid;
 	st->st_gid = in->gid;
 	st->st_size = (off_t)in->size;
+	st->st_rdev = (dev_t)in->rdev;
 	st->st_blksize = 1 << 20;
 	st->st_blocks = (blkcnt_t)((in->size + 511) / 512);
 	st->st_atim.tv_sec = in->atime_ns / 1000000000;
@@ -124,7 +142,8 @@ static void reply_open(fuse_req_t req, struct fuse_file_info *fi, struct tree_fi
 void fuse_ops_inval(void *ctx, uint64_t ino, uint64_t off, uint64_t len)
 {
 	/* -ENOENT: the kernel has forgotten the inode: nothing cached */
-	(void)fuse_lowlevel_notify_inval_inode(ctx, ino, (off_t)off, (off_t)len);
+	(void)fuse_lowlevel_notify_inval_inode(ctx, ino, off == VFS_INVAL_ATTR ? -1 : (off_t)off,
+					       (off_t)len);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -145,6 +164,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_background = 64;
 	wire_negotiate(conn, d->direct_read, d->direct_read_given, &views, &files);
 	vfs_set_direct(d->vfs, views, files);
+	(void)wire_negotiate_killpriv(conn);
 }
 
 static void op_destroy(void *userdata)
@@ -225,6 +245,10 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		what |= CKPT_SET_CTIME;
 		in.ctime_ns = ts_ns(&attr->st_ctim);
 	}
+	/* FATTR_KILL_SUIDGID (truncate, chown), which libfuse passes on as
+	 * FUSE_SET_ATTR_KILL_SUID */
+	if (to_set & (FUSE_SET_ATTR_KILL_SUID | FUSE_SET_ATTR_KILL_SGID))
+		what |= CKPT_SET_KILL_SUIDGID;
 	r = vfs_setattr(vfs_of(req), ino, what, &in, &cur, &timeout);
 	reply_attr(req, r, &cur, timeout);
 }
@@ -243,30 +267,41 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 
 /* mknod, mkdir and symlink: mode with the type, the umask already applied. */
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-		      const char *target)
+		      const char *target, dev_t rdev)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct tree_entry e;
-	int r = vfs_mknode(vfs_of(req), parent, name, mode, ctx->uid, ctx->gid, target, &e);
+	int r = vfs_mknode(vfs_of(req), parent, name, mode, ctx->uid, ctx->gid, target,
+			   (uint64_t)rdev, &e);
 
 	reply_entry(req, r, &e);
 }
 
+/* Regular files, fifos, sockets and devices (the kernel checked that the
+ * caller may create a device: CAP_MKNOD). */
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		     dev_t rdev)
 {
-	(void)rdev; /* devices are refused */
-	make_node(req, parent, name, mode & ~fuse_req_ctx(req)->umask, NULL);
+	mode_t type = mode & S_IFMT;
+
+	if (type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR &&
+	    type != S_IFBLK) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	make_node(req, parent, name, type | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL,
+		  type == S_IFCHR || type == S_IFBLK ? rdev : 0);
 }
 
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
-	make_node(req, parent, name, S_IFDIR | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL);
+	make_node(req, parent, name, S_IFDIR | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL,
+		  0);
 }
 
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
-	make_node(req, parent, name, S_IFLNK | 0777, link);
+	make_node(req, parent, name, S_IFLNK | 0777, link, 0);
 }
 
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
@@ -295,7 +330,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct tree_file *f;
-	int r = vfs_open(vfs_of(req), ino, fi->flags, &f);
+	/* O_TRUNC by a caller without CAP_FSETID */
+	int r = wire_kill_suidgid() ? vfs_kill_suidgid(vfs_of(req), ino) : 0;
+
+	if (r == 0)
+		r = vfs_open(vfs_of(req), ino, fi->flags, &f);
 
 	if (r < 0)
 		reply_err(req, r);
@@ -354,9 +393,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		     struct fuse_file_info *fi)
 {
-	int r = vfs_write(vfs_of(req), file_of(fi), buf, size, (uint64_t)off);
+	/* a writer without CAP_FSETID: the bits go before the data changes */
+	int r = wire_kill_suidgid() ? vfs_kill_suidgid(vfs_of(req), ino) : 0;
 
-	(void)ino;
+	if (r == 0)
+		r = vfs_write(vfs_of(req), file_of(fi), buf, size, (uint64_t)off);
 	if (r < 0)
 		reply_err(req, r);
 	else

@@ -8,7 +8,8 @@
  * Module map of fs/: options.c parses the command line; fuse_ops.c adapts
  * FUSE requests to vfs.c, which dispatches them to the store tree
  * (stree.c) and the view trees (vtree.c) through the tree ops (tree.h);
- * wire.c negotiates FUSE_DIRECT_IO_ALLOW_MMAP where libfuse cannot.
+ * wire.c negotiates FUSE_DIRECT_IO_ALLOW_MMAP and FUSE_HANDLE_KILLPRIV_V2
+ * where libfuse cannot and reads the kill-suid/sgid flags of requests.
  */
 #include "config.h"
 
@@ -306,7 +307,10 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot mount %s (see messages above)\n", cmd.mountpoint);
 		goto out_signals;
 	}
-	wire_install(se, o.direct_read);
+	if (wire_install(se) != 0) {
+		report("ckptfs: cannot hook the FUSE channel of %s\n", cmd.mountpoint);
+		goto out_unmount;
+	}
 	if (!cmd.foreground)
 		detach_done(o.store, cmd.mountpoint);
 	if (o.readahead_kb)
@@ -321,6 +325,7 @@ int main(int argc, char **argv)
 		ret = fuse_session_loop(se) ? 1 : 0;
 	else
 		ret = fuse_session_loop_mt(se, lcfg) ? 1 : 0;
+out_unmount:
 	fuse_session_unmount(se);
 out_signals:
 	vfs_stop_inval(v);

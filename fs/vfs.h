@@ -47,8 +47,10 @@ int vfs_new(const struct vfs_config *c, struct vfs **ret);
 void vfs_free(struct vfs *v);
 
 /* Drop the kernel's cached pages of [off, off+len) of ino, or with len 0
- * its attributes and all its pages. */
+ * its attributes and all its pages, or with off VFS_INVAL_ATTR its
+ * attributes only. */
 typedef void vfs_inval_fn(void *ctx, uint64_t ino, uint64_t off, uint64_t len);
+#define VFS_INVAL_ATTR UINT64_MAX
 /* Start the thread that sends queued invalidations through fn (sending
  * them from a request handler can deadlock on the inode); vfs_stop_inval()
  * before ctx goes away. */
@@ -69,10 +71,15 @@ int vfs_getattr(struct vfs *v, uint64_t ino, struct ckpt_inode *ret, double *ret
 /* what: CKPT_SET_* | TREE_SET_SIZE, values in in; ret: the attributes after. */
 int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_inode *in,
 		struct ckpt_inode *ret, double *ret_timeout);
+/* Clear S_ISUID, and S_ISGID if S_IXGRP is set, on ino (CKPT_SET_KILL_SUIDGID),
+ * and drop the kernel's cached attributes of ino: nothing is written when
+ * neither is to be cleared.  From the request handler of a write, an open
+ * or a truncate of ino. */
+int vfs_kill_suidgid(struct vfs *v, uint64_t ino);
 int vfs_readlink(struct vfs *v, uint64_t ino, char **ret_target);
 int vfs_readdir(struct vfs *v, uint64_t ino, struct ckpt_dirent **ret_ents, size_t *ret_n);
 int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
-	       uint32_t gid, const char *target, struct tree_entry *ret);
+	       uint32_t gid, const char *target, uint64_t rdev, struct tree_entry *ret);
 int vfs_link(struct vfs *v, uint64_t ino, uint64_t newparent, const char *newname,
 	     struct tree_entry *ret);
 int vfs_unlink(struct vfs *v, uint64_t parent, const char *name, bool dir);
