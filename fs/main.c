@@ -158,7 +158,7 @@ static void detach_done(const char *store, const char *mountpoint)
 		/* not fatal */
 	}
 	if (asprintf(&path, "%s/ckptfs.log", store) >= 0) {
-		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		free(path);
 		if (fd >= 0) {
 			dup2(fd, STDOUT_FILENO);
@@ -241,6 +241,11 @@ int main(int argc, char **argv)
 	 * and zeroed again.  Keep them on the heap and reuse them. */
 	mallopt(M_MMAP_THRESHOLD, 8 << 20);
 	mallopt(M_TRIM_THRESHOLD, 32 << 20);
+	/* Everything the daemon creates on the host (the store's files, its
+	 * log) is its owner's only: the store holds every user's data and the
+	 * chunk hash secret (docs/threat-model.md).  Files in the mount are
+	 * created with the modes their callers ask for. */
+	umask(077);
 	r = options_parse(&args, &cmd, &o);
 	if (r != 0) {
 		ret = r > 0 ? 0 : 1;

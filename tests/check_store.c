@@ -278,6 +278,55 @@ START_TEST(test_create_in_empty_dir_and_reopen)
 }
 END_TEST
 
+static unsigned mode_of(const char *rel)
+{
+	char path[256];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s%s%s", spath, rel[0] ? "/" : "", rel);
+	ck_assert_int_eq(stat(path, &st), 0);
+	return st.st_mode & 07777;
+}
+
+/* Only the store's owner may enter it: it holds every user's data and the
+ * chunk hash secret (in the index).  A new store is made private whatever
+ * the umask, also in an empty directory given to it; a store that lets
+ * others in is made private by a read-write open, not by a shared one. */
+START_TEST(test_store_dir_private)
+{
+	ckpt_store *s;
+	char err[512];
+	mode_t old = umask(022);
+
+	s = open_rw();
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+	ck_assert_uint_eq(mode_of("index"), 0700);
+	ck_assert_uint_eq(mode_of("packs"), 0700);
+	ck_assert_uint_eq(mode_of("staging"), 0700);
+
+	ck_assert_int_eq(chmod(spath, 0755), 0);
+	ck_assert_int_eq(try_open(CKPT_STORE_RO_SHARED, false, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0755);
+	ck_assert_int_eq(try_open(CKPT_STORE_RW, false, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+
+	/* an empty directory someone made for the store */
+	{
+		char copy[sizeof(spath)];
+		memcpy(copy, spath, sizeof(copy));
+		tl_dir_remove(copy); /* (clears its argument) */
+	}
+	ck_assert_int_eq(mkdir(spath, 0775), 0);
+	ck_assert_int_eq(try_open(CKPT_STORE_RW, true, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+	umask(old);
+}
+END_TEST
+
 START_TEST(test_open_refusals)
 {
 	ckpt_store *s;
@@ -2414,6 +2463,7 @@ static Suite *store_suite(void)
 
 	tcase_add_test(ns, test_mknode_lookup);
 	tcase_add_test(ns, test_special_files_reopen);
+	tcase_add_test(ns, test_store_dir_private);
 	tcase_add_test(ns, test_readdir_order);
 	tcase_add_test(ns, test_unlink_rmdir);
 	tcase_add_test(ns, test_dir_nlink);
