@@ -14,13 +14,16 @@
  * gid and pid of a request, would have to read the others from /proc, and
  * would decide on attributes the kernel has cached anyway.
  *
- * S_ISUID and S_ISGID.  A write, a truncate (also by an open with O_TRUNC)
- * or a chown clears S_ISUID, and S_ISGID if S_IXGRP is set, as ext4 does:
- * for write and truncate only when the caller lacks CAP_FSETID, for chown
- * of anything but a directory always.  The kernel knows the caller's
- * capabilities and flags the requests (wire.c: FUSE_HANDLE_KILLPRIV_V2);
- * the daemon clears the bits before it handles them
- * (CKPT_SET_KILL_SUIDGID).
+ * S_ISUID and S_ISGID.  As on ext4, a write or a truncate (also by an open
+ * with O_TRUNC) by a caller without CAP_FSETID clears S_ISUID, and S_ISGID
+ * if S_IXGRP is set or the caller is not in the file's group; a chown of
+ * anything but a directory clears S_ISUID, and S_ISGID if S_IXGRP is set.
+ * The kernel knows the caller's capabilities and flags those requests
+ * (wire.c: FUSE_HANDLE_KILLPRIV_V2); the daemon clears the bits before it
+ * handles them (vfs_kill_suidgid, CKPT_SET_KILL_SUIDGID).  The daemon does
+ * not know whether a chown's caller has CAP_FSETID: ext4 keeps S_ISGID
+ * without S_IXGRP for a chown by a caller who has it or is in the file's
+ * group, and clears it for others; ckptfs keeps it on every chown.
  */
 #include "config.h"
 
@@ -42,6 +45,38 @@ static struct vfs *vfs_of(fuse_req_t req)
 static struct tree_file *file_of(struct fuse_file_info *fi)
 {
 	return (struct tree_file *)(uintptr_t)fi->fh;
+}
+
+/* A vfs_in_group_fn: whether the caller of request ctx is in group gid (its
+ * fsgid, or one of its supplementary groups, which libfuse reads from
+ * /proc).  Asked only about S_ISGID files without S_IXGRP; if the groups
+ * cannot be read the caller counts as outside (the bit is cleared). */
+static bool caller_in_group(void *ctx, uint32_t gid)
+{
+	fuse_req_t req = ctx;
+	gid_t small[64], *list = small;
+	int n, cap = 64;
+	bool in = false;
+
+	if (fuse_req_ctx(req)->gid == gid)
+		return true;
+	n = fuse_req_getgroups(req, cap, list);
+	if (n > cap) {
+		cap = n;
+		list = malloc((size_t)cap * sizeof(*list));
+		n = list ? fuse_req_getgroups(req, cap, list) : -ENOMEM;
+	}
+	for (int i = 0; i < n && i < cap; i++)
+		in = in || list[i] == gid;
+	if (list != small)
+		free(list);
+	return in;
+}
+
+/* The request carries the kernel's kill flag (wire.c): clear the bits. */
+static int kill_suidgid(fuse_req_t req, fuse_ino_t ino)
+{
+	return vfs_kill_suidgid(vfs_of(req), ino, caller_in_group, req);
 }
 
 /* The entries of an open directory, read at opendir. */
@@ -245,11 +280,17 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		what |= CKPT_SET_CTIME;
 		in.ctime_ns = ts_ns(&attr->st_ctim);
 	}
-	/* FATTR_KILL_SUIDGID (truncate, chown), which libfuse passes on as
-	 * FUSE_SET_ATTR_KILL_SUID */
-	if (to_set & (FUSE_SET_ATTR_KILL_SUID | FUSE_SET_ATTR_KILL_SGID))
-		what |= CKPT_SET_KILL_SUIDGID;
-	r = vfs_setattr(vfs_of(req), ino, what, &in, &cur, &timeout);
+	/* FATTR_KILL_SUIDGID, which libfuse passes on as FUSE_SET_ATTR_KILL_SUID:
+	 * a chown (always), or a truncate by a caller without CAP_FSETID */
+	r = 0;
+	if (to_set & (FUSE_SET_ATTR_KILL_SUID | FUSE_SET_ATTR_KILL_SGID)) {
+		if (what & (CKPT_SET_UID | CKPT_SET_GID))
+			what |= CKPT_SET_KILL_SUIDGID;
+		else
+			r = kill_suidgid(req, ino);
+	}
+	if (r == 0)
+		r = vfs_setattr(vfs_of(req), ino, what, &in, &cur, &timeout);
 	reply_attr(req, r, &cur, timeout);
 }
 
@@ -331,7 +372,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct tree_file *f;
 	/* O_TRUNC by a caller without CAP_FSETID */
-	int r = wire_kill_suidgid() ? vfs_kill_suidgid(vfs_of(req), ino) : 0;
+	int r = wire_kill_suidgid() ? kill_suidgid(req, ino) : 0;
 
 	if (r == 0)
 		r = vfs_open(vfs_of(req), ino, fi->flags, &f);
@@ -394,7 +435,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		     struct fuse_file_info *fi)
 {
 	/* a writer without CAP_FSETID: the bits go before the data changes */
-	int r = wire_kill_suidgid() ? vfs_kill_suidgid(vfs_of(req), ino) : 0;
+	int r = wire_kill_suidgid() ? kill_suidgid(req, ino) : 0;
 
 	if (r == 0)
 		r = vfs_write(vfs_of(req), file_of(fi), buf, size, (uint64_t)off);

@@ -324,13 +324,15 @@ static int st_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 		if (r < 0)
 			return r;
 	}
-	if (set & CKPT_SET_KILL_SUIDGID) {
+	if (set & (CKPT_SET_KILL_SUIDGID | CKPT_SET_KILL_SGID)) {
 		/* the common case, nothing to clear, costs no transaction */
 		r = ckpt_store_getattr(st->s, ino, &cur);
 		if (r < 0)
 			return r;
 		if (ckpt_mode_kill_suidgid(cur.mode) == cur.mode)
 			set &= ~CKPT_SET_KILL_SUIDGID;
+		if (!(cur.mode & S_ISGID))
+			set &= ~CKPT_SET_KILL_SGID;
 	}
 	if (!set)
 		return 0;

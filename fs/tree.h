@@ -68,8 +68,8 @@ struct tree_ops {
 	int (*getattr)(struct tree *t, uint64_t ino, struct ckpt_inode *ret,
 		       double *ret_timeout);
 	/* what: CKPT_SET_* and TREE_SET_SIZE; in carries the new values.
-	 * CKPT_SET_KILL_SUIDGID alone changes nothing (not even ctime) when
-	 * the mode has no bit to clear. */
+	 * CKPT_SET_KILL_SUIDGID and CKPT_SET_KILL_SGID alone change nothing
+	 * (not even ctime) when the mode has no bit to clear. */
 	int (*setattr)(struct tree *t, uint64_t ino, unsigned what, const struct ckpt_inode *in);
 	int (*readlink)(struct tree *t, uint64_t ino, char **ret_target);
 	/* Entries of directory ino (ckpt_dirents_free them). */

@@ -243,19 +243,27 @@ int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_in
  * truncate, but not their mode): without the invalidation a stat right
  * after the write would still show the bits.  Only attributes are dropped,
  * which takes no lock a request in flight holds. */
-int vfs_kill_suidgid(struct vfs *v, uint64_t ino)
+int vfs_kill_suidgid(struct vfs *v, uint64_t ino, vfs_in_group_fn *in_group, void *ctx)
 {
 	struct tree *t = tree_of_ino(v, ino);
 	struct ckpt_inode in;
+	unsigned what = CKPT_SET_KILL_SUIDGID;
 	double timeout;
 	int r = t->ops->getattr(t, ino, &in, &timeout);
 
-	if (r == 0 && ckpt_mode_kill_suidgid(in.mode) == in.mode)
+	if (r < 0)
+		goto out;
+	/* S_ISGID without S_IXGRP (no set-group-ID execution) goes only for a
+	 * caller outside the file's group, as the kernel decides for local
+	 * file systems (setattr_should_drop_sgid) */
+	if ((in.mode & (S_ISGID | S_IXGRP)) == S_ISGID && !in_group(ctx, in.gid))
+		what |= CKPT_SET_KILL_SGID;
+	if (ckpt_mode_kill_suidgid(in.mode) == in.mode && !(what & CKPT_SET_KILL_SGID))
 		return 0; /* the common case: nothing to clear */
-	if (r == 0)
-		r = t->ops->setattr(t, ino, CKPT_SET_KILL_SUIDGID, &in);
+	r = t->ops->setattr(t, ino, what, &in);
 	if (r == 0 && v->inval_fn)
 		v->inval_fn(v->inval_ctx, ino, VFS_INVAL_ATTR, 0);
+out:
 	if (r < 0) {
 		char *path = t->ops->path(t, ino);
 		ckpt_err("%s: cannot clear the set-user-ID/set-group-ID bits: %s",

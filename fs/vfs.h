@@ -71,11 +71,14 @@ int vfs_getattr(struct vfs *v, uint64_t ino, struct ckpt_inode *ret, double *ret
 /* what: CKPT_SET_* | TREE_SET_SIZE, values in in; ret: the attributes after. */
 int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_inode *in,
 		struct ckpt_inode *ret, double *ret_timeout);
-/* Clear S_ISUID, and S_ISGID if S_IXGRP is set, on ino (CKPT_SET_KILL_SUIDGID),
- * and drop the kernel's cached attributes of ino: nothing is written when
- * neither is to be cleared.  From the request handler of a write, an open
- * or a truncate of ino. */
-int vfs_kill_suidgid(struct vfs *v, uint64_t ino);
+/* Whether the caller of the request being handled is in group gid. */
+typedef bool vfs_in_group_fn(void *ctx, uint32_t gid);
+/* For a write, an open with O_TRUNC or a truncate of ino by a caller
+ * without CAP_FSETID, from its request handler: clear S_ISUID, and S_ISGID
+ * if S_IXGRP is set or the caller is not in the file's group (in_group),
+ * and drop the kernel's cached attributes of ino.  Nothing is written when
+ * no bit is to be cleared. */
+int vfs_kill_suidgid(struct vfs *v, uint64_t ino, vfs_in_group_fn *in_group, void *ctx);
 int vfs_readlink(struct vfs *v, uint64_t ino, char **ret_target);
 int vfs_readdir(struct vfs *v, uint64_t ino, struct ckpt_dirent **ret_ents, size_t *ret_n);
 int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,

@@ -202,7 +202,8 @@ START_TEST(test_ns_special_files)
 END_TEST
 
 /* CKPT_SET_KILL_SUIDGID clears S_ISUID always and S_ISGID only with
- * S_IXGRP, after the other fields of the same call. */
+ * S_IXGRP, after the other fields of the same call; CKPT_SET_KILL_SGID
+ * clears S_ISGID. */
 START_TEST(test_ns_kill_suidgid)
 {
 	ckpt_ns *ns = ns_new(&lock_a, true);
@@ -221,6 +222,9 @@ START_TEST(test_ns_kill_suidgid)
 						   CKPT_SET_KILL_SUIDGID, &in, &in), 0);
 	ck_assert_uint_eq(attr(f.ino).mode, S_IFREG | 02745);
 	ck_assert_uint_eq(attr(f.ino).uid, 65534);
+	/* S_ISGID without S_IXGRP: only CKPT_SET_KILL_SGID clears it */
+	ck_assert_int_eq(ckpt_ns_setattr(ns, f.ino, CKPT_SET_KILL_SGID, &in, &in), 0);
+	ck_assert_uint_eq(attr(f.ino).mode, S_IFREG | 0745);
 	ckpt_ns_free(ns);
 }
 END_TEST

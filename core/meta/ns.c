@@ -788,6 +788,8 @@ static int setattr_txn(ckpt_txn *t, void *arg)
 		a->cur.mtime_ns = in->mtime_ns;
 	if (what & CKPT_SET_KILL_SUIDGID)
 		a->cur.mode = ckpt_mode_kill_suidgid(a->cur.mode);
+	if (what & CKPT_SET_KILL_SGID)
+		a->cur.mode &= ~(uint32_t)S_ISGID;
 	a->cur.ctime_ns = (what & CKPT_SET_CTIME) ? in->ctime_ns : ckpt_now_ns();
 	ckpt_meta_put_inode(t, &a->cur);
 	return 0;

@@ -59,6 +59,9 @@
  * what the kernel asks for on a write, truncate or chown by a caller
  * without CAP_FSETID. */
 #define CKPT_SET_KILL_SUIDGID 0x40u
+/* Clear S_ISGID whatever S_IXGRP says (a caller without CAP_FSETID who is
+ * not in the file's group writes or truncates it). */
+#define CKPT_SET_KILL_SGID 0x80u
 
 /* mode with the bits CKPT_SET_KILL_SUIDGID clears cleared. */
 uint32_t ckpt_mode_kill_suidgid(uint32_t mode);
