@@ -39,7 +39,8 @@ assert_eq 700 "$(mode_of "$STORE")" "the store directory is its owner's only"
 assert_eq 700 "$(mode_of "$STORE/index")" "the index directory (hash secret) is its owner's only"
 assert_eq 700 "$(mode_of "$STORE/packs")" "the packs directory is its owner's only"
 ixfile=$(find "$STORE/index" -maxdepth 1 -type f -name '*.log' | head -n 1)
-[ -n "$ixfile" ] && assert_eq 600 "$(mode_of "$ixfile")" "index files are created 0600"
+check "the index has a write-ahead log file" test -f "$ixfile"
+assert_eq 600 "$(mode_of "$ixfile")" "index files are created 0600"
 refused "nobody cannot list the index" ls "$STORE/index"
 refused "nobody cannot read the index's files" cat "$ixfile"
 
