@@ -4,6 +4,26 @@
  *
  * Every request gets exactly one reply.  The layers below return negative
  * errno values; reply_err() is the one place they become FUSE replies.
+ *
+ * Permissions.  The mount always has the kernel's default_permissions
+ * (options.c adds it): the kernel checks permission bits and ownership of
+ * every access, chmod, chown, utimens, truncate and deletion in a sticky
+ * directory against the caller's full credentials (supplementary groups,
+ * capabilities, user namespaces) before a request reaches the daemon, so
+ * no request handler checks permissions.  The daemon sees only the uid,
+ * gid and pid of a request, would have to read the others from /proc, and
+ * would decide on attributes the kernel has cached anyway.
+ *
+ * S_ISUID and S_ISGID.  As on ext4, a write or a truncate (also by an open
+ * with O_TRUNC) by a caller without CAP_FSETID clears S_ISUID, and S_ISGID
+ * if S_IXGRP is set or the caller is not in the file's group; a chown of
+ * anything but a directory clears S_ISUID, and S_ISGID if S_IXGRP is set.
+ * The kernel knows the caller's capabilities and flags those requests
+ * (wire.c: FUSE_HANDLE_KILLPRIV_V2); the daemon clears the bits before it
+ * handles them (vfs_kill_suidgid, CKPT_SET_KILL_SUIDGID).  The daemon does
+ * not know whether a chown's caller has CAP_FSETID: ext4 keeps S_ISGID
+ * without S_IXGRP for a chown by a caller who has it or is in the file's
+ * group, and clears it for others; ckptfs keeps it on every chown.
  */
 #include "config.h"
 
@@ -25,6 +45,38 @@ static struct vfs *vfs_of(fuse_req_t req)
 static struct tree_file *file_of(struct fuse_file_info *fi)
 {
 	return (struct tree_file *)(uintptr_t)fi->fh;
+}
+
+/* A vfs_in_group_fn: whether the caller of request ctx is in group gid (its
+ * fsgid, or one of its supplementary groups, which libfuse reads from
+ * /proc).  Asked only about S_ISGID files without S_IXGRP; if the groups
+ * cannot be read the caller counts as outside (the bit is cleared). */
+static bool caller_in_group(void *ctx, uint32_t gid)
+{
+	fuse_req_t req = ctx;
+	gid_t small[64], *list = small;
+	int n, cap = 64;
+	bool in = false;
+
+	if (fuse_req_ctx(req)->gid == gid)
+		return true;
+	n = fuse_req_getgroups(req, cap, list);
+	if (n > cap) {
+		cap = n;
+		list = malloc((size_t)cap * sizeof(*list));
+		n = list ? fuse_req_getgroups(req, cap, list) : -ENOMEM;
+	}
+	for (int i = 0; i < n && i < cap; i++)
+		in = in || list[i] == gid;
+	if (list != small)
+		free(list);
+	return in;
+}
+
+/* The request carries the kernel's kill flag (wire.c): clear the bits. */
+static int kill_suidgid(fuse_req_t req, fuse_ino_t ino)
+{
+	return vfs_kill_suidgid(vfs_of(req), ino, caller_in_group, req);
 }
 
 /* The entries of an open directory, read at opendir. */
@@ -58,6 +110,7 @@ static void inode_to_stat(const struct ckpt_inode *in, struct stat *st)
 	st->st_uid = in->uid;
 	st->st_gid = in->gid;
 	st->st_size = (off_t)in->size;
+	st->st_rdev = (dev_t)in->rdev;
 	st->st_blksize = 1 << 20;
 	st->st_blocks = (blkcnt_t)((in->size + 511) / 512);
 	st->st_atim.tv_sec = in->atime_ns / 1000000000;
@@ -124,7 +177,8 @@ static void reply_open(fuse_req_t req, struct fuse_file_info *fi, struct tree_fi
 void fuse_ops_inval(void *ctx, uint64_t ino, uint64_t off, uint64_t len)
 {
 	/* -ENOENT: the kernel has forgotten the inode: nothing cached */
-	(void)fuse_lowlevel_notify_inval_inode(ctx, ino, (off_t)off, (off_t)len);
+	(void)fuse_lowlevel_notify_inval_inode(ctx, ino, off == VFS_INVAL_ATTR ? -1 : (off_t)off,
+					       (off_t)len);
 }
 
 /* ------------------------------------------------------------ requests */
@@ -145,6 +199,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_background = 64;
 	wire_negotiate(conn, d->direct_read, d->direct_read_given, &views, &files);
 	vfs_set_direct(d->vfs, views, files);
+	(void)wire_negotiate_killpriv(conn);
 }
 
 static void op_destroy(void *userdata)
@@ -225,7 +280,17 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		what |= CKPT_SET_CTIME;
 		in.ctime_ns = ts_ns(&attr->st_ctim);
 	}
-	r = vfs_setattr(vfs_of(req), ino, what, &in, &cur, &timeout);
+	/* FATTR_KILL_SUIDGID, which libfuse passes on as FUSE_SET_ATTR_KILL_SUID:
+	 * a chown (always), or a truncate by a caller without CAP_FSETID */
+	r = 0;
+	if (to_set & (FUSE_SET_ATTR_KILL_SUID | FUSE_SET_ATTR_KILL_SGID)) {
+		if (what & (CKPT_SET_UID | CKPT_SET_GID))
+			what |= CKPT_SET_KILL_SUIDGID;
+		else
+			r = kill_suidgid(req, ino);
+	}
+	if (r == 0)
+		r = vfs_setattr(vfs_of(req), ino, what, &in, &cur, &timeout);
 	reply_attr(req, r, &cur, timeout);
 }
 
@@ -243,30 +308,41 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 
 /* mknod, mkdir and symlink: mode with the type, the umask already applied. */
 static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
-		      const char *target)
+		      const char *target, dev_t rdev)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
 	struct tree_entry e;
-	int r = vfs_mknode(vfs_of(req), parent, name, mode, ctx->uid, ctx->gid, target, &e);
+	int r = vfs_mknode(vfs_of(req), parent, name, mode, ctx->uid, ctx->gid, target,
+			   (uint64_t)rdev, &e);
 
 	reply_entry(req, r, &e);
 }
 
+/* Regular files, fifos, sockets and devices (the kernel checked that the
+ * caller may create a device: CAP_MKNOD). */
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
 		     dev_t rdev)
 {
-	(void)rdev; /* devices are refused */
-	make_node(req, parent, name, mode & ~fuse_req_ctx(req)->umask, NULL);
+	mode_t type = mode & S_IFMT;
+
+	if (type != S_IFREG && type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR &&
+	    type != S_IFBLK) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	make_node(req, parent, name, type | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL,
+		  type == S_IFCHR || type == S_IFBLK ? rdev : 0);
 }
 
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
-	make_node(req, parent, name, S_IFDIR | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL);
+	make_node(req, parent, name, S_IFDIR | (mode & ~fuse_req_ctx(req)->umask & 07777), NULL,
+		  0);
 }
 
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
-	make_node(req, parent, name, S_IFLNK | 0777, link);
+	make_node(req, parent, name, S_IFLNK | 0777, link, 0);
 }
 
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
@@ -295,7 +371,11 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct tree_file *f;
-	int r = vfs_open(vfs_of(req), ino, fi->flags, &f);
+	/* O_TRUNC by a caller without CAP_FSETID */
+	int r = wire_kill_suidgid() ? kill_suidgid(req, ino) : 0;
+
+	if (r == 0)
+		r = vfs_open(vfs_of(req), ino, fi->flags, &f);
 
 	if (r < 0)
 		reply_err(req, r);
@@ -354,9 +434,11 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
 		     struct fuse_file_info *fi)
 {
-	int r = vfs_write(vfs_of(req), file_of(fi), buf, size, (uint64_t)off);
+	/* a writer without CAP_FSETID: the bits go before the data changes */
+	int r = wire_kill_suidgid() ? kill_suidgid(req, ino) : 0;
 
-	(void)ino;
+	if (r == 0)
+		r = vfs_write(vfs_of(req), file_of(fi), buf, size, (uint64_t)off);
 	if (r < 0)
 		reply_err(req, r);
 	else

@@ -8,7 +8,8 @@
  * Module map of fs/: options.c parses the command line; fuse_ops.c adapts
  * FUSE requests to vfs.c, which dispatches them to the store tree
  * (stree.c) and the view trees (vtree.c) through the tree ops (tree.h);
- * wire.c negotiates FUSE_DIRECT_IO_ALLOW_MMAP where libfuse cannot.
+ * wire.c negotiates FUSE_DIRECT_IO_ALLOW_MMAP and FUSE_HANDLE_KILLPRIV_V2
+ * where libfuse cannot and reads the kill-suid/sgid flags of requests.
  */
 #include "config.h"
 
@@ -157,7 +158,7 @@ static void detach_done(const char *store, const char *mountpoint)
 		/* not fatal */
 	}
 	if (asprintf(&path, "%s/ckptfs.log", store) >= 0) {
-		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		free(path);
 		if (fd >= 0) {
 			dup2(fd, STDOUT_FILENO);
@@ -240,6 +241,11 @@ int main(int argc, char **argv)
 	 * and zeroed again.  Keep them on the heap and reuse them. */
 	mallopt(M_MMAP_THRESHOLD, 8 << 20);
 	mallopt(M_TRIM_THRESHOLD, 32 << 20);
+	/* Everything the daemon creates on the host (the store's files, its
+	 * log) is its owner's only: the store holds every user's data and the
+	 * chunk hash secret (docs/threat-model.md).  Files in the mount are
+	 * created with the modes their callers ask for. */
+	umask(077);
 	r = options_parse(&args, &cmd, &o);
 	if (r != 0) {
 		ret = r > 0 ? 0 : 1;
@@ -306,7 +312,10 @@ int main(int argc, char **argv)
 		report("ckptfs: cannot mount %s (see messages above)\n", cmd.mountpoint);
 		goto out_signals;
 	}
-	wire_install(se, o.direct_read);
+	if (wire_install(se) != 0) {
+		report("ckptfs: cannot hook the FUSE channel of %s\n", cmd.mountpoint);
+		goto out_unmount;
+	}
 	if (!cmd.foreground)
 		detach_done(o.store, cmd.mountpoint);
 	if (o.readahead_kb)
@@ -321,6 +330,7 @@ int main(int argc, char **argv)
 		ret = fuse_session_loop(se) ? 1 : 0;
 	else
 		ret = fuse_session_loop_mt(se, lcfg) ? 1 : 0;
+out_unmount:
 	fuse_session_unmount(se);
 out_signals:
 	vfs_stop_inval(v);

@@ -244,6 +244,12 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 		goto out;
 	if (fuse_parse_cmdline(args, cmd) != 0)
 		goto out;
+	/* The kernel checks permission bits and ownership on every request:
+	 * always, whatever the command line says (see the top of fuse_ops.c). */
+	if (fuse_opt_add_arg(args, "-odefault_permissions") != 0) {
+		fprintf(stderr, "ckptfs: out of memory\n");
+		goto out;
+	}
 	if (cmd->show_help) {
 		usage(prog);
 		r = 1;

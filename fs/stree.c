@@ -324,6 +324,16 @@ static int st_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 		if (r < 0)
 			return r;
 	}
+	if (set & (CKPT_SET_KILL_SUIDGID | CKPT_SET_KILL_SGID)) {
+		/* the common case, nothing to clear, costs no transaction */
+		r = ckpt_store_getattr(st->s, ino, &cur);
+		if (r < 0)
+			return r;
+		if (ckpt_mode_kill_suidgid(cur.mode) == cur.mode)
+			set &= ~CKPT_SET_KILL_SUIDGID;
+		if (!(cur.mode & S_ISGID))
+			set &= ~CKPT_SET_KILL_SGID;
+	}
 	if (!set)
 		return 0;
 	r = changed(st, ckpt_store_setattr(st->s, ino, set, in, NULL));
@@ -357,16 +367,20 @@ static int st_readdir(struct tree *t, uint64_t ino, struct ckpt_dirent **ret_ent
 	return r;
 }
 
+/* Fifos, sockets and devices are inodes without content: the kernel serves
+ * their opens, reads and writes itself and never asks the daemon. */
 static int st_mknode(struct tree *t, uint64_t parent, const char *name, uint32_t mode,
-		     uint32_t uid, uint32_t gid, const char *target, struct tree_entry *ret)
+		     uint32_t uid, uint32_t gid, const char *target, uint64_t rdev,
+		     struct tree_entry *ret)
 {
 	struct stree *st = stree_of(t);
 	struct ckpt_inode in;
 	int r;
 
-	if (!S_ISREG(mode) && !S_ISDIR(mode) && !S_ISLNK(mode))
-		return -EPERM; /* devices, fifos and sockets are not stored */
-	r = ckpt_store_mknode(st->s, parent, name, mode, uid, gid, target, &in);
+	if (S_ISREG(mode) || S_ISDIR(mode) || S_ISLNK(mode))
+		r = ckpt_store_mknode(st->s, parent, name, mode, uid, gid, target, &in);
+	else
+		r = ckpt_store_mknod(st->s, parent, name, mode, uid, gid, rdev, &in);
 	return new_entry(st, r, parent, name, &in, ret);
 }
 

@@ -67,16 +67,20 @@ struct tree_ops {
 	void (*forget)(struct tree *t, uint64_t ino, uint64_t nlookup);
 	int (*getattr)(struct tree *t, uint64_t ino, struct ckpt_inode *ret,
 		       double *ret_timeout);
-	/* what: CKPT_SET_* and TREE_SET_SIZE; in carries the new values. */
+	/* what: CKPT_SET_* and TREE_SET_SIZE; in carries the new values.
+	 * CKPT_SET_KILL_SUIDGID and CKPT_SET_KILL_SGID alone change nothing
+	 * (not even ctime) when the mode has no bit to clear. */
 	int (*setattr)(struct tree *t, uint64_t ino, unsigned what, const struct ckpt_inode *in);
 	int (*readlink)(struct tree *t, uint64_t ino, char **ret_target);
 	/* Entries of directory ino (ckpt_dirents_free them). */
 	int (*readdir)(struct tree *t, uint64_t ino, struct ckpt_dirent **ret_ents,
 		       size_t *ret_n);
-	/* mode: S_IFREG, S_IFDIR or S_IFLNK (target) with permissions; other
-	 * types are refused with -EPERM. */
+	/* mode: the type with the permission bits: S_IFREG, S_IFDIR, S_IFLNK
+	 * (target: the symlink's), S_IFIFO, S_IFSOCK, S_IFCHR or S_IFBLK
+	 * (rdev: the device number). */
 	int (*mknode)(struct tree *t, uint64_t parent, const char *name, uint32_t mode,
-		      uint32_t uid, uint32_t gid, const char *target, struct tree_entry *ret);
+		      uint32_t uid, uint32_t gid, const char *target, uint64_t rdev,
+		      struct tree_entry *ret);
 	/* Called on the tree of ino unless newparent/newname is in another. */
 	int (*link)(struct tree *t, uint64_t ino, uint64_t newparent, const char *newname,
 		    struct tree_entry *ret);

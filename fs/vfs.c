@@ -239,6 +239,40 @@ int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_in
 	return r < 0 ? r : t->ops->getattr(t, ino, ret, ret_timeout);
 }
 
+/* The kernel caches attributes (and refreshes them after a write or a
+ * truncate, but not their mode): without the invalidation a stat right
+ * after the write would still show the bits.  Only attributes are dropped,
+ * which takes no lock a request in flight holds. */
+int vfs_kill_suidgid(struct vfs *v, uint64_t ino, vfs_in_group_fn *in_group, void *ctx)
+{
+	struct tree *t = tree_of_ino(v, ino);
+	struct ckpt_inode in;
+	unsigned what = CKPT_SET_KILL_SUIDGID;
+	double timeout;
+	int r = t->ops->getattr(t, ino, &in, &timeout);
+
+	if (r < 0)
+		goto out;
+	/* S_ISGID without S_IXGRP (no set-group-ID execution) goes only for a
+	 * caller outside the file's group, as the kernel decides for local
+	 * file systems (setattr_should_drop_sgid) */
+	if ((in.mode & (S_ISGID | S_IXGRP)) == S_ISGID && !in_group(ctx, in.gid))
+		what |= CKPT_SET_KILL_SGID;
+	if (ckpt_mode_kill_suidgid(in.mode) == in.mode && !(what & CKPT_SET_KILL_SGID))
+		return 0; /* the common case: nothing to clear */
+	r = t->ops->setattr(t, ino, what, &in);
+	if (r == 0 && v->inval_fn)
+		v->inval_fn(v->inval_ctx, ino, VFS_INVAL_ATTR, 0);
+out:
+	if (r < 0) {
+		char *path = t->ops->path(t, ino);
+		ckpt_err("%s: cannot clear the set-user-ID/set-group-ID bits: %s",
+			 path ? path : "?", strerror(-r));
+		free(path);
+	}
+	return r;
+}
+
 int vfs_readlink(struct vfs *v, uint64_t ino, char **ret_target)
 {
 	struct tree *t = tree_of_ino(v, ino);
@@ -254,11 +288,11 @@ int vfs_readdir(struct vfs *v, uint64_t ino, struct ckpt_dirent **ret_ents, size
 }
 
 int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
-	       uint32_t gid, const char *target, struct tree_entry *ret)
+	       uint32_t gid, const char *target, uint64_t rdev, struct tree_entry *ret)
 {
 	struct tree *t = tree_of_name(v, parent, name);
 
-	return t->ops->mknode(t, parent, name, mode, uid, gid, target, ret);
+	return t->ops->mknode(t, parent, name, mode, uid, gid, target, rdev, ret);
 }
 
 int vfs_link(struct vfs *v, uint64_t ino, uint64_t newparent, const char *newname,
@@ -337,7 +371,7 @@ int vfs_create(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, 
 	       uint32_t gid, int flags, struct tree_entry *ret_entry, struct tree_file **ret)
 {
 	struct tree *t = tree_of_name(v, parent, name);
-	int r = t->ops->mknode(t, parent, name, S_IFREG | mode, uid, gid, NULL, ret_entry);
+	int r = t->ops->mknode(t, parent, name, S_IFREG | mode, uid, gid, NULL, 0, ret_entry);
 
 	if (r < 0)
 		return r;

@@ -47,8 +47,10 @@ int vfs_new(const struct vfs_config *c, struct vfs **ret);
 void vfs_free(struct vfs *v);
 
 /* Drop the kernel's cached pages of [off, off+len) of ino, or with len 0
- * its attributes and all its pages. */
+ * its attributes and all its pages, or with off VFS_INVAL_ATTR its
+ * attributes only. */
 typedef void vfs_inval_fn(void *ctx, uint64_t ino, uint64_t off, uint64_t len);
+#define VFS_INVAL_ATTR UINT64_MAX
 /* Start the thread that sends queued invalidations through fn (sending
  * them from a request handler can deadlock on the inode); vfs_stop_inval()
  * before ctx goes away. */
@@ -69,10 +71,18 @@ int vfs_getattr(struct vfs *v, uint64_t ino, struct ckpt_inode *ret, double *ret
 /* what: CKPT_SET_* | TREE_SET_SIZE, values in in; ret: the attributes after. */
 int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_inode *in,
 		struct ckpt_inode *ret, double *ret_timeout);
+/* Whether the caller of the request being handled is in group gid. */
+typedef bool vfs_in_group_fn(void *ctx, uint32_t gid);
+/* For a write, an open with O_TRUNC or a truncate of ino by a caller
+ * without CAP_FSETID, from its request handler: clear S_ISUID, and S_ISGID
+ * if S_IXGRP is set or the caller is not in the file's group (in_group),
+ * and drop the kernel's cached attributes of ino.  Nothing is written when
+ * no bit is to be cleared. */
+int vfs_kill_suidgid(struct vfs *v, uint64_t ino, vfs_in_group_fn *in_group, void *ctx);
 int vfs_readlink(struct vfs *v, uint64_t ino, char **ret_target);
 int vfs_readdir(struct vfs *v, uint64_t ino, struct ckpt_dirent **ret_ents, size_t *ret_n);
 int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
-	       uint32_t gid, const char *target, struct tree_entry *ret);
+	       uint32_t gid, const char *target, uint64_t rdev, struct tree_entry *ret);
 int vfs_link(struct vfs *v, uint64_t ino, uint64_t newparent, const char *newname,
 	     struct tree_entry *ret);
 int vfs_unlink(struct vfs *v, uint64_t parent, const char *name, bool dir);

@@ -51,6 +51,11 @@ struct vnode {
 	uint64_t size;  /* V_FILE: size in that version */
 	int64_t mtime_ns;
 	unsigned nopen; /* open vtree_files; protected by vt->lock */
+	/* V_FILE, protected by vt->lock: its read bits (file_perm), computed
+	 * at change generation perm_gen if perm_known. */
+	uint32_t perm;
+	uint64_t perm_gen;
+	bool perm_known;
 	struct vnode *next_key, *next_ino;
 };
 
@@ -457,8 +462,87 @@ static void make_readonly(struct ckpt_inode *in, uint64_t vino)
 	in->mode &= ~(uint32_t)0222;
 }
 
+/*
+ * Who may read a view file (vtree_view_read_bits).  Its bytes come from the safetensors files of
+ * its directory, so a class of users (owner, group, others) may read it
+ * only if every one of them could read every such file: with the kernel's
+ * default_permissions, a view file readable by more users than its sources
+ * would hand their bytes to users the sources refuse.  A view file is owned
+ * by the owner (vu) and group (vg) of its directory.  For a source s, the
+ * class of a user of the view's class is not always known (group
+ * membership), so the bit is granted only if every class the user may have
+ * for s allows reading it:
+ *  - the view's owner is s's owner if s.uid == vu, else in s's group or not;
+ *  - a member of vg (not vu) may be s's owner unless s.uid == vu, is in s's
+ *    group, and is other for s unless s.gid == vg;
+ *  - anyone else may be s's owner unless s.uid == vu, is in s's group only
+ *    if s.gid != vg, and may be other for s.
+ */
+uint32_t vtree_view_read_bits(uint32_t vu, uint32_t vg, const struct ckpt_inode *s)
+{
+	bool ou = s->uid == vu, og = s->gid == vg;
+	bool ru = s->mode & S_IRUSR, rg = s->mode & S_IRGRP, ro = s->mode & S_IROTH;
+	uint32_t bits = 0;
+
+	if (ou ? ru : (rg && ro))
+		bits |= S_IRUSR;
+	if (rg && (ou || ru) && (og || ro))
+		bits |= S_IRGRP;
+	if (ro && (ou || ru) && (og || rg))
+		bits |= S_IROTH;
+	return bits;
+}
+
+/* The permission bits of view file n of a directory owned by uid:gid: the
+ * read bits every safetensors file of the directory allows (a superset of
+ * the file's sources), recomputed after any change through the daemon. */
+static int file_perm(struct vtree *vt, struct vnode *n, uint32_t uid, uint32_t gid,
+		     uint32_t *ret)
+{
+	struct ckpt_dirent *ents = NULL;
+	uint32_t bits = 0444;
+	size_t k = 0;
+	uint64_t gen;
+	int r;
+
+	pthread_mutex_lock(&vt->lock);
+	gen = vt->gen;
+	if (n->perm_known && n->perm_gen == gen) {
+		*ret = n->perm;
+		pthread_mutex_unlock(&vt->lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&vt->lock);
+	r = ckpt_store_readdir(vt->s, n->ino, &ents, &k);
+	for (size_t i = 0; r == 0 && i < k; i++) {
+		struct ckpt_inode in;
+		int e;
+
+		if (!S_ISREG(ents[i].mode))
+			continue;
+		e = ckpt_store_getattr(vt->s, ents[i].ino, &in);
+		if (e == -ENOENT)
+			continue; /* unlinked meanwhile */
+		if (e < 0)
+			r = e;
+		else if (in.flags & CKPT_INODE_F_SAFETENSORS)
+			bits &= vtree_view_read_bits(uid, gid, &in);
+	}
+	ckpt_dirents_free(ents, k);
+	if (r < 0)
+		return r == -ENOENT ? -ESTALE : r;
+	pthread_mutex_lock(&vt->lock);
+	n->perm = bits;
+	n->perm_gen = gen;
+	n->perm_known = true;
+	pthread_mutex_unlock(&vt->lock);
+	*ret = bits;
+	return 0;
+}
+
 static int attr_of(struct vtree *vt, struct vnode *n, struct ckpt_inode *ret)
 {
+	uint32_t perm;
 	int r;
 
 	switch (n->kind) {
@@ -476,10 +560,12 @@ static int attr_of(struct vtree *vt, struct vnode *n, struct ckpt_inode *ret)
 		if (r < 0)
 			return r == -ENOENT ? -ESTALE : r;
 		r = vfile_size(vt, n, &ret->size);
+		if (r == 0)
+			r = file_perm(vt, n, ret->uid, ret->gid, &perm);
 		if (r < 0)
 			return r;
 		ret->ino = n->vino;
-		ret->mode = S_IFREG | 0444;
+		ret->mode = S_IFREG | perm;
 		ret->nlink = 1;
 		ret->mtime_ns = ret->ctime_ns = n->mtime_ns;
 		ret->flags = CKPT_INODE_F_SAFETENSORS;
@@ -504,9 +590,12 @@ static double entry_timeout(const struct vnode *n)
 	return n->kind == V_FILE ? 0.0 : 1.0; /* the name may map to a newer version */
 }
 
+/* A version of a view file never changes its size (T3), but its mode
+ * follows its sources' (file_perm): as long as the store's files'. */
 static double attr_timeout(const struct vnode *n)
 {
-	return n->kind == V_FILE ? 3600.0 : 1.0; /* a version never changes (T3) */
+	(void)n;
+	return 1.0;
 }
 
 static int vt_getattr(struct tree *t, uint64_t vino, struct ckpt_inode *ret, double *ret_timeout)
@@ -697,7 +786,8 @@ static int vt_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 }
 
 static int vt_mknode(struct tree *t, uint64_t parent, const char *name, uint32_t mode,
-		     uint32_t uid, uint32_t gid, const char *target, struct tree_entry *ret)
+		     uint32_t uid, uint32_t gid, const char *target, uint64_t rdev,
+		     struct tree_entry *ret)
 {
 	return refuse_new(parent);
 }

@@ -41,6 +41,12 @@ static inline bool vtree_is_virtual(uint64_t ino)
 /* Is name in parent a view root ("tpT_ppP" directly under the store root)? */
 bool vtree_is_view_name(uint64_t parent, const char *name);
 
+/* The read bits (of 0444) of a view file owned by vu:vg that source s
+ * allows: a class of users gets one only if each of its users could read s
+ * (vtree.c has the rule).  A view file's mode is the AND over its
+ * directory's safetensors files. */
+uint32_t vtree_view_read_bits(uint32_t vu, uint32_t vg, const struct ckpt_inode *s);
+
 struct vtree;
 
 /* view_cache: how many views to keep (0 counts as 1).  s and rules must
@@ -59,8 +65,9 @@ struct vtree_stats {
 };
 void vtree_get_stats(struct vtree *vt, struct vtree_stats *ret);
 
-/* Something in the store changed (a commit, a namespace change): cached
- * views recheck their sources' signature at their next use. */
+/* Something in the store changed (a commit, a namespace or attribute
+ * change): cached views recheck their sources' signature, and view files
+ * their sources' modes, at their next use. */
 void vtree_changed(struct vtree *vt);
 /* A file was committed: if it is a safetensors source, parse it in the
  * background so that the first view of its directory opens quickly. */

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "meta/commit.h"
 #include "meta/engine.h"
@@ -151,6 +152,82 @@ static int release(void *arg, ckpt_txn *t, const struct ckpt_extent_list *old)
 	r->size = old->size;
 	return 0;
 }
+
+/* Fifos, sockets and devices: inodes with their type, permission bits and
+ * (devices only) device number, no content, listed with their type; the
+ * other calls refuse them and the other types. */
+START_TEST(test_ns_special_files)
+{
+	ckpt_ns *ns = ns_new(&lock_a, true);
+	static const uint32_t types[] = { S_IFIFO, S_IFSOCK, S_IFCHR, S_IFBLK };
+	static const char *const names[] = { "fifo", "sock", "chr", "blk" };
+	struct ckpt_inode in, d;
+	struct ckpt_dirent *ents;
+	size_t n;
+
+	ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, "d", S_IFDIR | 0755, 0, 0, NULL, &d), 0);
+	for (size_t i = 0; i < 4; i++) {
+		ck_assert_int_eq(ckpt_ns_mknod(ns, d.ino, names[i], types[i] | 0640, 7, 8,
+					       makedev(8, 17), &in),
+				 0);
+		ck_assert_uint_eq(attr(in.ino).mode, types[i] | 0640);
+		ck_assert_uint_eq(attr(in.ino).uid, 7);
+		ck_assert_uint_eq(attr(in.ino).gid, 8);
+		ck_assert_uint_eq(attr(in.ino).nlink, 1);
+		ck_assert_uint_eq(attr(in.ino).size, 0);
+		/* the device number is kept for devices only */
+		ck_assert_uint_eq(attr(in.ino).rdev,
+				  types[i] == S_IFCHR || types[i] == S_IFBLK ? makedev(8, 17) : 0);
+	}
+	ck_assert_int_eq(ckpt_ns_readdir(ns, d.ino, &ents, &n), 0);
+	ck_assert_uint_eq(n, 4); /* blk, chr, fifo, sock */
+	ck_assert_uint_eq(ents[0].mode & S_IFMT, S_IFBLK);
+	ck_assert_uint_eq(ents[1].mode & S_IFMT, S_IFCHR);
+	ck_assert_uint_eq(ents[2].mode & S_IFMT, S_IFIFO);
+	ck_assert_uint_eq(ents[3].mode & S_IFMT, S_IFSOCK);
+	ckpt_dirents_free(ents, n);
+	ck_assert_int_eq(ckpt_ns_mknod(ns, d.ino, "fifo", S_IFIFO | 0644, 0, 0, 0, &in), -EEXIST);
+	ck_assert_int_eq(ckpt_ns_mknod(ns, d.ino, "r", S_IFREG | 0644, 0, 0, 0, &in), -EINVAL);
+	ck_assert_int_eq(ckpt_ns_mknod(ns, d.ino, "x", S_IFDIR | 0755, 0, 0, 0, &in), -EINVAL);
+	ck_assert_int_eq(ckpt_ns_mknode(ns, d.ino, "y", S_IFIFO | 0644, 0, 0, NULL, &in), -EINVAL);
+	/* hard links, renames and removal work as for any inode */
+	ck_assert_int_eq(ckpt_ns_lookup(ns, d.ino, "chr", &in.ino), 0);
+	ck_assert_int_eq(ckpt_ns_link(ns, in.ino, CKPT_ROOT_INO, "chr2", &in), 0);
+	ck_assert_uint_eq(in.nlink, 2);
+	ck_assert_uint_eq(in.rdev, makedev(8, 17));
+	ck_assert_int_eq(ckpt_ns_rename(ns, d.ino, "sock", CKPT_ROOT_INO, "sock2", 0), 0);
+	ck_assert_int_eq(ckpt_ns_unlink(ns, d.ino, "fifo", false), 0);
+	ckpt_ns_free(ns);
+}
+END_TEST
+
+/* CKPT_SET_KILL_SUIDGID clears S_ISUID always and S_ISGID only with
+ * S_IXGRP, after the other fields of the same call; CKPT_SET_KILL_SGID
+ * clears S_ISGID. */
+START_TEST(test_ns_kill_suidgid)
+{
+	ckpt_ns *ns = ns_new(&lock_a, true);
+	struct ckpt_inode f, in;
+
+	ck_assert_uint_eq(ckpt_mode_kill_suidgid(S_IFREG | 06777), S_IFREG | 0777);
+	ck_assert_uint_eq(ckpt_mode_kill_suidgid(S_IFREG | 06767), S_IFREG | 02767);
+	ck_assert_uint_eq(ckpt_mode_kill_suidgid(S_IFREG | 01755), S_IFREG | 01755);
+	ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, "f", S_IFREG | 06755, 0, 0, NULL, &f), 0);
+	memset(&in, 0, sizeof(in));
+	ck_assert_int_eq(ckpt_ns_setattr(ns, f.ino, CKPT_SET_KILL_SUIDGID, &in, &in), 0);
+	ck_assert_uint_eq(attr(f.ino).mode, S_IFREG | 0755);
+	in.mode = 06745;
+	in.uid = 65534;
+	ck_assert_int_eq(ckpt_ns_setattr(ns, f.ino, CKPT_SET_MODE | CKPT_SET_UID |
+						   CKPT_SET_KILL_SUIDGID, &in, &in), 0);
+	ck_assert_uint_eq(attr(f.ino).mode, S_IFREG | 02745);
+	ck_assert_uint_eq(attr(f.ino).uid, 65534);
+	/* S_ISGID without S_IXGRP: only CKPT_SET_KILL_SGID clears it */
+	ck_assert_int_eq(ckpt_ns_setattr(ns, f.ino, CKPT_SET_KILL_SGID, &in, &in), 0);
+	ck_assert_uint_eq(attr(f.ino).mode, S_IFREG | 0745);
+	ckpt_ns_free(ns);
+}
+END_TEST
 
 /* An orphan's records go in one transaction with its release; a linked
  * inode is not reaped (its stale marker is dropped). */
@@ -437,6 +514,8 @@ static Suite *ns_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_ns_operations);
 	tcase_add_test(tc, test_ns_reap);
+	tcase_add_test(tc, test_ns_special_files);
+	tcase_add_test(tc, test_ns_kill_suidgid);
 	tcase_add_test(tc, test_ns_two_writers_share_engine);
 	tcase_add_test(tc, test_commit_refcounts);
 	tcase_add_test(tc, test_commit_concurrent_refcounts);

@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include "chunk/pack_backend.h"
 #include "meta/records.h"
@@ -115,10 +117,56 @@ START_TEST(test_inode_layout)
 	ck_assert_int_eq(ckpt_inode_decode(1, buf, CKPT_INODE_REC_LEN - 1, &out), -EIO);
 	ck_assert_int_eq(ckpt_inode_decode(1, buf, CKPT_INODE_REC_LEN + 1, &out), -EIO);
 	ck_assert_int_eq(ckpt_inode_decode(1, buf, 0, &out), -EIO);
-	buf[0] = 2;
+	buf[0] = 3;
 	ck_assert_int_eq(ckpt_inode_decode(1, buf, CKPT_INODE_REC_LEN, &out), -EIO);
 	buf[0] = 0;
 	ck_assert_int_eq(ckpt_inode_decode(1, buf, CKPT_INODE_REC_LEN, &out), -EIO);
+}
+END_TEST
+
+/* Device nodes: version 2 with major and minor at 72 and 76; every other
+ * inode stays version 1, whose bytes 72..79 are not read. */
+START_TEST(test_inode_rdev_layout)
+{
+	struct ckpt_inode in = {
+		.ino = 7,
+		.mode = S_IFCHR | 0620,
+		.nlink = 1,
+		.generation = 1,
+		.rdev = makedev(259, 70000),
+	};
+	struct ckpt_inode out;
+	uint8_t buf[CKPT_INODE_REC_LEN];
+
+	ckpt_inode_encode(&in, buf);
+	ck_assert_uint_eq(buf[0], CKPT_INODE_REC_VERSION_RDEV);
+	ck_assert_uint_eq(CKPT_INODE_REC_VERSION_RDEV, 2);
+	ck_assert_uint_eq(ckpt_get_le32(buf + 4), S_IFCHR | 0620);
+	ck_assert_uint_eq(ckpt_get_le32(buf + 72), 259);
+	ck_assert_uint_eq(ckpt_get_le32(buf + 76), 70000);
+	memset(&out, 0, sizeof(out));
+	ck_assert_int_eq(ckpt_inode_decode(7, buf, sizeof(buf), &out), 0);
+	ck_assert_uint_eq(out.rdev, makedev(259, 70000));
+	ck_assert_uint_eq(major(out.rdev), 259);
+	ck_assert_uint_eq(minor(out.rdev), 70000);
+	ck_assert_uint_eq(out.mode, S_IFCHR | 0620);
+
+	/* a block device 0:0 and a fifo have no device number: version 1 */
+	in.mode = S_IFBLK | 0600;
+	in.rdev = 0;
+	ckpt_inode_encode(&in, buf);
+	ck_assert_uint_eq(buf[0], CKPT_REC_VERSION);
+	in.mode = S_IFIFO | 0644;
+	ckpt_inode_encode(&in, buf);
+	ck_assert_uint_eq(buf[0], CKPT_REC_VERSION);
+	ck_assert_uint_eq(ckpt_get_le64(buf + 72), 0);
+
+	/* version 1 with non-zero reserved bytes: no device number */
+	ckpt_put_le32(buf + 72, 8);
+	ckpt_put_le32(buf + 76, 1);
+	ck_assert_int_eq(ckpt_inode_decode(7, buf, sizeof(buf), &out), 0);
+	ck_assert_uint_eq(out.rdev, 0);
+	ck_assert_uint_eq(out.mode, S_IFIFO | 0644);
 }
 END_TEST
 
@@ -506,6 +554,7 @@ static Suite *records_suite(void)
 
 	tcase_add_test(rec, test_keys);
 	tcase_add_test(rec, test_inode_layout);
+	tcase_add_test(rec, test_inode_rdev_layout);
 	tcase_add_test(rec, test_dentry_layout);
 	tcase_add_test(rec, test_chunk_rec_layout);
 	tcase_add_test(rec, test_extent_append);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <linux/aio_abi.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -277,6 +278,55 @@ START_TEST(test_create_in_empty_dir_and_reopen)
 }
 END_TEST
 
+static unsigned mode_of(const char *rel)
+{
+	char path[256];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s%s%s", spath, rel[0] ? "/" : "", rel);
+	ck_assert_int_eq(stat(path, &st), 0);
+	return st.st_mode & 07777;
+}
+
+/* Only the store's owner may enter it: it holds every user's data and the
+ * chunk hash secret (in the index).  A new store is made private whatever
+ * the umask, also in an empty directory given to it; a store that lets
+ * others in is made private by a read-write open, not by a shared one. */
+START_TEST(test_store_dir_private)
+{
+	ckpt_store *s;
+	char err[512];
+	mode_t old = umask(022);
+
+	s = open_rw();
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+	ck_assert_uint_eq(mode_of("index"), 0700);
+	ck_assert_uint_eq(mode_of("packs"), 0700);
+	ck_assert_uint_eq(mode_of("staging"), 0700);
+
+	ck_assert_int_eq(chmod(spath, 0755), 0);
+	ck_assert_int_eq(try_open(CKPT_STORE_RO_SHARED, false, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0755);
+	ck_assert_int_eq(try_open(CKPT_STORE_RW, false, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+
+	/* an empty directory someone made for the store */
+	{
+		char copy[sizeof(spath)];
+		memcpy(copy, spath, sizeof(copy));
+		tl_dir_remove(copy); /* (clears its argument) */
+	}
+	ck_assert_int_eq(mkdir(spath, 0775), 0);
+	ck_assert_int_eq(try_open(CKPT_STORE_RW, true, &s, err, sizeof(err)), 0);
+	ckpt_store_free(s);
+	ck_assert_uint_eq(mode_of(""), 0700);
+	umask(old);
+}
+END_TEST
+
 START_TEST(test_open_refusals)
 {
 	ckpt_store *s;
@@ -511,7 +561,9 @@ START_TEST(test_mknode_lookup)
 			 -EINVAL);
 	ck_assert_int_eq(ckpt_store_mknode(s, CKPT_ROOT_INO, "fifo", S_IFIFO | 0644, 0, 0, NULL,
 					   &in),
-			 -EPERM);
+			 -EINVAL);
+	ck_assert_int_eq(ckpt_store_mknod(s, CKPT_ROOT_INO, "reg", S_IFREG | 0644, 0, 0, 0, &in),
+			 -EINVAL);
 	memset(name, 'n', CKPT_NAME_MAX + 1);
 	name[CKPT_NAME_MAX + 1] = '\0';
 	ck_assert_int_eq(ckpt_store_mknode(s, CKPT_ROOT_INO, name, S_IFREG | 0644, 0, 0, NULL,
@@ -531,6 +583,60 @@ START_TEST(test_mknode_lookup)
 	root = attr(s, CKPT_ROOT_INO);
 	ck_assert_uint_eq(root.nlink, 3);
 	ck_assert_uint_eq(nlink_of(s, d), 2);
+	ckpt_store_free(s);
+}
+END_TEST
+
+/* Fifos, sockets and devices survive a reopen with their type and device
+ * number, hold no content, and leave fsck clean; an unlinked one is reaped. */
+START_TEST(test_special_files_reopen)
+{
+	ckpt_store *s = open_rw();
+	struct ckpt_store_stats st;
+	struct ckpt_inode in;
+	struct problems p;
+	uint64_t fifo, chr, blk, sock;
+
+	ck_assert_int_eq(ckpt_store_mknod(s, CKPT_ROOT_INO, "fifo", S_IFIFO | 0600, 1, 2, 0, &in),
+			 0);
+	fifo = in.ino;
+	ck_assert_int_eq(ckpt_store_mknod(s, CKPT_ROOT_INO, "null", S_IFCHR | 0666, 0, 0,
+					  makedev(1, 3), &in),
+			 0);
+	chr = in.ino;
+	ck_assert_int_eq(ckpt_store_mknod(s, CKPT_ROOT_INO, "disk", S_IFBLK | 0660, 0, 6,
+					  makedev(259, 300), &in),
+			 0);
+	blk = in.ino;
+	ck_assert_int_eq(ckpt_store_mknod(s, CKPT_ROOT_INO, "sock", S_IFSOCK | 0755, 0, 0, 0, &in),
+			 0);
+	sock = in.ino;
+	ckpt_store_free(s);
+
+	s = open_rw();
+	in = attr(s, fifo);
+	ck_assert_uint_eq(in.mode, S_IFIFO | 0600);
+	ck_assert_uint_eq(in.uid, 1);
+	ck_assert_uint_eq(in.gid, 2);
+	ck_assert_uint_eq(in.rdev, 0);
+	in = attr(s, chr);
+	ck_assert_uint_eq(in.mode, S_IFCHR | 0666);
+	ck_assert_uint_eq(in.rdev, makedev(1, 3));
+	in = attr(s, blk);
+	ck_assert_uint_eq(in.mode, S_IFBLK | 0660);
+	ck_assert_uint_eq(in.rdev, makedev(259, 300));
+	ck_assert_uint_eq(attr(s, sock).mode, S_IFSOCK | 0755);
+	ck_assert_uint_eq(lookup_ino(s, CKPT_ROOT_INO, "null"), chr);
+	memset(&p, 0, sizeof(p));
+	ck_assert_int_eq(fsck(s, &p), 0);
+	ck_assert_int_eq(p.n, 0);
+	ck_assert_int_eq(ckpt_store_stats(s, &st), 0);
+	ck_assert_uint_eq(st.files, 0);
+	ck_assert_uint_eq(st.logical_bytes, 0);
+	/* unlinked and no longer used: its records go */
+	ck_assert_int_eq(ckpt_store_unlink(s, CKPT_ROOT_INO, "null", false), 0);
+	ck_assert_int_eq(ckpt_store_reap(s, chr), 0);
+	ck_assert_int_eq(ckpt_store_getattr(s, chr, &in), -ENOENT);
 	ckpt_store_free(s);
 }
 END_TEST
@@ -2356,6 +2462,8 @@ static Suite *store_suite(void)
 	tcase_add_test(open, test_open_busy_and_shared);
 
 	tcase_add_test(ns, test_mknode_lookup);
+	tcase_add_test(ns, test_special_files_reopen);
+	tcase_add_test(ns, test_store_dir_private);
 	tcase_add_test(ns, test_readdir_order);
 	tcase_add_test(ns, test_unlink_rmdir);
 	tcase_add_test(ns, test_dir_nlink);

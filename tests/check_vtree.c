@@ -248,7 +248,7 @@ START_TEST(test_lookup)
 	ck_assert_uint_eq(model.attr.mode & 07777, 0444);
 	ck_assert(model.attr.flags & CKPT_INODE_F_SAFETENSORS);
 	ck_assert(model.entry_timeout == 0);
-	ck_assert(model.attr_timeout > top.attr_timeout);
+	ck_assert(model.attr_timeout == top.attr_timeout); /* its mode follows the sources' */
 	ck_assert_uint_gt(model.attr.size, ROWS * COLS * sizeof(float));
 	/* the sources are replaced by the view's files */
 	ck_assert_int_eq(lookup_err(ck, "model-rank0.safetensors"), -ENOENT);
@@ -333,6 +333,69 @@ START_TEST(test_getattr)
 	ck_assert_int_eq(ckpt_store_unlink(st, ck_ino, "notes.txt", false), 0);
 	ck_assert_int_eq(ckpt_store_reap(st, in.ino), 0);
 	ck_assert_int_eq(t->ops->getattr(t, notes.attr.ino, &in, &timeout), -ESTALE);
+}
+END_TEST
+
+static uint32_t view_bits_of(const struct ckpt_inode *s)
+{
+	return vtree_view_read_bits(1, 2, s);
+}
+
+/* A view file is readable by a class of users only if every safetensors
+ * file of its directory is (vtree.c, view_read_bits): changing a source's
+ * mode or owner changes the view file's mode at the next getattr. */
+START_TEST(test_view_file_perm)
+{
+	uint64_t ck = ck_of("tp1_pp1");
+	struct tree_entry model = lookup_ok(ck, "model.safetensors");
+	struct ckpt_inode in, set;
+	double timeout;
+
+	ck_assert_uint_eq(model.attr.mode, S_IFREG | 0444); /* sources 0644, owner 0:0 */
+	memset(&set, 0, sizeof(set));
+	set.mode = 0640;
+	ck_assert_int_eq(ckpt_store_setattr(st, rank_ino[1], CKPT_SET_MODE, &set, NULL), 0);
+	vtree_changed(vt);
+	ck_assert_int_eq(t->ops->getattr(t, model.attr.ino, &in, &timeout), 0);
+	ck_assert_uint_eq(in.mode, S_IFREG | 0440);
+	ck_assert_uint_eq(in.uid, 0); /* the directory's owner */
+	/* another owner, world-readable: the view's owner and group still read */
+	set.uid = 5;
+	ck_assert_int_eq(ckpt_store_setattr(st, rank_ino[0], CKPT_SET_UID, &set, NULL), 0);
+	vtree_changed(vt);
+	ck_assert_int_eq(t->ops->getattr(t, model.attr.ino, &in, &timeout), 0);
+	ck_assert_uint_eq(in.mode, S_IFREG | 0440);
+	/* ... owner-only: nobody but root reads the view file */
+	set.mode = 0600;
+	ck_assert_int_eq(ckpt_store_setattr(st, rank_ino[0], CKPT_SET_MODE, &set, NULL), 0);
+	ck_assert_int_eq(t->ops->getattr(t, model.attr.ino, &in, &timeout), 0);
+	ck_assert_uint_eq(in.mode, S_IFREG | 0440); /* no change seen: no new generation */
+	vtree_changed(vt);
+	ck_assert_int_eq(t->ops->getattr(t, model.attr.ino, &in, &timeout), 0);
+	ck_assert_uint_eq(in.mode, S_IFREG);
+
+	/* the rule, case by case: view owner 1, group 2 */
+	{
+		struct ckpt_inode s = { .uid = 1, .gid = 2, .mode = S_IFREG | 0444 };
+		ck_assert_uint_eq(view_bits_of(&s), 0444);
+		s.mode = S_IFREG | 0440; /* others of the view are others of s */
+		ck_assert_uint_eq(view_bits_of(&s), 0440);
+		s.mode = S_IFREG | 0044; /* the owner may not read s: owner precedence */
+		ck_assert_uint_eq(view_bits_of(&s), 0044);
+		s.gid = 3; /* group 2's members may be in group 3 or not */
+		s.mode = S_IFREG | 0440;
+		ck_assert_uint_eq(view_bits_of(&s), 0400);
+		s.mode = S_IFREG | 0404; /* others of the view may be in group 3 */
+		ck_assert_uint_eq(view_bits_of(&s), 0400);
+		s.uid = 9; /* anyone but the view's owner may be uid 9 */
+		s.gid = 2;
+		s.mode = S_IFREG | 0044;
+		ck_assert_uint_eq(view_bits_of(&s), 0400);
+		s.mode = S_IFREG | 0444;
+		ck_assert_uint_eq(view_bits_of(&s), 0444);
+		s.mode = S_IFREG | 0440; /* the view's owner may be other for s */
+		ck_assert_uint_eq(view_bits_of(&s), 0040);
+	}
 }
 END_TEST
 
@@ -488,8 +551,8 @@ START_TEST(test_refusals)
 	ck_assert_int_eq(t->ops->readlink(t, ck, &target), -EINVAL);
 	/* every change */
 	ck_assert_int_eq(t->ops->setattr(t, notes, CKPT_SET_MODE, &in), -EROFS);
-	ck_assert_int_eq(t->ops->mknode(t, ck, "new", S_IFREG | 0644, 0, 0, NULL, &e), -EROFS);
-	ck_assert_int_eq(t->ops->mknode(t, root, "new", S_IFDIR | 0755, 0, 0, NULL, &e), -EROFS);
+	ck_assert_int_eq(t->ops->mknode(t, ck, "new", S_IFREG | 0644, 0, 0, NULL, 0, &e), -EROFS);
+	ck_assert_int_eq(t->ops->mknode(t, root, "new", S_IFDIR | 0755, 0, 0, NULL, 0, &e), -EROFS);
 	ck_assert_int_eq(t->ops->unlink(t, ck, "notes.txt", false), -EROFS);
 	ck_assert_int_eq(t->ops->unlink(t, CKPT_ROOT_INO, "tp1_pp1", true), -EROFS);
 	ck_assert_int_eq(t->ops->link(t, notes, ck_ino, "again", &e), -EROFS);
@@ -497,7 +560,7 @@ START_TEST(test_refusals)
 	ck_assert_int_eq(t->ops->rename(t, CKPT_ROOT_INO, "tp1_pp1", CKPT_ROOT_INO, "x", 0),
 			 -EROFS);
 	/* making a view root's name: it exists */
-	ck_assert_int_eq(t->ops->mknode(t, CKPT_ROOT_INO, "tp1_pp1", S_IFDIR | 0755, 0, 0, NULL,
+	ck_assert_int_eq(t->ops->mknode(t, CKPT_ROOT_INO, "tp1_pp1", S_IFDIR | 0755, 0, 0, NULL, 0,
 					&e),
 			 -EEXIST);
 	ck_assert_int_eq(t->ops->link(t, rank_ino[0], CKPT_ROOT_INO, "tp2_pp2", &e), -EEXIST);
@@ -560,6 +623,7 @@ static Suite *vtree_suite(void)
 	tcase_add_test(ns, test_lookup);
 	tcase_add_test(ns, test_readdir);
 	tcase_add_test(ns, test_getattr);
+	tcase_add_test(ns, test_view_file_perm);
 	tcase_add_test(ns, test_refusals);
 	tcase_add_test(files, test_read_views);
 	tcase_add_test(files, test_read_gather);

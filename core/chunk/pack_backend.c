@@ -471,7 +471,7 @@ static int pb_open(const struct ckpt_chunk_backend_conf *conf, ckpt_chunk_backen
 		free(b);
 		return r;
 	}
-	if (conf->create && mkdirat(conf->store_fd, "packs", 0755) < 0 && errno != EEXIST) {
+	if (conf->create && mkdirat(conf->store_fd, "packs", 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store layout: %s", conf->store_path,
 			 strerror(errno));

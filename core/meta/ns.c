@@ -268,6 +268,7 @@ struct mknode_arg {
 	uint64_t parent;
 	const char *name, *target;
 	uint32_t mode, uid, gid;
+	uint64_t rdev;
 	struct ckpt_inode *ret;
 	uint64_t reserved_end; /* set: the transaction reserved up to here */
 };
@@ -299,6 +300,7 @@ static int mknode_txn(ckpt_txn *t, void *arg)
 	in.atime_ns = in.mtime_ns = in.ctime_ns = ckpt_now_ns();
 	in.parent = S_ISDIR(a->mode) ? a->parent : 0;
 	in.generation = 1;
+	in.rdev = S_ISCHR(a->mode) || S_ISBLK(a->mode) ? a->rdev : 0;
 	if (S_ISLNK(a->mode)) {
 		uint8_t key[16];
 		in.size = strlen(a->target);
@@ -314,19 +316,17 @@ static int mknode_txn(ckpt_txn *t, void *arg)
 	return 0;
 }
 
-int ckpt_ns_mknode(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode,
-		      uint32_t uid, uint32_t gid, const char *symlink_target,
-		      struct ckpt_inode *ret)
+static int make_node(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode,
+		     uint32_t uid, uint32_t gid, const char *symlink_target, uint64_t rdev,
+		     struct ckpt_inode *ret)
 {
-	struct mknode_arg a = { ns, parent, name, symlink_target, mode, uid, gid, ret, 0 };
+	struct mknode_arg a = { ns, parent, name, symlink_target, mode, uid, gid, rdev, ret, 0 };
 	int r = check_name(name);
 
 	if (r < 0)
 		return r;
 	if (!ns->writable)
 		return -EROFS;
-	if (!S_ISREG(mode) && !S_ISDIR(mode) && !S_ISLNK(mode))
-		return -EPERM;
 	if (symlink_target && strlen(symlink_target) >= PATH_MAX)
 		return -ENAMETOOLONG;
 	pthread_mutex_lock(ns->lock);
@@ -338,6 +338,24 @@ int ckpt_ns_mknode(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode
 	}
 	pthread_mutex_unlock(ns->lock);
 	return r;
+}
+
+int ckpt_ns_mknode(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode,
+		   uint32_t uid, uint32_t gid, const char *symlink_target, struct ckpt_inode *ret)
+{
+	if (!S_ISREG(mode) && !S_ISDIR(mode) && !S_ISLNK(mode))
+		return -EINVAL;
+	if (S_ISLNK(mode) != (symlink_target != NULL))
+		return -EINVAL;
+	return make_node(ns, parent, name, mode, uid, gid, symlink_target, 0, ret);
+}
+
+int ckpt_ns_mknod(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		  uint32_t gid, uint64_t rdev, struct ckpt_inode *ret)
+{
+	if (!S_ISFIFO(mode) && !S_ISSOCK(mode) && !S_ISCHR(mode) && !S_ISBLK(mode))
+		return -EINVAL;
+	return make_node(ns, parent, name, mode, uid, gid, NULL, rdev, ret);
 }
 
 struct link_arg {
@@ -732,6 +750,14 @@ int ckpt_ns_reap(ckpt_ns *ns, uint64_t ino, ckpt_ns_release_fn release, void *ar
 	return r;
 }
 
+uint32_t ckpt_mode_kill_suidgid(uint32_t mode)
+{
+	mode &= ~(uint32_t)S_ISUID;
+	if (mode & S_IXGRP)
+		mode &= ~(uint32_t)S_ISGID;
+	return mode;
+}
+
 struct setattr_arg {
 	ckpt_ns *ns;
 	uint64_t ino;
@@ -760,6 +786,10 @@ static int setattr_txn(ckpt_txn *t, void *arg)
 		a->cur.atime_ns = in->atime_ns;
 	if (what & CKPT_SET_MTIME)
 		a->cur.mtime_ns = in->mtime_ns;
+	if (what & CKPT_SET_KILL_SUIDGID)
+		a->cur.mode = ckpt_mode_kill_suidgid(a->cur.mode);
+	if (what & CKPT_SET_KILL_SGID)
+		a->cur.mode &= ~(uint32_t)S_ISGID;
 	a->cur.ctime_ns = (what & CKPT_SET_CTIME) ? in->ctime_ns : ckpt_now_ns();
 	ckpt_meta_put_inode(t, &a->cur);
 	return 0;

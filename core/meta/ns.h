@@ -55,6 +55,16 @@
 #define CKPT_SET_ATIME 0x8u
 #define CKPT_SET_MTIME 0x10u
 #define CKPT_SET_CTIME 0x20u
+/* Clear S_ISUID, and S_ISGID if S_IXGRP is set (after the other fields):
+ * what the kernel asks for on a write, truncate or chown by a caller
+ * without CAP_FSETID. */
+#define CKPT_SET_KILL_SUIDGID 0x40u
+/* Clear S_ISGID whatever S_IXGRP says (a caller without CAP_FSETID who is
+ * not in the file's group writes or truncates it). */
+#define CKPT_SET_KILL_SGID 0x80u
+
+/* mode with the bits CKPT_SET_KILL_SUIDGID clears cleared. */
+uint32_t ckpt_mode_kill_suidgid(uint32_t mode);
 
 struct ckpt_dirent {
 	char *name;
@@ -95,9 +105,15 @@ void ckpt_ns_free(ckpt_ns *ns);
 
 /* The inode number parent/name names (committed state). */
 int ckpt_ns_lookup(ckpt_ns *ns, uint64_t parent, const char *name, uint64_t *ret_ino);
-/* Create a regular file, directory or symlink (target != NULL). */
+/* Create a regular file, directory or symlink (target != NULL); mode: the
+ * type and the permission bits.  -EINVAL for any other type. */
 int ckpt_ns_mknode(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
 		   uint32_t gid, const char *symlink_target, struct ckpt_inode *ret);
+/* Create a fifo, socket, character or block device (mode's type; rdev: the
+ * device number, kept for devices only).  Such inodes hold no content.
+ * -EINVAL for any other type. */
+int ckpt_ns_mknod(ckpt_ns *ns, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+		  uint32_t gid, uint64_t rdev, struct ckpt_inode *ret);
 int ckpt_ns_link(ckpt_ns *ns, uint64_t ino, uint64_t newparent, const char *newname,
 		 struct ckpt_inode *ret);
 /* Remove a name; an inode whose nlink drops to 0 becomes an orphan. */

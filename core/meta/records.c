@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 
 #include "base/util.h"
 
@@ -46,7 +47,7 @@ size_t ckpt_key_meta(uint8_t *key, const char *name)
 void ckpt_inode_encode(const struct ckpt_inode *in, uint8_t out[CKPT_INODE_REC_LEN])
 {
 	memset(out, 0, CKPT_INODE_REC_LEN);
-	out[0] = CKPT_REC_VERSION;
+	out[0] = in->rdev ? CKPT_INODE_REC_VERSION_RDEV : CKPT_REC_VERSION;
 	ckpt_put_le32(out + 4, in->mode);
 	ckpt_put_le32(out + 8, in->uid);
 	ckpt_put_le32(out + 12, in->gid);
@@ -58,12 +59,16 @@ void ckpt_inode_encode(const struct ckpt_inode *in, uint8_t out[CKPT_INODE_REC_L
 	ckpt_put_le64(out + 48, (uint64_t)in->ctime_ns);
 	ckpt_put_le64(out + 56, in->parent);
 	ckpt_put_le64(out + 64, in->generation);
-	/* 72..79 reserved, zero */
+	if (in->rdev) {
+		ckpt_put_le32(out + 72, major(in->rdev));
+		ckpt_put_le32(out + 76, minor(in->rdev));
+	} /* else 72..79 reserved, zero (version 1) */
 }
 
 int ckpt_inode_decode(uint64_t ino, const uint8_t *buf, size_t len, struct ckpt_inode *ret)
 {
-	if (len != CKPT_INODE_REC_LEN || buf[0] != CKPT_REC_VERSION)
+	if (len != CKPT_INODE_REC_LEN ||
+	    (buf[0] != CKPT_REC_VERSION && buf[0] != CKPT_INODE_REC_VERSION_RDEV))
 		return -EIO;
 	ret->ino = ino;
 	ret->mode = ckpt_get_le32(buf + 4);
@@ -77,6 +82,8 @@ int ckpt_inode_decode(uint64_t ino, const uint8_t *buf, size_t len, struct ckpt_
 	ret->ctime_ns = (int64_t)ckpt_get_le64(buf + 48);
 	ret->parent = ckpt_get_le64(buf + 56);
 	ret->generation = ckpt_get_le64(buf + 64);
+	ret->rdev = buf[0] == CKPT_INODE_REC_VERSION_RDEV ?
+			    makedev(ckpt_get_le32(buf + 72), ckpt_get_le32(buf + 76)) : 0;
 	return 0;
 }
 

@@ -19,8 +19,9 @@
  *   'P' ino(be64)         -> parsed safetensors header of a view source (a
  *                            cache, see view.c; ignored when stale)
  * Every 'C', 'I', 'D' and 'F' value starts with a one-byte record version
- * (CKPT_REC_VERSION); 'M' values are raw (their layout is fixed by name),
- * 'L' is the raw target, 'O' is empty.
+ * (CKPT_REC_VERSION; an inode record of a device node is version
+ * CKPT_INODE_REC_VERSION_RDEV); 'M' values are raw (their layout is fixed by
+ * name), 'L' is the raw target, 'O' is empty.
  *
  * Errors: decoders return -EIO on a value of the wrong length or version
  * (a damaged record), -ENOMEM when out of memory.  Thread-safety: all
@@ -58,7 +59,13 @@ size_t ckpt_key_dentry(uint8_t *key, uint64_t parent, const char *name, size_t n
 size_t ckpt_key_chunk(uint8_t *key, const ckpt_digest *d);
 size_t ckpt_key_meta(uint8_t *key, const char *name);
 
+/* Inode records are 80 bytes in both versions.  Version 1 has bytes 72..79
+ * reserved; version 2 holds the device number of a character or block
+ * device there.  The encoder writes version 2 only for a non-zero rdev, so
+ * stores without device nodes stay readable by version-1 readers, which
+ * report a device node's record as damaged rather than misread it. */
 #define CKPT_INODE_REC_LEN 80
+#define CKPT_INODE_REC_VERSION_RDEV 2
 #define CKPT_INODE_F_SAFETENSORS 0x1u /* content parsed as a valid safetensors file */
 struct ckpt_inode {
 	uint64_t ino;
@@ -68,6 +75,8 @@ struct ckpt_inode {
 	uint64_t parent; /* directories: parent directory; others: 0 */
 	uint32_t flags;  /* CKPT_INODE_F_* */
 	uint64_t generation;
+	uint64_t rdev;   /* character and block devices: the device number
+			  * (makedev(major, minor)); 0 for every other type */
 };
 void ckpt_inode_encode(const struct ckpt_inode *in, uint8_t out[CKPT_INODE_REC_LEN]);
 int ckpt_inode_decode(uint64_t ino, const uint8_t *buf, size_t len, struct ckpt_inode *ret);

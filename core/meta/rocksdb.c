@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/util.h"
 #include "base/xxh.h"
@@ -197,6 +198,14 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 			rdb_close(&x->base);
 			return r;
 		}
+	}
+	/* owner only: the index holds the store's chunk hash secret (RocksDB
+	 * would make it 0755) */
+	if (o->create && mkdir(dir, 0700) < 0 && errno != EEXIST) {
+		r = -errno;
+		snprintf(errbuf, errlen, "cannot create index %s: %s", dir, strerror(-r));
+		rdb_close(&x->base);
+		return r;
 	}
 	x->opts = rocksdb_options_create();
 	rocksdb_options_set_create_if_missing(x->opts, o->create);

@@ -45,6 +45,12 @@ int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t
 	return ckpt_ns_mknode(s->ns, parent, name, mode, uid, gid, symlink_target, ret);
 }
 
+int ckpt_store_mknod(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
+		     uint32_t uid, uint32_t gid, uint64_t rdev, struct ckpt_inode *ret)
+{
+	return ckpt_ns_mknod(s->ns, parent, name, mode, uid, gid, rdev, ret);
+}
+
 int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char *newname,
 		    struct ckpt_inode *ret)
 {

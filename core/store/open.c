@@ -35,6 +35,29 @@ static int read_marker(int dfd, const char *path, char *err, size_t errlen)
 	return 0;
 }
 
+/* A store holds every user's file data (the packs), the index with the
+ * chunk hash secret, and a log that names files: only its owner may enter
+ * it (docs/threat-model.md).  Called at read-write opens: a new store's
+ * directory, and one that lets others in (made by an earlier version, or
+ * changed by hand), get their group and other bits cleared. */
+static void make_private(int dfd, const char *path)
+{
+	struct stat st;
+	mode_t mode;
+
+	if (fstat(dfd, &st) < 0 || !(st.st_mode & 077))
+		return;
+	mode = st.st_mode & 07700;
+	if (fchmod(dfd, mode) < 0)
+		ckpt_warn("%s: cannot make the store directory private (mode %04o): %s; local users "
+			  "who can enter it can read every file's data and the chunk hash secret",
+			  path, (unsigned)(st.st_mode & 07777), strerror(errno));
+	else
+		ckpt_info("%s: store directory mode %04o -> %04o: it holds every user's data and "
+			  "the chunk hash secret", path, (unsigned)(st.st_mode & 07777),
+			  (unsigned)mode);
+}
+
 static int dir_is_empty_fs(int dfd)
 {
 	DIR *d;
@@ -254,7 +277,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
 		return -EINVAL;
 	}
-	if (o->create && mkdir(path, 0755) < 0 && errno != EEXIST) {
+	if (o->create && mkdir(path, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
 		return r;
@@ -319,6 +342,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			goto fail;
 		}
 	}
+	if (o->mode == CKPT_STORE_RW)
+		make_private(dfd, path);
 	if (fresh && mkdirat(dfd, "staging", 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store layout: %s", path, strerror(errno));

@@ -318,10 +318,15 @@ int ckpt_store_flush(ckpt_store *s);
 int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret);
 int ckpt_store_lookup(ckpt_store *s, uint64_t parent, const char *name, struct ckpt_inode *ret);
 /* Create a regular file, directory or symlink (target != NULL) under
- * parent.  -EEXIST, -ENOENT (parent gone), -ENOTDIR, -ENAMETOOLONG. */
+ * parent.  -EEXIST, -ENOENT (parent gone), -ENOTDIR, -ENAMETOOLONG, -EINVAL
+ * (another type, or a bad name). */
 int ckpt_store_mknode(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
 		      uint32_t uid, uint32_t gid, const char *symlink_target,
 		      struct ckpt_inode *ret);
+/* Create a fifo, socket, character or block device (rdev: its device
+ * number) under parent: an inode with no content.  Errors as mknode. */
+int ckpt_store_mknod(ckpt_store *s, uint64_t parent, const char *name, uint32_t mode,
+		     uint32_t uid, uint32_t gid, uint64_t rdev, struct ckpt_inode *ret);
 int ckpt_store_link(ckpt_store *s, uint64_t ino, uint64_t newparent, const char *newname,
 		    struct ckpt_inode *ret);
 int ckpt_store_readlink(ckpt_store *s, uint64_t ino, char **ret_target);

@@ -542,7 +542,7 @@ need() {
 		case $c in
 		pgrep | pkill | ps) pkg=procps ;;
 		fusermount3) pkg=fuse3 ;;
-		findmnt | mountpoint) pkg=util-linux ;;
+		findmnt | mountpoint | runuser) pkg=util-linux ;;
 		mount | umount) pkg=mount ;;
 		cmp | diff) pkg=diffutils ;;
 		*) pkg=$c ;;
