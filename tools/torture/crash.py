@@ -91,7 +91,8 @@ def check_exact(mnt, rel, want, kind, stats):
 class CrashSuite:
     kind = "crash"
 
-    def __init__(self, env, stats, tmp, threads=4):
+    def __init__(self, env, stats, tmp, threads=4, short=False):
+        self.short = short
         self.env = env
         self.stats = stats
         self.dir = os.path.join(tmp, "crash")
@@ -160,9 +161,16 @@ class CrashSuite:
     # ------------------------------------------------------------ a round
 
     def round(self, rng, budget_s):
+        """One crash, of a random variant; --short: one crash of each variant."""
+        if not self.short:
+            return self.crash(rng, budget_s, rng.choice(["timer", "point", "point",
+                                                         "background", "gc"]))
+        for v in ("point", "background", "gc", "timer"):
+            self.crash(rng, budget_s, v)
+
+    def crash(self, rng, budget_s, variant):
         self.n += 1
         rel = f"r{self.n}"
-        variant = rng.choice(["timer", "point", "point", "background", "gc"])
         spec = cls = None
         if variant == "point":
             spec, cls = self.choose(rng, POINT_MENU)
@@ -178,7 +186,7 @@ class CrashSuite:
         if variant == "point":
             self.ctl.arm()
         wl.start()
-        t_run = rng.uniform(0.5, max(0.6, min(4.0, budget_s)))
+        t_run = rng.uniform(0.5, max(0.6, min(1.5 if self.short else 4.0, budget_s)))
         if variant == "timer":
             time.sleep(t_run)
             self.daemon.kill9()

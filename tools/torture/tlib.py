@@ -140,6 +140,11 @@ class Stats:
             k[0] += 1
             k[1] += 1 if fired else 0
 
+    def note(self, msg):
+        with self.lock:
+            if msg not in self.notes:
+                self.notes.append(msg)
+
     def fail(self, kind, msg):
         with self.lock:
             self.failures.append(f"{kind}: {msg}")
@@ -280,6 +285,24 @@ class Daemon:
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self):
+        """Alive and answering on its mount.  A daemon that is aborting (dumping core) may
+        still exist while its mount already fails with ENOTCONN: that is not healthy, and
+        this waits (10 s at most) for such a process to end."""
+        if not self.alive():
+            return False
+        try:
+            os.statvfs(self.mnt)
+            return True
+        except OSError as e:
+            if e.errno not in DEAD_ERRNOS:
+                return True
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        return False
 
     def log_tail(self, n=15):
         try:
