@@ -25,7 +25,7 @@ import shutil
 import time
 
 import workload
-from tlib import Ctl, Daemon, Failure, fsync_dir, log, tree_state
+from tlib import Ctl, Daemon, Failure, fsync_dir, log, tree_state, unmount
 
 KEEP = 3
 
@@ -34,8 +34,26 @@ POINT_MENU = ["sync@pack", "sync@wal", "write@pack", "write@wal", "dirsync@any",
               "trunc@any", "write@sst", "write@manifest", "sync@manifest", "any@any"]
 BG_MENU = ["write@pack", "sync@pack", "unlink@pack", "create@pack", "write@wal", "sync@any",
            "any@any"]
+# inflight: a client operation during which the daemon is killed at the first call of a kind
+INFLIGHT_MENU = [("rename", ["write@wal", "write@any", "any@any"]),
+                 ("unlink", ["write@wal", "any@any"]),
+                 ("fsync", ["sync@pack", "sync@wal", "write@wal", "write@pack", "any@any"]),
+                 ("dirfsync", ["sync@wal", "write@wal", "sync@pack", "any@any"]),
+                 ("create", ["write@wal", "any@any"])]
+UNMOUNT_MENU = ["create@sst", "write@sst", "sync@sst", "write@manifest", "sync@manifest",
+                "rename@current", "sync@pack", "write@wal", "sync@wal", "dirsync@any", "any@any"]
 GC_MENU = ["write@pack", "sync@pack", "unlink@pack", "create@pack", "write@wal", "sync@wal",
            "create@sst", "write@sst", "rename@current", "unlink@any", "any@any"]
+
+
+def class_count(counts, cls):
+    """How many of counts ({"op@area": n}) match the kill class cls ("op@area", "any")."""
+    op, area = cls.split("@")
+    return sum(v for k, v in counts.items()
+               if (op == "any" or k.startswith(op + "@")) and
+               (area == "any" or k.endswith("@" + area) or
+                (area == "index" and k.split("@")[1] in ("wal", "sst", "manifest", "current",
+                                                          "index"))))
 
 
 def compare_refs(mnt, refs, kind, stats):
@@ -142,30 +160,31 @@ class CrashSuite:
             del self.refs[rel]
         fsync_dir(self.mnt)
 
-    def choose(self, rng, menu):
+    def choose(self, rng, menu, phase):
+        """A kill class from menu and N: uniform up to the most calls of that class seen in
+        one phase (workload, background) of a round so far (20 until one was seen), so that
+        kills land anywhere in it."""
         cls = rng.choice(menu)
-        hi = max(1, self.seen.get(cls, 3))
-        n = rng.randint(1, hi)
+        n = rng.randint(1, max(1, self.seen.get((phase, cls), 20)))
         return f"{cls}:{n}:{rng.choice(['before', 'after'])}", cls
 
-    def note_counts(self, cls, before):
-        after = self.ctl.read()["counts"]
-        if cls.startswith("any@"):
-            n = sum(after.values()) - sum(before.values())
-        else:
-            op, area = cls.split("@")
-            n = sum(v - before.get(k, 0) for k, v in after.items()
-                    if k.startswith(op + "@") and (area == "any" or k.endswith("@" + area)))
-        self.seen[cls] = max(self.seen.get(cls, 0), n)
+    def note_counts(self, phase, menu, before, after):
+        """Updates the calls seen per class of one phase with its counts (after - before)."""
+        delta = {k: v - before.get(k, 0) for k, v in after.items()}
+        for cls in menu:
+            self.seen[(phase, cls)] = max(self.seen.get((phase, cls), 0),
+                                          class_count(delta, cls))
 
     # ------------------------------------------------------------ a round
 
     def round(self, rng, budget_s):
-        """One crash, of a random variant; --short: one crash of each variant."""
-        if not self.short:
-            return self.crash(rng, budget_s, rng.choice(["timer", "point", "point",
-                                                         "background", "gc"]))
-        for v in ("point", "background", "gc", "timer"):
+        """Four crashes of random variants; --short: one crash of each variant."""
+        if self.short:
+            variants = ["point", "inflight", "background", "unmount", "gc", "timer"]
+        else:
+            variants = [rng.choice(["timer", "point", "point", "inflight", "inflight",
+                                    "background", "unmount", "gc"]) for _ in range(4)]
+        for v in variants:
             self.crash(rng, budget_s, v)
 
     def crash(self, rng, budget_s, variant):
@@ -173,15 +192,23 @@ class CrashSuite:
         rel = f"r{self.n}"
         spec = cls = None
         if variant == "point":
-            spec, cls = self.choose(rng, POINT_MENU)
+            spec, cls = self.choose(rng, POINT_MENU, "workload")
         elif variant == "background":
-            spec, cls = self.choose(rng, BG_MENU)
+            spec, cls = self.choose(rng, BG_MENU, "background")
+        elif variant == "unmount":
+            cls = rng.choice(UNMOUNT_MENU)
+            spec = (f"{cls}:{rng.randint(1, max(1, self.seen.get('unmount ' + cls, 5)))}:"
+                    f"{rng.choice(['before', 'after'])}")
+        elif variant == "inflight":
+            what, classes = rng.choice(INFLIGHT_MENU)
+            cls = rng.choice(classes)
+            spec = f"{cls}:1:{rng.choice(['before', 'after'])}"
         self.start(rng, spec)
         self.verify_pending()
         self.drop_old()
         events = workload.Events()
         wl = workload.Workload(self.mnt, rel, self.threads, rng, events, self.daemon)
-        base = self.ctl.read()["counts"]
+        base0 = self.ctl.read()["counts"]
         fired = False
         if variant == "point":
             self.ctl.arm()
@@ -199,17 +226,28 @@ class CrashSuite:
             time.sleep(t_run)
             wl.stop.set()
             wl.join()
+            mid = self.ctl.read()["counts"]
+            self.note_counts("workload", POINT_MENU, base0, mid)
             if variant == "background":
-                base = self.ctl.read()["counts"]
                 self.ctl.arm()
                 fired = self.daemon.wait_exit(rng.uniform(1.5, 4.0))
+                if not fired:
+                    self.note_counts("background", BG_MENU, mid, self.ctl.read()["counts"])
                 wl.killed.set()
                 self.daemon.kill9()
+            elif variant == "unmount":
+                fired = self.unmount_kill()
+            elif variant == "inflight":
+                fired = self.inflight(wl, what, rng)
+                wl.killed.set()
+                self.daemon.kill9()
+                cls = f"{what}:{cls}"
             else:
                 self.daemon.stop()
         wl.join()
+        if variant in ("timer", "point"):
+            self.note_counts("workload", POINT_MENU, base0, self.ctl.read()["counts"])
         if cls:
-            self.note_counts(cls, base)
             fired = fired and bool(self.ctl.read()["fired"])
             self.stats.kill_point(f"{variant}:{cls}", fired)
         if wl.errors:
@@ -228,9 +266,73 @@ class CrashSuite:
         if self.env.verbose:
             log(f"  crash {rel}: {variant} {spec or ''} fired={fired} ops={wl.ops}")
 
+    def unmount_kill(self):
+        """Unmounts with the kill point armed: the daemon dies in its shutdown (the last
+        commits, pack syncs, RocksDB's memtable flush).  True when the kill point fired."""
+        before = self.ctl.read()["counts"]
+        self.ctl.arm()
+        if not unmount(self.mnt, lazy_ok=False):
+            raise Failure(f"cannot unmount {self.mnt} (busy)")
+        self.daemon.wait_exit(60)
+        st = self.ctl.read()
+        if not st["fired"]:
+            rc = self.daemon.proc.returncode
+            if rc != 0:
+                self.stats.fail(self.kind, f"daemon exited {rc} after unmount:\n"
+                                f"{self.daemon.log_tail()}")
+            delta = {k: v - before.get(k, 0) for k, v in st["counts"].items()}
+            for c in UNMOUNT_MENU:
+                self.seen["unmount " + c] = max(self.seen.get("unmount " + c, 0),
+                                                class_count(delta, c))
+        return bool(st["fired"])
+
+    def inflight(self, wl, what, rng):
+        """Runs one client operation with the kill point armed just before the call that
+        matters (the rename, unlink, fsync, directory fsync, create), as worker 0.  True when
+        the daemon died inside it."""
+        w = wl.workers[0]
+        names = [f"f{i}" for i in range(w.NAMES)]
+        try:
+            if what == "fsync":
+                name = rng.choice(names)
+                created = name not in w.bound
+                ino = wl.new_inode() if created else w.bound[name]
+                fd = w.step(("open", w.relp(name), ino, created, True),
+                            lambda: os.open(w.path(name), os.O_RDWR | os.O_CREAT | os.O_TRUNC,
+                                            0o644))
+                w.bound[name] = ino
+                w.content[ino] = bytearray(w.data(w.size()))
+                w.write_all(fd, w.content[ino])
+                self.ctl.arm()
+                try:
+                    w.step(("fsync", ino, w.h(ino)), lambda: os.fsync(fd))
+                finally:
+                    w.step(("close", ino, w.h(ino)), lambda: os.close(fd))
+            else:
+                if not w.bound or what == "create":
+                    name = rng.choice([n for n in names if n not in w.bound] or names)
+                    if what != "create":
+                        w.op_write(name, False)
+                self.ctl.arm()
+                if what == "rename":
+                    src = rng.choice(sorted(w.bound))
+                    w.op_rename(src, rng.choice([n for n in names if n != src]))
+                elif what == "unlink":
+                    w.op_unlink(rng.choice(sorted(w.bound)))
+                elif what == "dirfsync":
+                    w.op_dirfsync()
+                else:
+                    w.op_write(name, False)
+        except workload.DaemonGone:
+            pass
+        w.ops += 1
+        return self.daemon.wait_exit(1.0)
+
     def gc_round(self, rng):
         """`ckpt gc` killed by the shim at a random call; then fsck must pass."""
-        spec, cls = self.choose(rng, GC_MENU)
+        cls = rng.choice(GC_MENU)
+        spec = (f"{cls}:{rng.randint(1, max(1, self.seen.get('gc ' + cls, 20)))}:"
+                f"{rng.choice(['before', 'after'])}")
         ctl = Ctl(os.path.join(self.dir, "ctl.gc"))
         e = dict(os.environ, LD_PRELOAD=self.env.shim, TORTURE_ROOT=os.path.realpath(self.store),
                  TORTURE_CTL=ctl.path, TORTURE_KILL=spec, TORTURE_ARMED="1")
@@ -238,13 +340,10 @@ class CrashSuite:
         rc, out = self.env.ckpt_run("gc", self.store, "--live", live, env=e)
         st = ctl.read()
         fired = bool(st["fired"])
-        if cls.startswith("any@"):
-            n = sum(st["counts"].values())
-        else:
-            op, area = cls.split("@")
-            n = sum(v for k, v in st["counts"].items()
-                    if k.startswith(op + "@") and (area == "any" or k.endswith("@" + area)))
-        self.seen[cls] = max(self.seen.get(cls, 0), n)
+        if not fired:
+            for c in GC_MENU:
+                self.seen["gc " + c] = max(self.seen.get("gc " + c, 0),
+                                           class_count(st["counts"], c))
         self.stats.kill_point(f"gc:{cls}", fired)
         if not fired and rc != 0:
             self.stats.fail(self.kind, f"ckpt gc exited {rc} without being killed:\n{out}")

@@ -38,7 +38,8 @@ def dir_bytes(path):
 class PowerSuite:
     kind = "power"
 
-    def __init__(self, env, stats, tmp, threads=4):
+    def __init__(self, env, stats, tmp, threads=4, short=False):
+        self.short = short
         self.env = env
         self.stats = stats
         self.dir = os.path.join(tmp, "power")
@@ -63,6 +64,11 @@ class PowerSuite:
         self.created = True
 
     def round(self, rng, budget_s):
+        """Two power losses (one with --short), each checked at two cuts."""
+        for _ in range(1 if self.short else 2):
+            self.one(rng, budget_s)
+
+    def one(self, rng, budget_s):
         if not self.created:
             self.create()
         self.n += 1
