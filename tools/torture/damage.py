@@ -6,11 +6,12 @@ files, mounts the copy and reads every file in 64 KiB preads and whole: each rea
 the right bytes or fail with EIO (never other bytes, never another error); the daemon must
 stay up and unmount cleanly; `ckpt fsck` must name every file that gave EIO.
 
-Packs: the damaged store must mount.  The index (RocksDB's SST, MANIFEST, CURRENT, WAL,
-OPTIONS, IDENTITY) and the store marker: a store that then refuses to mount is counted
-(`unmountable`; issue 22 makes `ckpt repair` bring such stores back) but is not a failure of
-this check; one that mounts must serve no wrong byte, and a file it no longer lists is counted
-as `missing` (not served wrong).  When `ckpt repair` exists, this is where its check belongs.
+Packs (a flip in the 64-byte pack header 15% of the time, in a record's 48-byte header 15%,
+anywhere else 70%): the damaged store must mount.  The index (RocksDB's SST, MANIFEST,
+CURRENT, WAL, OPTIONS, IDENTITY) and the store marker: a store that then refuses to mount is
+counted (`unmountable`; issue 22 makes `ckpt repair` bring such stores back) but is not a
+failure of this check; one that mounts must serve no wrong byte, and a file it no longer
+lists is counted as `missing` (not served wrong).  When `ckpt repair` exists, this is where its check belongs.
 """
 import errno
 import os
@@ -94,7 +95,7 @@ class DamageSuite:
         copy_tree(self.pristine, store)
         path = os.path.join(store, where)
         size = os.path.getsize(path)
-        off = rng.randrange(size)
+        off = self.offset(rng, path, size, where.startswith("packs/"))
         with open(path, "r+b") as f:
             f.seek(off)
             b = f.read(1)
@@ -151,6 +152,25 @@ class DamageSuite:
         if self.env.verbose:
             log(f"  damage: {what}: eio {sorted(eio)} missing {sorted(missing)} fsck rc {rc}")
         shutil.rmtree(store)
+
+    def offset(self, rng, path, size, is_pack):
+        """Where to flip: in a pack, 15% in its 64-byte header, 15% in a record's 48-byte
+        header, else anywhere; in other files anywhere."""
+        x = rng.random()
+        if not is_pack or x >= 0.3:
+            return rng.randrange(size)
+        if x < 0.15:
+            return rng.randrange(min(64, size))
+        with open(path, "rb") as f:
+            data = f.read()
+        recs, o = [], data.find(b"CKRC", 64)
+        while o >= 0:
+            if o % 8 == 0 and o + 48 <= len(data):
+                recs.append(o)
+            o = data.find(b"CKRC", o + 1)
+        if not recs:
+            return rng.randrange(size)
+        return rng.choice(recs) + rng.randrange(48)
 
     def read_check(self, path, want):
         """'ok', 'eio' (some reads failed with EIO, none returned wrong bytes), 'missing', or
