@@ -23,6 +23,7 @@ struct raw_opts {
 	int compress;
 	char *cache_size;
 	char *buf_reserve;
+	char *pack_max;
 	int verify_dedup;
 	int inline_compress;
 	int nobackground;
@@ -42,6 +43,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("compress=%d", compress),
 	OPT("cache_size=%s", cache_size),
 	OPT("buf_reserve=%s", buf_reserve),
+	OPT("pack_max=%s", pack_max),
 	OPT("verify_dedup", verify_dedup),
 	OPT("inline_compress", inline_compress),
 	OPT("nobackground", nobackground),
@@ -110,6 +112,8 @@ static void usage(const char *prog)
 	       "  -o compact_live=N    background compaction rewrites packs whose live\n"
 	       "                       chunks fill less than N%% of them (1-100, default\n"
 	       "                       80, as `ckpt gc`)\n"
+	       "  -o pack_max=SIZE     start a new pack file once the current one is\n"
+	       "                       past SIZE (at least 1M; default 1G)\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
@@ -178,6 +182,12 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 	so->compact_live = raw->compact_live;
 	if (raw->cache_size && parse_size(raw->cache_size, &so->cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", raw->cache_size);
+		return -1;
+	}
+	if (raw->pack_max && (parse_size(raw->pack_max, &so->pack_max) < 0 ||
+			      so->pack_max < (1u << 20))) {
+		fprintf(stderr, "ckptfs: invalid pack_max '%s': a size of at least 1M\n",
+			raw->pack_max);
 		return -1;
 	}
 	so->buf_reserve = CKPT_BUF_RESERVE_AUTO;
@@ -278,6 +288,7 @@ out:
 	free((char *)raw.store);
 	free(raw.cache_size);
 	free(raw.buf_reserve);
+	free(raw.pack_max);
 	free(raw.log_level);
 	free(raw.tp_rules);
 	free(raw.direct_read);

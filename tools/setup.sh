@@ -15,6 +15,9 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential autoconf automake libtool pkg-config
       libfuse3-dev fuse3 librocksdb-dev libzstd-dev libxxhash-dev libjansson-dev check
       procps rsync python3 python3-numpy python3-torch python3-venv)
+# gdb: the torture suite's deadlock watchdog prints the daemon's backtraces with it
+# (tools/torture/views.py; without it, only the kernel stacks).
+PKGS+=(gdb)
 
 missing=()
 for p in "${PKGS[@]}"; do

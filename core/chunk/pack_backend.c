@@ -236,6 +236,13 @@ static int pb_get(ckpt_chunk_backend *cb, const struct ckpt_chunk_loc *loc, bool
 		*ret_why = "pack file missing";
 		return -EIO;
 	}
+	if (r == -EPROTONOSUPPORT) {
+		/* A version this build does not know in the header of a pack of
+		 * this store: a damaged header (pack.h), so EIO as for any damage
+		 * (the open's message names the version). */
+		*ret_why = "pack header: unsupported format version (damaged?)";
+		return -EIO;
+	}
 	if (r < 0) {
 		*ret_why = "record header or stored-bytes checksum mismatch";
 		return r;
