@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 PKGS=(build-essential autoconf automake libtool pkg-config
       libfuse3-dev fuse3 librocksdb-dev libzstd-dev libxxhash-dev libjansson-dev check
       procps rsync python3 python3-numpy python3-torch python3-venv)
+# go-md2man: make builds the man pages ckptfs(8) and ckpt(1) from docs/man/*.md with it.
+PKGS+=(go-md2man)
 
 missing=()
 for p in "${PKGS[@]}"; do
