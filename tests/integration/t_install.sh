@@ -49,6 +49,8 @@ installed '*/man/man8/ckptfs.8' "the man page ckptfs(8)"
 MAN8=$FOUND
 installed '*/man/man1/ckpt.1' "the man page ckpt(1)"
 MAN1=$FOUND
+installed '*/man/man8/mount.fuse.ckptfs.8' "the man page of the helper (a link to ckptfs(8))"
+check "mount.fuse.ckptfs(8) sources ckptfs(8)" grep -qx '.so man8/ckptfs.8' "$FOUND"
 installed '*/bash-completion/completions/ckpt' "the bash completion of ckpt"
 COMPLETION=$FOUND
 installed '*/include/ckptfs.h' "the trainer library's header"

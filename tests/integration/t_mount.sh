@@ -29,20 +29,22 @@ env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$BUILDDIR" install DESTDIR="$DE
 HELPER=$(find "$DEST" -name mount.fuse.ckptfs -type f | head -n 1)
 DAEMON=$(find "$DEST" -path '*/bin/ckptfs' -type f | head -n 1)
 [ -n "$HELPER" ] && [ -n "$DAEMON" ] || bail "make install installed no mount.fuse.ckptfs or no ckptfs"
-helperdir=$(dirname "${HELPER#"$DEST"}")
 bindir=$(dirname "${DAEMON#"$DEST"}")
 
-# overlay DIR: DIR shows the installed files of $DEST/DIR over its own (this namespace only)
+# overlay FROM DIR: DIR shows the files of FROM over its own (in this namespace only)
 overlay() {
 	local real
-	real=$(realpath "$1" 2>/dev/null) && [ -d "$real" ] ||
-		bail "$1 does not exist on this machine: cannot lay the installed files over it"
-	mount -t overlay overlay -o "lowerdir=$DEST$1:$real" "$real" ||
+	real=$(realpath "$2" 2>/dev/null) && [ -d "$real" ] ||
+		bail "$2 does not exist on this machine: cannot lay the installed files over it"
+	mount -t overlay overlay -o "lowerdir=$1:$real" "$real" ||
 		bail "cannot mount an overlay on $real (overlayfs)"
 	on_exit "umount -l '$real'"
 }
-overlay "$helperdir"
-overlay "$bindir"
+# the helper goes to /sbin, where mount(8) looks (it is installed there unless configure was
+# given another --with-mount-helper-dir); the daemon to the bindir the helper runs it from
+mkdir -p "$T_DIR/sbin" && cp -p "$HELPER" "$T_DIR/sbin/"
+overlay "$T_DIR/sbin" /sbin
+overlay "$DEST$bindir" "$bindir"
 check "mount(8)'s helper directory has the installed helper" cmp "$HELPER" "/sbin/mount.fuse.ckptfs"
 
 # mount_pids: daemons serving $STORE (lib.sh's daemon_pids)
