@@ -260,7 +260,15 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ckptfs: cannot detach: %s\n", strerror(errno));
 		goto out;
 	}
-	r = ckpt_store_open(o.store, &o.sopts, &store, err, sizeof(err));
+	/* umount returns before the daemon it stopped has let go of the store: a mount right
+	 * after one (a script, mount -a, systemctl restart) gives that daemon up to 3 seconds,
+	 * as ckpt does, before calling the store busy. */
+	for (int tries = 0;; tries++) {
+		r = ckpt_store_open(o.store, &o.sopts, &store, err, sizeof(err));
+		if (r != -EBUSY || tries >= 30)
+			break;
+		usleep(100 * 1000);
+	}
 	if (r < 0) {
 		report("ckptfs: %s\n", err);
 		goto out;

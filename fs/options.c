@@ -36,7 +36,12 @@ struct raw_opts {
 	unsigned drop_behind;
 	char *direct_read;
 	unsigned view_cache;
+	int fsname_given;            /* -o fsname=... is on the command line */
+	int subtype_given;           /* -o subtype=... */
 };
+
+/* opt_proc keys of the libfuse options that options_parse looks at (and keeps). */
+enum { KEY_FSNAME = 1, KEY_SUBTYPE };
 
 #define OPT(t, p) { t, offsetof(struct raw_opts, p), 1 }
 static const struct fuse_opt opt_spec[] = {
@@ -56,6 +61,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("view_cache=%u", view_cache),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
+	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
+	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
 	FUSE_OPT_END
 };
 
@@ -68,7 +75,11 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
 		o->store = strdup(arg);
 		return 0; /* consumed: STORE */
 	}
-	return 1;
+	if (key == KEY_FSNAME)
+		o->fsname_given = 1;
+	if (key == KEY_SUBTYPE)
+		o->subtype_given = 1;
+	return 1; /* kept for libfuse */
 }
 
 static int parse_size(const char *s, uint64_t *ret)
@@ -154,6 +165,39 @@ static int absolute_store(const char *store, char **ret)
 		return -1;
 	}
 	return *ret ? 0 : -1;
+}
+
+/*
+ * The mount's source and type as /proc/mounts, findmnt and df show them: the store's path and
+ * fuse.ckptfs, unless -o fsname= or -o subtype= is given (libfuse would use the program's name
+ * for both, and with fsname= alone the type would be plain "fuse").  mount -a recognises an
+ * fstab line as mounted by its source (and its mountpoint).  Added before
+ * fuse_parse_cmdline, which then adds no default subtype of its own.
+ */
+static int add_mount_names(struct fuse_args *args, const struct raw_opts *raw, const char *store)
+{
+	char *opt = NULL, *esc = NULL;
+	int r = -1;
+
+	if (!raw->fsname_given) {
+		/* fuse_opt_add_opt_escaped: a ',' or '\\' in the path must not split the option */
+		if (asprintf(&opt, "fsname=%s", store) < 0) {
+			opt = NULL;
+			goto out;
+		}
+		if (fuse_opt_add_opt_escaped(&esc, opt) < 0 || fuse_opt_add_arg(args, "-o") < 0 ||
+		    fuse_opt_add_arg(args, esc) < 0)
+			goto out;
+	}
+	if (!raw->subtype_given && fuse_opt_add_arg(args, "-osubtype=ckptfs") < 0)
+		goto out;
+	r = 0;
+out:
+	if (r < 0)
+		fprintf(stderr, "ckptfs: out of memory\n");
+	free(opt);
+	free(esc);
+	return r;
 }
 
 /* Check raw and turn it into ret; -1 with a message on a bad value. */
@@ -252,6 +296,10 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 	raw.drop_behind = 1;
 	if (fuse_opt_parse(args, &raw, opt_spec, opt_proc) < 0)
 		goto out;
+	if (raw.store && absolute_store(raw.store, &ret->store) < 0)
+		goto out;
+	if (ret->store && add_mount_names(args, &raw, ret->store) < 0)
+		goto out;
 	if (fuse_parse_cmdline(args, cmd) != 0)
 		goto out;
 	/* The kernel checks permission bits and ownership on every request:
@@ -275,8 +323,6 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 			prog);
 		goto out;
 	}
-	if (absolute_store(raw.store, &ret->store) < 0)
-		goto out;
 	if (cmd->debug)
 		ckpt_log_set_level(CKPT_LOG_DEBUG);
 	if (convert(&raw, ret) < 0)

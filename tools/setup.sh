@@ -18,6 +18,8 @@ PKGS=(build-essential autoconf automake libtool pkg-config
 # gdb: the torture suite's deadlock watchdog prints the daemon's backtraces with it
 # (tools/torture/views.py; without it, only the kernel stacks).
 PKGS+=(gdb)
+# go-md2man: make builds the man pages ckptfs(8) and ckpt(1) from docs/man/*.md with it.
+PKGS+=(go-md2man)
 
 missing=()
 for p in "${PKGS[@]}"; do
