@@ -1,15 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * engine.c - the table of metadata engines and the calls that dispatch to
- * them (engine.h).
+ * engine.c - the table of metadata engines, the calls that dispatch to
+ * them (engine.h), and what every engine's metadata log needs around the
+ * driver: the writes of each transaction serialized for the log, the
+ * comparison of engine and log at open, snapshots.
  */
 #include "meta/engine.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "base/util.h"
+#include "meta/mlog.h"
 
 static const struct ckpt_engine_ops *const engines[] = {
 	&ckpt_engine_rocksdb,
@@ -28,22 +34,279 @@ const struct ckpt_engine_ops *ckpt_engine_find(const char *name)
 	return NULL;
 }
 
+static int get_fixed(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, unsigned flags,
+		     void *buf, size_t len);
+
+/* Replaying logged commits into the engine at open: one transaction per
+ * commit, with its number. */
+struct replay {
+	ckpt_engine *e;
+	ckpt_txn *t;
+	uint64_t n;
+};
+
+static int replay_txn(struct replay *rp)
+{
+	return rp->t ? 0 : ckpt_txn_begin(rp->e, &rp->t);
+}
+
+static int replay_put(void *ud, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
+{
+	struct replay *rp = ud;
+	int r = replay_txn(rp);
+
+	return r < 0 ? r : ckpt_txn_put(rp->t, k, kl, v, vl);
+}
+
+static int replay_del(void *ud, const uint8_t *k, size_t kl)
+{
+	struct replay *rp = ud;
+	int r = replay_txn(rp);
+
+	return r < 0 ? r : ckpt_txn_delete(rp->t, k, kl);
+}
+
+static int replay_mark(void *ud, uint64_t number)
+{
+	struct replay *rp = ud;
+	uint8_t v[8];
+	int r = replay_txn(rp);
+
+	if (r < 0)
+		return r;
+	ckpt_put_le64(v, number);
+	ckpt_txn_put(rp->t, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, v, sizeof(v));
+	r = ckpt_txn_commit(rp->t, false);
+	rp->t = NULL;
+	rp->n++;
+	return r;
+}
+
+static int put_seq(ckpt_engine *e, uint64_t number)
+{
+	struct replay rp = { e, NULL, 0 };
+
+	return replay_mark(&rp, number);
+}
+
+/* Compare the engine with its metadata log in dir, bring the two together,
+ * and attach the log to e (engine.h, "The metadata log"). */
+static int attach_log(ckpt_engine *e, const char *where, const char *dir, char *err,
+		      size_t errlen)
+{
+	static const struct ckpt_mlog_sink sink = { replay_put, replay_del, replay_mark };
+	struct replay rp = { e, NULL, 0 };
+	uint64_t k = 0, last = 0, base;
+	bool numbered = false, fresh = false;
+	ckpt_mlog *m = NULL;
+	uint8_t v[8];
+	int r = ckpt_mlog_open(dir, &m, err, errlen);
+
+	if (r < 0)
+		return r;
+	r = get_fixed(e, NULL, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, 0, v, sizeof(v));
+	if (r == 0) {
+		k = ckpt_get_le64(v);
+		numbered = k != CKPT_MLOG_UNLOGGED;
+	} else if (r != -ENOENT) {
+		ckpt_errf(err, errlen, "%s: cannot read the number of the last logged commit: %s",
+			  where, strerror(-r));
+		goto fail;
+	}
+	if (!numbered || ckpt_mlog_last(m, &last) < 0) {
+		fresh = true;
+	} else if (k < last) {
+		r = ckpt_mlog_replay_after(m, k, &sink, &rp);
+		ckpt_txn_abort(rp.t);
+		if (r == -ENOENT) {
+			ckpt_warn("%s: the index ends at commit %" PRIu64 ", its log %s at %" PRIu64
+				  ", and the commits between cannot be read from the log: a new "
+				  "snapshot of the index is taken", where, k, dir, last);
+			fresh = true;
+		} else if (r < 0) {
+			ckpt_errf(err, errlen, "%s: cannot replay commits %" PRIu64 "..%" PRIu64
+				  " from the metadata log %s: %s", where, k + 1, last, dir,
+				  strerror(-r));
+			goto fail;
+		} else {
+			ckpt_warn("%s: the index lacked %" PRIu64 " commits after %" PRIu64
+				  " that its log %s holds: replayed", where, rp.n, k, dir);
+			r = e->ops->flush(e);
+			if (r < 0) {
+				ckpt_errf(err, errlen, "%s: cannot write the replayed commits: %s",
+					  where, strerror(-r));
+				goto fail;
+			}
+			k = last;
+		}
+	} else if (k > last) {
+		ckpt_warn("%s: the index is at commit %" PRIu64 ", ahead of its log %s (%" PRIu64
+			  "): a new snapshot of the index is taken", where, k, dir, last);
+		fresh = true;
+	}
+	base = k;
+	if (fresh) {
+		/* a number no file of the log names yet, so that nothing chains
+		 * an old log to the new one */
+		base = (numbered && k > ckpt_mlog_highest(m) ? k : ckpt_mlog_highest(m)) + 1;
+		r = put_seq(e, base);
+		if (r == 0)
+			r = e->ops->sync(e);
+		if (r < 0) {
+			ckpt_errf(err, errlen, "%s: cannot write the number of the last commit: %s",
+				  where, strerror(-r));
+			goto fail;
+		}
+	}
+	r = ckpt_mlog_start(m, base);
+	if (r < 0) {
+		ckpt_errf(err, errlen, "%s: cannot open the metadata log %s: %s", where, dir,
+			  strerror(-r));
+		goto fail;
+	}
+	e->mlog = m;
+	if (fresh || ckpt_mlog_due(m)) {
+		r = ckpt_engine_backup(e);
+		if (r < 0) /* the log still holds every commit from here */
+			ckpt_warn("%s: cannot take a snapshot into %s: %s", where, dir,
+				  strerror(-r));
+	}
+	return 0;
+fail:
+	ckpt_mlog_close(m);
+	return r;
+}
+
 int ckpt_engine_open(const char *name, const char *where, const struct ckpt_engine_opts *o,
 		     ckpt_engine **ret, char *err, size_t errlen)
 {
 	const struct ckpt_engine_ops *ops = ckpt_engine_find(name ? name : CKPT_ENGINE_DEFAULT);
+	ckpt_engine *e = NULL;
+	int r;
 
 	if (!ops) {
 		snprintf(err, errlen, "%s: unknown metadata engine '%s'", where, name);
 		return -EINVAL;
 	}
-	return ops->open(where, o, ret, err, errlen);
+	r = ops->open(where, o, &e, err, errlen);
+	if (r < 0)
+		return r;
+	e->mlog = NULL;
+	if (o->log_dir && !o->read_only) {
+		r = attach_log(e, where, o->log_dir, err, errlen);
+		if (r < 0) {
+			ops->close(e);
+			return r;
+		}
+	}
+	*ret = e;
+	return 0;
 }
 
 void ckpt_engine_close(ckpt_engine *e)
 {
-	if (e)
-		e->ops->close(e);
+	ckpt_mlog *m;
+
+	if (!e)
+		return;
+	m = e->mlog;
+	e->ops->close(e);
+	ckpt_mlog_close(m);
+}
+
+const char *ckpt_engine_log_dir(const ckpt_engine *e)
+{
+	return e->mlog ? ckpt_mlog_dir(e->mlog) : NULL;
+}
+
+bool ckpt_engine_backup_due(ckpt_engine *e)
+{
+	return e->mlog && ckpt_mlog_due(e->mlog);
+}
+
+struct switch_arg {
+	ckpt_engine *e;
+	uint64_t base;
+	ckpt_scan *sc;
+};
+
+/* While no commit is applied: the new log starts here, and the scan sees
+ * exactly the commits before it. */
+static int switch_log(void *arg)
+{
+	struct switch_arg *a = arg;
+	int r = ckpt_mlog_switch(a->e->mlog, &a->base);
+
+	if (r == 0)
+		r = a->e->ops->scan_new(a->e, NULL, "", 0, NULL, 0, &a->sc);
+	return r;
+}
+
+int ckpt_engine_backup(ckpt_engine *e)
+{
+	struct switch_arg a = { e, 0, NULL };
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_msnap *w = NULL;
+	int r;
+
+	if (!e->mlog)
+		return -EOPNOTSUPP;
+	/* Everything the engine's own write-ahead log holds then lies in the
+	 * logs a restore keeps (the one this snapshot starts and the one
+	 * before). */
+	r = e->ops->flush(e);
+	if (r == 0)
+		r = e->ops->quiesce(e, switch_log, &a);
+	if (r == 0)
+		r = ckpt_msnap_begin(e->mlog, a.base, &w);
+	while (r == 0 && (r = ckpt_scan_next(a.sc, &k, &kl, &v, &vl)) > 0)
+		r = ckpt_msnap_add(w, k, kl, v, vl);
+	ckpt_scan_free(a.sc);
+	if (w) {
+		int r2 = ckpt_msnap_end(w, r == 0);
+		if (r == 0)
+			r = r2;
+	}
+	return r;
+}
+
+int ckpt_engine_log_commit(ckpt_txn *t, uint8_t seq[8], bool *ret_put)
+{
+	ckpt_engine *e = t->engine;
+	uint64_t num = CKPT_MLOG_UNLOGGED;
+	int r;
+
+	*ret_put = false;
+	if (!e->mlog)
+		return 0;
+	r = ckpt_mlog_append(e->mlog, t->lbuf, t->llen, t->lops, &num);
+	if (r == -ESTALE)
+		num = CKPT_MLOG_UNLOGGED; /* a broken log: until the next snapshot */
+	else if (r < 0)
+		return r;
+	ckpt_put_le64(seq, num);
+	*ret_put = true;
+	return 0;
+}
+
+void ckpt_engine_log_undo(ckpt_txn *t)
+{
+	if (t->engine->mlog)
+		ckpt_mlog_unappend(t->engine->mlog);
+}
+
+void ckpt_txn_base_free(ckpt_txn *t)
+{
+	free(t->lbuf);
+	t->lbuf = NULL;
+	t->lcap = t->llen = 0;
+}
+
+void ckpt_txn_base_trim(ckpt_txn *t)
+{
+	if (t->lcap > (1u << 20))
+		ckpt_txn_base_free(t);
 }
 
 const char *ckpt_engine_name(const ckpt_engine *e)
@@ -135,17 +398,31 @@ int ckpt_engine_has(ckpt_engine *e, const void *key, size_t klen)
 
 int ckpt_engine_sync(ckpt_engine *e)
 {
-	return e->ops->sync(e);
+	int r = e->ops->sync(e);
+
+	if (r == 0 && e->mlog)
+		r = ckpt_mlog_sync(e->mlog);
+	return r;
 }
 
 int ckpt_engine_flush(ckpt_engine *e)
 {
-	return e->ops->flush(e);
+	int r = e->ops->flush(e);
+
+	if (r == 0 && e->mlog)
+		r = ckpt_mlog_sync(e->mlog);
+	return r;
 }
 
 int ckpt_txn_begin(ckpt_engine *e, ckpt_txn **ret)
 {
-	return e->ops->begin(e, ret);
+	int r = e->ops->begin(e, ret);
+
+	if (r == 0) {
+		(*ret)->llen = 0;
+		(*ret)->lops = 0;
+	}
+	return r;
 }
 
 int ckpt_txn_get(ckpt_txn *t, const void *key, size_t klen, unsigned flags, uint8_t **ret_val,
@@ -169,6 +446,11 @@ int ckpt_txn_put(ckpt_txn *t, const void *key, size_t klen, const void *val, siz
 {
 	int r = t->err ? t->err : t->engine->ops->put(t, key, klen, val, vlen);
 
+	if (r == 0 && t->engine->mlog) {
+		r = ckpt_mlog_op_add(&t->lbuf, &t->llen, &t->lcap, CKPT_MLOG_OP_PUT, key, klen, val,
+				     vlen);
+		t->lops++;
+	}
 	if (r < 0)
 		t->err = r;
 	return r;
@@ -178,6 +460,11 @@ int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen)
 {
 	int r = t->err ? t->err : t->engine->ops->del(t, key, klen);
 
+	if (r == 0 && t->engine->mlog) {
+		r = ckpt_mlog_op_add(&t->lbuf, &t->llen, &t->lcap, CKPT_MLOG_OP_DEL, key, klen, NULL,
+				     0);
+		t->lops++;
+	}
 	if (r < 0)
 		t->err = r;
 	return r;
@@ -185,13 +472,19 @@ int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen)
 
 int ckpt_txn_commit(ckpt_txn *t, bool durable)
 {
+	ckpt_engine *e = t->engine;
+	bool logged = e->mlog && t->lops;
 	int r = t->err;
 
 	if (r < 0) {
-		t->engine->ops->abort(t);
+		e->ops->abort(t);
 		return r;
 	}
-	return t->engine->ops->commit(t, durable);
+	r = e->ops->commit(t, durable);
+	/* the log is as durable as the engine */
+	if (r == 0 && durable && logged)
+		r = ckpt_mlog_sync(e->mlog);
+	return r;
 }
 
 void ckpt_txn_abort(ckpt_txn *t)

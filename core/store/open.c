@@ -245,7 +245,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		    char *err, size_t errlen)
 {
 	ckpt_store *s = NULL;
-	char *ixdir = NULL;
+	char *ixdir = NULL, *logdir = NULL;
 	bool fresh = false;
 	int dfd = -1, r;
 
@@ -324,7 +324,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: cannot create store layout: %s", path, strerror(errno));
 		goto fail;
 	}
-	if (asprintf(&ixdir, "%s/index", path) < 0) {
+	if (asprintf(&ixdir, "%s/" ST_INDEX_DIR, path) < 0 ||
+	    asprintf(&logdir, "%s/" ST_METALOG_DIR, path) < 0) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -333,8 +334,14 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			.create = fresh,
 			.read_only = o->mode == CKPT_STORE_RO_SHARED,
 			.cache_bytes = 64u << 20,
+			.log_dir = o->mode == CKPT_STORE_RO_SHARED ? NULL : logdir,
 		};
 		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
+		if (r == -EIO) {
+			size_t l = strlen(err);
+			snprintf(err + l, errlen - l,
+				 "; the index is damaged: `ckpt repair %s` rebuilds it", path);
+		}
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
@@ -408,6 +415,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		s->bg_started = true;
 	}
 	free(ixdir);
+	free(logdir);
 	close(dfd);
 	*ret_store = s;
 	return 0;
@@ -415,6 +423,7 @@ fail:
 	if (!err[0])
 		snprintf(err, errlen, "%s: %s", path, strerror(-r));
 	free(ixdir);
+	free(logdir);
 	close(dfd);
 	ckpt_store_free(s);
 	return r;
@@ -447,6 +456,9 @@ void ckpt_store_free(ckpt_store *s)
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
 		ckpt_engine_flush(s->eng);
+		if (ckpt_engine_backup_due(s->eng) && ckpt_engine_backup(s->eng) < 0)
+			ckpt_warn("%s: cannot take a snapshot of the index into %s (the log since "
+				  "the last one is kept)", s->path, ckpt_engine_log_dir(s->eng));
 	}
 	ckpt_cb_free(s->cb);
 	for (size_t i = 0; i < PENDING_BUCKETS; i++) {

@@ -35,6 +35,8 @@
 
 #define MARKER_NAME "ckptfs-store"
 #define MARKER_MAGIC "ckptfs-store"
+#define ST_INDEX_DIR "index"     /* the metadata engine's files */
+#define ST_METALOG_DIR "metalog" /* its metadata log (meta/mlog.h) */
 
 struct pending {
 	ckpt_digest digest;
