@@ -4,7 +4,7 @@
  */
 #include "store/store_int.h"
 
-static int read_marker(int dfd, const char *path, char *err, size_t errlen)
+int st_read_marker(int dfd, const char *path, char *err, size_t errlen)
 {
 	char buf[64];
 	ssize_t n;
@@ -244,6 +244,12 @@ static int reap_orphans(ckpt_store *s)
 int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
 		    char *err, size_t errlen)
 {
+	return st_open(path, o, -1, ret_store, err, errlen);
+}
+
+int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
+	    ckpt_store **ret_store, char *err, size_t errlen)
+{
 	ckpt_store *s = NULL;
 	char *ixdir = NULL, *logdir = NULL;
 	bool fresh = false;
@@ -252,12 +258,13 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	err[0] = '\0';
 	if (o->compress_level < 0 || o->compress_level > 19) {
 		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
-		return -EINVAL;
+		r = -EINVAL;
+		goto fail;
 	}
 	if (o->create && mkdir(path, 0755) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
-		return r;
+		goto fail;
 	}
 	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0) {
@@ -265,14 +272,15 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: %s", path,
 			 errno == ENOENT ? "no such store (directory does not exist)" :
 					   strerror(errno));
-		return r;
+		goto fail;
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		r = -ENOMEM;
 		goto fail;
 	}
-	s->lock_fd = -1;
+	s->lock_fd = lock_fd; /* an inherited lock is the store's from here */
+	lock_fd = -1;
 	s->opts = *o;
 	s->path = strdup(path);
 	pthread_mutex_init(&s->ns_lock, NULL);
@@ -285,7 +293,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, st_tls_free);
 
-	r = read_marker(dfd, path, err, errlen);
+	r = st_read_marker(dfd, path, err, errlen);
 	if (r == -ENOENT) {
 		r = dir_is_empty_fs(dfd);
 		if (r < 0)
@@ -308,7 +316,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		goto fail;
 	}
 
-	if (o->mode != CKPT_STORE_RO_SHARED) {
+	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
@@ -424,7 +432,10 @@ fail:
 		snprintf(err, errlen, "%s: %s", path, strerror(-r));
 	free(ixdir);
 	free(logdir);
-	close(dfd);
+	if (dfd >= 0)
+		close(dfd);
+	if (lock_fd >= 0)
+		close(lock_fd);
 	ckpt_store_free(s);
 	return r;
 }
