@@ -652,13 +652,15 @@ int ckpt_mlog_open(const char *dir, ckpt_mlog **ret, char *err, size_t errlen)
 		if (r < 0)
 			goto fail;
 		if (!w.header_ok || w.base != m->files[i].base) {
-			ckpt_warn("%s/%s: not a valid log (%s); a new log is started", dir, name,
-				  w.why[0] ? w.why : "base differs from its name");
+			if (w.why[0])
+				ckpt_warn("%s/%s: not a valid log; a new log is started", dir, w.why);
+			else
+				ckpt_warn("%s/%s: its base differs from its name; a new log is started",
+					  dir, name);
 			continue;
 		}
 		if (!w.clean)
-			ckpt_warn("%s/%s: the log ends at commit %" PRIu64 ": %s", dir, name, w.last,
-				  w.why);
+			ckpt_warn("%s/%s: the log ends at commit %" PRIu64, dir, w.why, w.last);
 		m->found_log = true;
 		m->found_base = w.base;
 		m->found_last = w.last;

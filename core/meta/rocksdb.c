@@ -233,7 +233,9 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	}
 	if (err) {
 		snprintf(errbuf, errlen, "cannot open index %s: %s", dir, err);
-		r = strstr(err, "lock") ? -EBUSY : -EIO;
+		/* the writer's LOCK file held elsewhere ("While lock file: ...",
+		 * "lock hold by current process"), not "block checksum" */
+		r = strstr(err, "lock file") || strstr(err, "lock hold by") ? -EBUSY : -EIO;
 		rocksdb_free(err);
 		x->db = NULL;
 		rdb_close(&x->base);
