@@ -38,7 +38,7 @@ static int get_fixed(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, 
 		     void *buf, size_t len);
 
 /* Replaying logged commits into the engine at open: one transaction per
- * commit, with its number. */
+ * commit. */
 struct replay {
 	ckpt_engine *e;
 	ckpt_txn *t;
@@ -66,94 +66,97 @@ static int replay_del(void *ud, const uint8_t *k, size_t kl)
 	return r < 0 ? r : ckpt_txn_delete(rp->t, k, kl);
 }
 
-static int replay_mark(void *ud, uint64_t number)
+static int replay_mark(void *ud, uint64_t number, uint64_t stamp)
 {
 	struct replay *rp = ud;
-	uint8_t v[8];
-	int r = replay_txn(rp);
+	int r = 0;
 
-	if (r < 0)
-		return r;
-	ckpt_put_le64(v, number);
-	ckpt_txn_put(rp->t, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, v, sizeof(v));
-	r = ckpt_txn_commit(rp->t, false);
+	if (rp->t)
+		r = ckpt_txn_commit(rp->t, false);
 	rp->t = NULL;
 	rp->n++;
 	return r;
 }
 
-static int put_seq(ckpt_engine *e, uint64_t number)
+/* Record that e holds logged commit `number` (before the log is attached:
+ * not logged). */
+static int put_mark(ckpt_engine *e, uint64_t number)
 {
-	struct replay rp = { e, NULL, 0 };
+	uint8_t v[8];
+	ckpt_txn *t;
+	int r = ckpt_txn_begin(e, &t);
 
-	return replay_mark(&rp, number);
+	if (r < 0)
+		return r;
+	ckpt_put_le64(v, number);
+	ckpt_txn_put(t, CKPT_ENGINE_MARK_KEY, CKPT_ENGINE_MARK_KEY_LEN, v, sizeof(v));
+	return ckpt_txn_commit(t, true);
 }
 
-/* Compare the engine with its metadata log in dir, bring the two together,
- * and attach the log to e (engine.h, "The metadata log"). */
+/* Find where the engine stands in its metadata log in dir, bring the two
+ * together, and attach the log to e (engine.h, "The metadata log"). */
 static int attach_log(ckpt_engine *e, const char *where, const char *dir, char *err,
 		      size_t errlen)
 {
 	static const struct ckpt_mlog_sink sink = { replay_put, replay_del, replay_mark };
 	struct replay rp = { e, NULL, 0 };
-	uint64_t k = 0, last = 0, base;
-	bool numbered = false, fresh = false;
+	uint64_t mark = 0, last = 0, pos = 0, base, stamp = e->ops->stamp(e);
+	bool marked = false, fresh = false;
 	ckpt_mlog *m = NULL;
 	uint8_t v[8];
 	int r = ckpt_mlog_open(dir, &m, err, errlen);
 
 	if (r < 0)
 		return r;
-	r = get_fixed(e, NULL, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, 0, v, sizeof(v));
+	r = get_fixed(e, NULL, CKPT_ENGINE_MARK_KEY, CKPT_ENGINE_MARK_KEY_LEN, 0, v, sizeof(v));
 	if (r == 0) {
-		k = ckpt_get_le64(v);
-		numbered = k != CKPT_MLOG_UNLOGGED;
+		mark = ckpt_get_le64(v);
+		marked = true;
 	} else if (r != -ENOENT) {
-		ckpt_errf(err, errlen, "%s: cannot read the number of the last logged commit: %s",
-			  where, strerror(-r));
+		ckpt_errf(err, errlen, "%s: cannot read which logged commit it holds: %s", where,
+			  strerror(-r));
 		goto fail;
 	}
-	if (!numbered || ckpt_mlog_last(m, &last) < 0) {
+	if (!marked || ckpt_mlog_last(m, &last) < 0) {
 		fresh = true;
-	} else if (k < last) {
-		r = ckpt_mlog_replay_after(m, k, &sink, &rp);
+	} else if (ckpt_mlog_locate(m, mark, stamp, &pos) < 0) {
+		ckpt_warn("%s: holds writes its metadata log %s does not (ahead of it since commit "
+			  "%" PRIu64 "): a new snapshot of the index is taken", where, dir, mark);
+		fresh = true;
+	} else if (pos < last) {
+		r = ckpt_mlog_replay_after(m, pos, &sink, &rp);
 		ckpt_txn_abort(rp.t);
 		if (r == -ENOENT) {
-			ckpt_warn("%s: the index ends at commit %" PRIu64 ", its log %s at %" PRIu64
+			ckpt_warn("%s: the index holds commit %" PRIu64 ", its log %s goes to %" PRIu64
 				  ", and the commits between cannot be read from the log: a new "
-				  "snapshot of the index is taken", where, k, dir, last);
+				  "snapshot of the index is taken", where, pos, dir, last);
 			fresh = true;
 		} else if (r < 0) {
 			ckpt_errf(err, errlen, "%s: cannot replay commits %" PRIu64 "..%" PRIu64
-				  " from the metadata log %s: %s", where, k + 1, last, dir,
+				  " from the metadata log %s: %s", where, pos + 1, last, dir,
 				  strerror(-r));
 			goto fail;
 		} else {
 			ckpt_warn("%s: the index lacked %" PRIu64 " commits after %" PRIu64
-				  " that its log %s holds: replayed", where, rp.n, k, dir);
+				  " that its log %s holds: replayed", where, rp.n, pos, dir);
 			r = e->ops->flush(e);
 			if (r < 0) {
 				ckpt_errf(err, errlen, "%s: cannot write the replayed commits: %s",
 					  where, strerror(-r));
 				goto fail;
 			}
-			k = last;
+			pos = last;
 		}
-	} else if (k > last) {
-		ckpt_warn("%s: the index is at commit %" PRIu64 ", ahead of its log %s (%" PRIu64
-			  "): a new snapshot of the index is taken", where, k, dir, last);
-		fresh = true;
 	}
-	base = k;
-	if (fresh) {
-		/* a number no file of the log names yet, so that nothing chains
-		 * an old log to the new one */
-		base = (numbered && k > ckpt_mlog_highest(m) ? k : ckpt_mlog_highest(m)) + 1;
-		r = put_seq(e, base);
-		if (r == 0)
-			r = e->ops->sync(e);
+	/* a new log numbers above everything the directory names, so that
+	 * nothing chains an old log to it */
+	base = fresh ? ckpt_mlog_highest(m) + 1 : pos;
+	if (fresh && marked && mark >= base)
+		base = mark + 1;
+	if (!marked || mark != base) {
+		r = put_mark(e, base);
 		if (r < 0) {
-			ckpt_errf(err, errlen, "%s: cannot write the number of the last commit: %s",
+			ckpt_errf(err, errlen, "%s: cannot record which logged commit it holds: %s",
 				  where, strerror(-r));
 			goto fail;
 		}
@@ -170,6 +173,13 @@ static int attach_log(ckpt_engine *e, const char *where, const char *dir, char *
 		if (r < 0) /* the log still holds every commit from here */
 			ckpt_warn("%s: cannot take a snapshot into %s: %s", where, dir,
 				  strerror(-r));
+	}
+	/* An empty commit with the engine's stamp now: an engine written
+	 * without its log from here on has a stamp no record matches. */
+	{
+		uint64_t n;
+		if (ckpt_mlog_append(m, NULL, 0, 0, e->ops->stamp(e), &n) < 0)
+			ckpt_mlog_break(m);
 	}
 	return 0;
 fail:
@@ -260,8 +270,11 @@ int ckpt_engine_backup(ckpt_engine *e)
 		r = e->ops->quiesce(e, switch_log, &a);
 	if (r == 0)
 		r = ckpt_msnap_begin(e->mlog, a.base, &w);
-	while (r == 0 && (r = ckpt_scan_next(a.sc, &k, &kl, &v, &vl)) > 0)
-		r = ckpt_msnap_add(w, k, kl, v, vl);
+	while (r == 0 && (r = ckpt_scan_next(a.sc, &k, &kl, &v, &vl)) > 0) {
+		r = 0;
+		if (kl != CKPT_ENGINE_MARK_KEY_LEN || memcmp(k, CKPT_ENGINE_MARK_KEY, kl) != 0)
+			r = ckpt_msnap_add(w, k, kl, v, vl); /* the mark is the engine's own */
+	}
 	ckpt_scan_free(a.sc);
 	if (w) {
 		int r2 = ckpt_msnap_end(w, r == 0);
@@ -271,23 +284,22 @@ int ckpt_engine_backup(ckpt_engine *e)
 	return r;
 }
 
-int ckpt_engine_log_commit(ckpt_txn *t, uint8_t seq[8], bool *ret_put)
+int ckpt_engine_log_commit(ckpt_txn *t, uint64_t stamp)
 {
 	ckpt_engine *e = t->engine;
-	uint64_t num = CKPT_MLOG_UNLOGGED;
+	uint64_t num;
 	int r;
 
-	*ret_put = false;
 	if (!e->mlog)
 		return 0;
-	r = ckpt_mlog_append(e->mlog, t->lbuf, t->llen, t->lops, &num);
-	if (r == -ESTALE)
-		num = CKPT_MLOG_UNLOGGED; /* a broken log: until the next snapshot */
-	else if (r < 0)
-		return r;
-	ckpt_put_le64(seq, num);
-	*ret_put = true;
-	return 0;
+	r = ckpt_mlog_append(e->mlog, t->lbuf, t->llen, t->lops, stamp, &num);
+	return r == -ESTALE ? 0 : r; /* a broken log: unlogged until the next snapshot */
+}
+
+void ckpt_engine_log_stale(ckpt_engine *e)
+{
+	if (e->mlog)
+		ckpt_mlog_break(e->mlog);
 }
 
 void ckpt_engine_log_undo(ckpt_txn *t)
@@ -396,13 +408,16 @@ int ckpt_engine_has(ckpt_engine *e, const void *key, size_t klen)
 	return has(e, NULL, key, klen, 0);
 }
 
+/* The metadata log is synced when the engine is flushed and closed, and at
+ * each snapshot, not at every durable commit or sync: what it guards
+ * against is damage to the engine's files, not a power loss, which the
+ * engine's own durability covers (a log that lost its tail in one is
+ * behind the engine at the next open, which then takes a new snapshot).
+ * An fdatasync of the log beside the engine's at every fsync of a small
+ * file nearly doubled its cost (docs/design.md section 15). */
 int ckpt_engine_sync(ckpt_engine *e)
 {
-	int r = e->ops->sync(e);
-
-	if (r == 0 && e->mlog)
-		r = ckpt_mlog_sync(e->mlog);
-	return r;
+	return e->ops->sync(e);
 }
 
 int ckpt_engine_flush(ckpt_engine *e)
@@ -473,18 +488,13 @@ int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen)
 int ckpt_txn_commit(ckpt_txn *t, bool durable)
 {
 	ckpt_engine *e = t->engine;
-	bool logged = e->mlog && t->lops;
 	int r = t->err;
 
 	if (r < 0) {
 		e->ops->abort(t);
 		return r;
 	}
-	r = e->ops->commit(t, durable);
-	/* the log is as durable as the engine */
-	if (r == 0 && durable && logged)
-		r = ckpt_mlog_sync(e->mlog);
-	return r;
+	return e->ops->commit(t, durable); /* the log is synced at flush (above) */
 }
 
 void ckpt_txn_abort(ckpt_txn *t)

@@ -63,11 +63,13 @@
  * snapshots of the whole key space are taken as the log grows
  * (ckpt_engine_backup), so that damaged engine files can be rebuilt
  * (`ckpt repair`, docs/design.md section 15).  Each logged commit has a
- * number; the engine writes it under CKPT_ENGINE_SEQ_KEY in the same
- * atomic write, and open compares it with the log's: commits the engine
- * lacks (its write-ahead log lost them) are replayed from the log, and an
- * engine ahead of its log (or one without a log yet) gets a new snapshot.
- * A log that cannot be written fails the commit (nothing applied).  A
+ * number, and its record the engine's stamp once it is applied (ops
+ * stamp); the engine records at each open which commit it holds
+ * (CKPT_ENGINE_MARK_KEY), and open finds by its stamp where it stands in
+ * the log: commits the engine lacks (its write-ahead log lost them) are
+ * replayed from the log, and an engine ahead of its log (or one without a
+ * log yet) gets a new snapshot.  A log that cannot be written fails the
+ * commit (nothing applied).  A
  * PostgreSQL engine would not use it: its own WAL archiving and base
  * backups are the same thing, server-side.
  */
@@ -92,12 +94,11 @@ struct ckpt_engine_opts {
 			       * missing); NULL: none.  Not with read_only. */
 };
 
-/* The number of the engine's last logged commit: key 'M' "mlog_seq", le64
- * (docs/format.md section 5.1); CKPT_MLOG_UNLOGGED after commits the log
- * could not take. */
-#define CKPT_ENGINE_SEQ_KEY "Mmlog_seq"
-#define CKPT_ENGINE_SEQ_KEY_LEN 9
-#define CKPT_MLOG_UNLOGGED UINT64_MAX
+/* The logged commit the engine held at its last read-write open: key 'M'
+ * "mlog_at", le64 (docs/format.md section 5.1).  Written by engine.c at
+ * open (not logged, left out of snapshots). */
+#define CKPT_ENGINE_MARK_KEY "Mmlog_at"
+#define CKPT_ENGINE_MARK_KEY_LEN 8
 
 /* ---- registry ---- */
 
@@ -236,6 +237,10 @@ struct ckpt_engine_ops {
 	 * exclusion the driver calls ckpt_engine_log_commit under); fn may call
 	 * scan_new. */
 	int (*quiesce)(ckpt_engine *e, int (*fn)(void *arg), void *arg);
+	/* A number that grows with every write applied to the engine and is
+	 * the same after a restart (RocksDB: its latest sequence number);
+	 * needed by an engine that keeps a metadata log. */
+	uint64_t (*stamp)(ckpt_engine *e);
 	/* Optional (NULL: none): rebuild the engine's own bookkeeping at where
 	 * from whatever of its data files can still be read, in place, for
 	 * `ckpt repair` when no intact copy exists (RocksDB: RepairDB).  What
@@ -246,16 +251,18 @@ struct ckpt_engine_ops {
 /*
  * For drivers.  A commit that writes calls ckpt_engine_log_commit() under
  * its commit exclusion, after its conflict check and before it applies
- * t's writes: the writes are appended to the engine's metadata log, and
- * with *ret_put true the driver must also write CKPT_ENGINE_SEQ_KEY =
- * seq (8 bytes) in the same atomic write.  An error fails the commit
- * (nothing written).  If applying then fails, ckpt_engine_log_undo()
- * takes the log record back.  ckpt_txn_base_free() frees engine.c's part
- * of a transaction object the driver frees; ckpt_txn_base_trim() drops a
- * large buffer of one it keeps for reuse.
+ * t's writes, with the stamp the engine will have once they are applied:
+ * the writes are appended to the engine's metadata log.  An error fails
+ * the commit (nothing written).  If applying then fails,
+ * ckpt_engine_log_undo() takes the log record back; if the stamp turns out
+ * other than announced, ckpt_engine_log_stale() marks the log broken until
+ * the next snapshot.  ckpt_txn_base_free() frees engine.c's part of a
+ * transaction object the driver frees; ckpt_txn_base_trim() drops a large
+ * buffer of one it keeps for reuse.
  */
-int ckpt_engine_log_commit(ckpt_txn *t, uint8_t seq[8], bool *ret_put);
+int ckpt_engine_log_commit(ckpt_txn *t, uint64_t stamp);
 void ckpt_engine_log_undo(ckpt_txn *t);
+void ckpt_engine_log_stale(ckpt_engine *e);
 void ckpt_txn_base_free(ckpt_txn *t);
 void ckpt_txn_base_trim(ckpt_txn *t);
 

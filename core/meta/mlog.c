@@ -71,14 +71,15 @@ static const char *hdr_check(const uint8_t *h, const char *magic, uint64_t *ret_
  *   16  8  block index, 0, 1, ...
  *   24  8  XXH3-64 of the payload
  *   32  8  XXH3-64 of bytes 0..31
- * Log record header, 40 bytes, then the payload:
+ * Log record header, 48 bytes, then the payload:
  *    0  4  magic "CKLR"
  *    4  4  payload length
  *    8  8  commit number
  *   16  4  operations in the payload
  *   20  4  reserved, zero
- *   24  8  XXH3-64 of the payload
- *   32  8  XXH3-64 of bytes 0..31
+ *   24  8  the engine's stamp once the commit is applied
+ *   32  8  XXH3-64 of the payload
+ *   40  8  XXH3-64 of bytes 0..39
  * Payloads are sequences of LEB128 lengths and bytes (format.md 10).
  */
 #define BLOCK_F_LAST 1u
@@ -96,15 +97,16 @@ static void block_hdr_encode(uint8_t out[CKPT_MLOG_BLOCK_HDR_SIZE], uint32_t ple
 }
 
 static void rec_hdr_encode(uint8_t out[CKPT_MLOG_REC_HDR_SIZE], uint32_t plen, uint64_t num,
-			   uint32_t nops, uint64_t pcsum)
+			   uint32_t nops, uint64_t stamp, uint64_t pcsum)
 {
 	memcpy(out, CKPT_MLOG_REC_MAGIC, 4);
 	ckpt_put_le32(out + 4, plen);
 	ckpt_put_le64(out + 8, num);
 	ckpt_put_le32(out + 16, nops);
 	ckpt_put_le32(out + 20, 0);
-	ckpt_put_le64(out + 24, pcsum);
-	ckpt_put_le64(out + 32, ckpt_checksum(out, 32));
+	ckpt_put_le64(out + 24, stamp);
+	ckpt_put_le64(out + 32, pcsum);
+	ckpt_put_le64(out + 40, ckpt_checksum(out, 40));
 }
 
 static size_t leb_put(uint8_t *p, uint64_t v)
@@ -405,7 +407,7 @@ static int log_walk(int fd, const char *name, uint64_t from, uint64_t stop_at,
 		num = ckpt_get_le64(rh + 8);
 		nops = ckpt_get_le32(rh + 16);
 		if (memcmp(rh, CKPT_MLOG_REC_MAGIC, 4) != 0 ||
-		    ckpt_get_le64(rh + 32) != ckpt_checksum(rh, 32) || plen > CKPT_MLOG_PAYLOAD_MAX) {
+		    ckpt_get_le64(rh + 40) != ckpt_checksum(rh, 40) || plen > CKPT_MLOG_PAYLOAD_MAX) {
 			snprintf(w->why, sizeof(w->why), "%s: offset %" PRIu64 ": bad record header",
 				 name, off);
 			break;
@@ -428,7 +430,7 @@ static int log_walk(int fd, const char *name, uint64_t from, uint64_t stop_at,
 		if (r < 0)
 			break;
 		if (ckpt_pread_full(fd, buf, plen, off + sizeof(rh)) < 0 ||
-		    ckpt_get_le64(rh + 24) != ckpt_checksum(buf, plen) ||
+		    ckpt_get_le64(rh + 32) != ckpt_checksum(buf, plen) ||
 		    ops_apply(buf, plen, nops, NULL, NULL) < 0) {
 			snprintf(w->why, sizeof(w->why),
 				 "%s: offset %" PRIu64 ": record %" PRIu64 " is damaged", name, off, num);
@@ -437,7 +439,7 @@ static int log_walk(int fd, const char *name, uint64_t from, uint64_t stop_at,
 		if (sink && num > from) {
 			r = ops_apply(buf, plen, nops, sink, ud);
 			if (r == 0)
-				r = sink->mark(ud, num);
+				r = sink->mark(ud, num, ckpt_get_le64(rh + 24));
 			if (r < 0)
 				break;
 		}
@@ -519,7 +521,7 @@ static int snap_walk(int fd, const char *name, const struct ckpt_mlog_sink *sink
 			w->clean = true;
 			w->end = off;
 			if (sink)
-				r = sink->mark(ud, w->base);
+				r = sink->mark(ud, w->base, 0);
 			break;
 		}
 		if (recs_apply(buf, plen, nrec, NULL, NULL) < 0) {
@@ -708,51 +710,109 @@ uint64_t ckpt_mlog_highest(ckpt_mlog *m)
 	return m->highest;
 }
 
-int ckpt_mlog_replay_after(ckpt_mlog *m, uint64_t after, const struct ckpt_mlog_sink *sink,
-			   void *ud)
+/* Walk the logged commits numbered after `after`, up to the newest log's
+ * last, handing them to sink (NULL: check only).  -ENOENT when the logs do
+ * not hold every one of them (a gap, a damaged record), or the sink's
+ * error. */
+static int chain_walk(ckpt_mlog *m, uint64_t after, const struct ckpt_mlog_sink *sink, void *ud)
 {
 	size_t first = SIZE_MAX;
-	uint64_t next;
+	uint64_t next = after;
 	int r = 0;
 
 	if (!m->have_last || after > m->found_last)
 		return -ENOENT;
-	if (after == m->found_last)
-		return 0;
-	/* the logs from the last one starting at or before `after`: check the
-	 * chain first (nothing is handed over unless all of it is there) */
+	/* the log holding commit after + 1: the last one starting at or
+	 * before `after` */
 	for (size_t i = m->nfiles; i-- > 0;)
 		if (m->files[i].kind == F_LOG && m->files[i].base <= after) {
 			first = i;
 			break;
 		}
 	if (first == SIZE_MAX)
-		return -ENOENT;
-	for (int pass = 0; pass < 2 && r == 0; pass++) {
-		next = after;
-		for (size_t i = first; i < m->nfiles && next < m->found_last; i++) {
-			char name[NAME_MAX_LEN];
-			struct walk w;
-			int fd;
+		return after == m->found_last ? 0 : -ENOENT;
+	for (size_t i = first; i < m->nfiles && next < m->found_last; i++) {
+		char name[NAME_MAX_LEN];
+		struct walk w;
+		int fd;
 
-			if (m->files[i].kind != F_LOG)
-				continue;
-			if (m->files[i].base > next)
-				return -ENOENT; /* a gap */
-			fd = open_ro(m->dfd, F_LOG, m->files[i].base, name, sizeof(name));
-			if (fd < 0)
-				return -ENOENT;
-			r = log_walk(fd, name, next, m->found_last, pass ? sink : NULL, ud, &w);
-			close(fd);
-			if (r < 0)
-				return r;
-			if (w.header_ok && w.last > next)
-				next = w.last;
-		}
-		if (next < m->found_last)
+		if (m->files[i].kind != F_LOG)
+			continue;
+		if (m->files[i].base > next)
+			return -ENOENT; /* a gap */
+		fd = open_ro(m->dfd, F_LOG, m->files[i].base, name, sizeof(name));
+		if (fd < 0)
 			return -ENOENT;
+		r = log_walk(fd, name, next, m->found_last, sink, ud, &w);
+		close(fd);
+		if (r < 0)
+			return r;
+		if (w.header_ok && w.last > next)
+			next = w.last;
 	}
-	return r;
+	return next < m->found_last ? -ENOENT : 0;
+}
+
+int ckpt_mlog_replay_after(ckpt_mlog *m, uint64_t after, const struct ckpt_mlog_sink *sink,
+			   void *ud)
+{
+	/* check the whole chain first: nothing is handed over unless all of
+	 * it is there */
+	int r = chain_walk(m, after, NULL, NULL);
+
+	return r < 0 ? r : chain_walk(m, after, sink, ud);
+}
+
+struct find {
+	uint64_t stamp, first_stamp, number;
+	bool any, found;
+};
+
+static int find_put(void *ud, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl)
+{
+	return 0;
+}
+
+static int find_del(void *ud, const uint8_t *k, size_t kl)
+{
+	return 0;
+}
+
+static int find_mark(void *ud, uint64_t number, uint64_t stamp)
+{
+	struct find *f = ud;
+
+	if (!f->any)
+		f->first_stamp = stamp;
+	f->any = true;
+	if (stamp == f->stamp) {
+		f->number = number;
+		f->found = true;
+		return -ECANCELED; /* found: stop */
+	}
+	return 0;
+}
+
+int ckpt_mlog_locate(ckpt_mlog *m, uint64_t after, uint64_t stamp, uint64_t *ret_number)
+{
+	static const struct ckpt_mlog_sink sink = { find_put, find_del, find_mark };
+	struct find f = { .stamp = stamp };
+	int r;
+
+	if (!m->have_last || after > m->found_last)
+		return -ENOENT;
+	r = chain_walk(m, after, &sink, &f);
+	if (f.found) {
+		*ret_number = f.number;
+		return 0;
+	}
+	if (r < 0 && r != -ENOENT)
+		return r;
+	if (!f.any || stamp < f.first_stamp) {
+		*ret_number = after; /* none of the commits after `after` */
+		return 0;
+	}
+	return -ENOENT;
 }
 
 /* Create log-base with its header, replacing one there. */
@@ -836,7 +896,7 @@ int ckpt_mlog_start(ckpt_mlog *m, uint64_t base)
 }
 
 int ckpt_mlog_append(ckpt_mlog *m, const uint8_t *ops, size_t len, uint32_t nops,
-		     uint64_t *ret_number)
+		     uint64_t stamp, uint64_t *ret_number)
 {
 	uint8_t h[CKPT_MLOG_REC_HDR_SIZE];
 	struct iovec iov[2];
@@ -853,7 +913,7 @@ int ckpt_mlog_append(ckpt_mlog *m, const uint8_t *ops, size_t len, uint32_t nops
 	}
 	num = m->last + 1;
 	off = m->off;
-	rec_hdr_encode(h, (uint32_t)len, num, nops, ckpt_checksum(ops, len));
+	rec_hdr_encode(h, (uint32_t)len, num, nops, stamp, ckpt_checksum(ops, len));
 	while (done < total) {
 		ssize_t n;
 		int cnt = 0;
@@ -907,6 +967,16 @@ void ckpt_mlog_unappend(ckpt_mlog *m)
 			m->last--;
 		}
 	}
+	pthread_mutex_unlock(&m->lock);
+}
+
+void ckpt_mlog_break(ckpt_mlog *m)
+{
+	pthread_mutex_lock(&m->lock);
+	if (!m->broken)
+		ckpt_err("%s: the metadata log no longer matches the engine; it is broken until "
+			 "the next snapshot", m->dir);
+	m->broken = true;
 	pthread_mutex_unlock(&m->lock);
 }
 

@@ -13,10 +13,11 @@
  *                 one checksummed record each (the keys it put, with their
  *                 values, and the keys it deleted)
  *
- * Commits are numbered 1, 2, ... without gaps over the life of the store;
- * the engine keeps the number of its last commit under the key
- * CKPT_ENGINE_SEQ_KEY (engine.h), written in the same atomic write as the
- * commit, so that the engine and its log can be compared after a crash.
+ * Commits are numbered 1, 2, ... over the life of the store; each record
+ * also holds the engine's stamp once it is applied (a number that grows
+ * with every write: RocksDB's sequence number), so that the engine and its
+ * log can be compared after a crash (ckpt_mlog_locate; the engine records
+ * at each open which commit it holds, CKPT_ENGINE_MARK_KEY in engine.h).
  * A log file starts where a snapshot or the log file before it ended: the
  * chain snapshot B, log B (commits B+1..C), log C (C+1..D), ... restores
  * every commit.  A new snapshot is taken once the logs since the newest one
@@ -25,9 +26,8 @@
  * older one and its logs to restore from.
  *
  * Writer.  The engine that owns the metadata opens the log (ckpt_mlog_open)
- * after its own files, compares its last commit number with the log's
- * (ckpt_mlog_last) and replays what it lacks (ckpt_mlog_replay_after) or
- * starts a new snapshot; ckpt_mlog_start() then opens the log for appends.
+ * after its own files, finds which commit it holds (ckpt_mlog_locate) and
+ * replays what it lacks (ckpt_mlog_replay_after) or starts a new snapshot; ckpt_mlog_start() then opens the log for appends.
  * Every commit appends its record (ckpt_mlog_append) before the engine
  * applies it, while no other commit of the engine is applied, and takes it
  * back (ckpt_mlog_unappend) if the engine then fails to apply it.  A
@@ -65,7 +65,7 @@
 #define CKPT_MLOG_BLOCK_MAGIC "CKSB" /* snapshot block */
 #define CKPT_MLOG_REC_MAGIC "CKLR"   /* log record */
 #define CKPT_MLOG_BLOCK_HDR_SIZE 40
-#define CKPT_MLOG_REC_HDR_SIZE 40
+#define CKPT_MLOG_REC_HDR_SIZE 48
 #define CKPT_MLOG_BLOCK_TARGET (1u << 20) /* a snapshot block's payload, about */
 #define CKPT_MLOG_PAYLOAD_MAX (1u << 30)  /* sanity bound of one block or record */
 /* A new snapshot is due once the logs since the newest one hold more than
@@ -81,13 +81,13 @@ typedef struct ckpt_msnap ckpt_msnap;
 
 /* Where a replay or a restore hands what it reads, in order: the records
  * of a snapshot (puts), then per logged commit its puts and deletes,
- * each group followed by mark() with its number (a snapshot's: its base).
- * Pointers are valid during the call.  A callback's error stops the replay
- * and is returned. */
+ * each group followed by mark() with its number and the engine's stamp it
+ * was logged with (a snapshot's: its base, stamp 0).  Pointers are valid
+ * during the call.  A callback's error stops the replay and is returned. */
 struct ckpt_mlog_sink {
 	int (*put)(void *ud, const uint8_t *k, size_t kl, const uint8_t *v, size_t vl);
 	int (*del)(void *ud, const uint8_t *k, size_t kl);
-	int (*mark)(void *ud, uint64_t number);
+	int (*mark)(void *ud, uint64_t number, uint64_t stamp);
 };
 
 /* Append one operation to a commit's payload (buf, *len, *cap; realloc'd).
@@ -114,22 +114,34 @@ uint64_t ckpt_mlog_highest(ckpt_mlog *m);
  * of them.  Before ckpt_mlog_start only. */
 int ckpt_mlog_replay_after(ckpt_mlog *m, uint64_t after, const struct ckpt_mlog_sink *sink,
 			   void *ud);
+/* Which of the logged commits numbered after `after` an engine whose stamp
+ * is `stamp` holds last: the one logged with that stamp, or `after` itself
+ * when the stamp is below that of the first commit after it (none of them
+ * applied).  -ENOENT when no commit matches (the engine has writes the log
+ * does not: it is ahead, or was written without the log).  Stamps grow
+ * with every write of one engine, so between `after` (the mark the engine
+ * itself records at open) and the log's end they name one commit at most.
+ * Before ckpt_mlog_start only. */
+int ckpt_mlog_locate(ckpt_mlog *m, uint64_t after, uint64_t stamp, uint64_t *ret_number);
 /* Begin appending: commits after number base.  Continues the newest log
  * when it ends (valid) at base, cutting off bytes after its last valid
  * record; otherwise starts log-base (replacing one without records). */
 int ckpt_mlog_start(ckpt_mlog *m, uint64_t base);
 /* Append the commit of nops operations in ops[0..len) (ckpt_mlog_op_add)
- * as number *ret_number (the last one + 1).  -errno (nothing appended) when
- * it cannot be written; the caller then fails the commit.  When the log is
- * broken (below), appends nothing and returns -ESTALE: the caller commits
- * unlogged. */
+ * as number *ret_number (the last one + 1), with the engine's stamp once
+ * it is applied.  -errno (nothing appended) when it cannot be written; the
+ * caller then fails the commit.  When the log is broken (below), appends
+ * nothing and returns -ESTALE: the caller commits unlogged. */
 int ckpt_mlog_append(ckpt_mlog *m, const uint8_t *ops, size_t len, uint32_t nops,
-		     uint64_t *ret_number);
+		     uint64_t stamp, uint64_t *ret_number);
 /* Take the last append back (the engine did not apply it).  If the bytes
  * cannot be cut off, the log is broken: later appends are refused with
  * -ESTALE until the next snapshot starts a new log. */
 void ckpt_mlog_unappend(ckpt_mlog *m);
 bool ckpt_mlog_broken(ckpt_mlog *m);
+/* The log no longer matches the engine (a commit's stamp was wrong):
+ * broken as above. */
+void ckpt_mlog_break(ckpt_mlog *m);
 /* Make every append so far durable. */
 int ckpt_mlog_sync(ckpt_mlog *m);
 /* True when a new snapshot should be taken: none exists, the log is

@@ -21,10 +21,12 @@
  * A durable commit writes its batch, then syncs the write-ahead log outside
  * occ_lock, so that a sync does not hold up other commits.  With a
  * metadata log (engine.h), a commit appends its record to it under
- * occ_lock, before its batch is written, and adds the commit's number
- * (CKPT_ENGINE_SEQ_KEY) to the batch; quiesce runs under occ_lock too.  A read-only
- * engine is a read-only DB without the lock file; beginning a transaction
- * on it fails with -EROFS.
+ * occ_lock, before its batch is written, stamped with the sequence number
+ * RocksDB will have after the batch (its latest one plus the batch's
+ * count: every write of the engine runs under occ_lock, but the open's
+ * trim_wals, before the log is attached); quiesce runs under occ_lock too.
+ * A read-only engine is a read-only DB without the lock file; beginning a
+ * transaction on it fails with -EROFS.
  */
 #include "meta/engine.h"
 
@@ -392,6 +394,7 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 	struct rdb *x = (struct rdb *)t->engine;
 	char *err = NULL;
 	bool writes = false;
+	uint64_t stamp = 0;
 	int r = 0;
 
 	pthread_mutex_lock(&x->occ_lock);
@@ -403,19 +406,17 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 		writes |= (tx->slots[i] & SLOT_WRITTEN) != 0;
 	}
 	if (r == 0 && writes) {
-		uint8_t seq[8];
-		bool put_seq;
-
-		r = ckpt_engine_log_commit(t, seq, &put_seq);
-		if (r == 0 && put_seq)
-			rocksdb_writebatch_wi_put(tx->wb, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN,
-						  (const char *)seq, sizeof(seq));
+		stamp = rocksdb_get_latest_sequence_number(x->db) +
+			(uint64_t)rocksdb_writebatch_wi_count(tx->wb);
+		r = ckpt_engine_log_commit(t, stamp);
 	}
 	if (r == 0 && writes) {
 		rocksdb_write_writebatch_wi(x->db, x->wopts, tx->wb, &err);
 		r = rocks_errno(err);
 		if (r < 0)
 			ckpt_engine_log_undo(t);
+		else if (t->engine->mlog && rocksdb_get_latest_sequence_number(x->db) != stamp)
+			ckpt_engine_log_stale(t->engine);
 		if (r == 0) {
 			x->seq++;
 			for (size_t i = 0; i < tx->n; i++)
@@ -535,6 +536,11 @@ static int rdb_scan_next(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_kle
 	return 1;
 }
 
+static uint64_t rdb_stamp(ckpt_engine *e)
+{
+	return rocksdb_get_latest_sequence_number(((struct rdb *)e)->db);
+}
+
 static int rdb_quiesce(ckpt_engine *e, int (*fn)(void *arg), void *arg)
 {
 	struct rdb *x = (struct rdb *)e;
@@ -581,5 +587,6 @@ const struct ckpt_engine_ops ckpt_engine_rocksdb = {
 	.sync = rdb_sync,
 	.flush = rdb_flush,
 	.quiesce = rdb_quiesce,
+	.stamp = rdb_stamp,
 	.salvage = rdb_salvage,
 };

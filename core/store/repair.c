@@ -126,12 +126,42 @@ out:
 	return r;
 }
 
+/* ---- the index in place ---- */
+
+struct verdict {
+	bool opened, read_whole;
+	bool marked;      /* it records which logged commit it held at its last open */
+	uint64_t mark;    /* which */
+	uint64_t stamp;   /* its stamp now */
+	bool located;     /* the restore found which logged commit it holds */
+	uint64_t pos;     /* which */
+	uint64_t only_live, only_log, differ;
+	char why[512];    /* why it is damaged */
+};
+
+static int read_mark(ckpt_engine *e, struct verdict *v)
+{
+	uint8_t b[8];
+	int r = ckpt_engine_get_fixed(e, CKPT_ENGINE_MARK_KEY, CKPT_ENGINE_MARK_KEY_LEN, b, 8);
+
+	if (r == -ENOENT)
+		return 0;
+	if (r < 0)
+		return r;
+	v->marked = true;
+	v->mark = ckpt_get_le64(b);
+	return 0;
+}
+
 /* ---- restoring the metadata log into a new engine ---- */
 
 struct rebuild {
 	ckpt_engine *e;
 	ckpt_txn *t;
 	size_t ops, bytes;
+	struct verdict *live; /* NULL: the index in place could not be opened */
+	bool after_any;       /* a commit after live->mark was seen */
+	uint64_t after_first; /* the stamp of the first one */
 };
 
 static int rb_commit(struct rebuild *b)
@@ -173,13 +203,23 @@ static int rb_del(void *ud, const uint8_t *k, size_t kl)
 	return r < 0 ? r : ckpt_txn_delete(b->t, k, kl);
 }
 
-static int rb_mark(void *ud, uint64_t number)
+/* After each logged commit: is it the one the index in place holds
+ * (ckpt_mlog_locate's rule, on the commits after the index's mark)? */
+static int rb_mark(void *ud, uint64_t number, uint64_t stamp)
 {
-	uint8_t v[8];
+	struct rebuild *b = ud;
+	struct verdict *v = b->live;
 
-	ckpt_put_le64(v, number);
-	return rb_put(ud, (const uint8_t *)CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, v,
-		      sizeof(v));
+	if (!v || !v->marked || number <= v->mark || stamp == 0)
+		return 0;
+	if (!b->after_any)
+		b->after_first = stamp;
+	b->after_any = true;
+	if (stamp == v->stamp) {
+		v->located = true;
+		v->pos = number;
+	}
+	return 0;
 }
 
 static int open_engine(const char *engine, const char *dir, bool create, bool read_only,
@@ -194,12 +234,14 @@ static int open_engine(const char *engine, const char *dir, bool create, bool re
 	return ckpt_engine_open(engine, dir, &eo, ret, err, errlen);
 }
 
-/* Restore STORE/metalog into a new engine in STORE/index.rebuild. */
-static int restore_log(const char *path, int dfd, const char *engine, ckpt_repair_fn cb,
-		       void *ud, struct ckpt_mlog_report *rep, char *err, size_t errlen)
+/* Restore STORE/metalog into a new engine in STORE/index.rebuild; note in
+ * *live (NULL: not opened) which logged commit the index in place holds. */
+static int restore_log(const char *path, int dfd, const char *engine, struct verdict *live,
+		       ckpt_repair_fn cb, void *ud, struct ckpt_mlog_report *rep, char *err,
+		       size_t errlen)
 {
 	static const struct ckpt_mlog_sink sink = { rb_put, rb_del, rb_mark };
-	struct rebuild b = { NULL, NULL, 0, 0 };
+	struct rebuild b = { .live = live };
 	char *dir = NULL, *logdir = NULL;
 	int r;
 
@@ -221,6 +263,18 @@ static int restore_log(const char *path, int dfd, const char *engine, ckpt_repai
 	if (r == -ENOENT) {
 		snprintf(rep->problem, sizeof(rep->problem), "%s: missing", logdir);
 		r = 0;
+	}
+	if (r == 0 && live && live->marked && !live->located &&
+	    (!b.after_any || live->stamp < b.after_first) && live->mark <= rep->last) {
+		live->located = true; /* it holds none of the commits after its mark */
+		live->pos = live->mark;
+	}
+	if (r == 0 && rep->found) {
+		/* the rebuilt index holds the log's last commit */
+		uint8_t v[8];
+		ckpt_put_le64(v, rep->last);
+		r = rb_put(&b, (const uint8_t *)CKPT_ENGINE_MARK_KEY, CKPT_ENGINE_MARK_KEY_LEN, v,
+			   sizeof(v));
 	}
 	if (r == 0)
 		r = rb_commit(&b);
@@ -250,32 +304,13 @@ out:
 
 /* ---- the index in place against the restored one ---- */
 
-struct verdict {
-	bool opened, read_whole;
-	bool numbered;     /* it holds a commit number */
-	uint64_t number;   /* which */
-	uint64_t only_live, only_log, differ;
-	char why[512];     /* why it is damaged */
-};
-
-static int read_seq(ckpt_engine *e, bool *ret_numbered, uint64_t *ret)
+static bool is_mark(const uint8_t *k, size_t kl)
 {
-	uint8_t v[8];
-	int r = ckpt_engine_get_fixed(e, CKPT_ENGINE_SEQ_KEY, CKPT_ENGINE_SEQ_KEY_LEN, v, 8);
-
-	*ret_numbered = false;
-	if (r == -ENOENT)
-		return 0;
-	if (r < 0)
-		return r;
-	*ret = ckpt_get_le64(v);
-	*ret_numbered = *ret != CKPT_MLOG_UNLOGGED;
-	return 0;
+	return kl == CKPT_ENGINE_MARK_KEY_LEN && !memcmp(k, CKPT_ENGINE_MARK_KEY, kl);
 }
 
-/* Read the index in place whole (live: NULL when it cannot be opened),
- * comparing every key with the restored index (log: NULL when nothing was
- * restored). */
+/* Read the index in place whole, comparing every key (but the engine's own
+ * mark) with the restored index (log: NULL when nothing was restored). */
 static int compare(ckpt_engine *live, ckpt_engine *log, struct verdict *v)
 {
 	ckpt_scan *a = NULL, *b = NULL;
@@ -283,11 +318,6 @@ static int compare(ckpt_engine *live, ckpt_engine *log, struct verdict *v)
 	size_t akl = 0, avl = 0, bkl = 0, bvl = 0;
 	int ra, rb = 0, r;
 
-	r = read_seq(live, &v->numbered, &v->number);
-	if (r < 0) {
-		snprintf(v->why, sizeof(v->why), "cannot read its commit number: %s", strerror(-r));
-		return 0;
-	}
 	r = ckpt_scan_new(live, NULL, "", 0, NULL, 0, &a);
 	if (r == 0 && log)
 		r = ckpt_scan_new(log, NULL, "", 0, NULL, 0, &b);
@@ -299,6 +329,14 @@ static int compare(ckpt_engine *live, ckpt_engine *log, struct verdict *v)
 	while (ra > 0 || rb > 0) {
 		int c;
 
+		if (ra > 0 && is_mark(ak, akl)) {
+			ra = ckpt_scan_next(a, &ak, &akl, &av, &avl);
+			continue;
+		}
+		if (rb > 0 && is_mark(bk, bkl)) {
+			rb = ckpt_scan_next(b, &bk, &bkl, &bv, &bvl);
+			continue;
+		}
 		if (ra > 0 && rb > 0) {
 			c = memcmp(ak, bk, akl < bkl ? akl : bkl);
 			if (c == 0)
@@ -381,7 +419,18 @@ static int repair_index(const char *path, int dfd, const char *engine, ckpt_repa
 		r = -ENOMEM;
 		goto out;
 	}
-	r = restore_log(path, dfd, engine, cb, ud, &rep, err, errlen);
+	if (open_engine(engine, ixdir, false, true, &live, oerr, sizeof(oerr)) == 0) {
+		v.opened = true;
+		v.stamp = ckpt_engine_find(engine ? engine : CKPT_ENGINE_DEFAULT)->stamp(live);
+		r = read_mark(live, &v);
+		if (r < 0) {
+			snprintf(v.why, sizeof(v.why), "cannot be read whole: %s", strerror(-r));
+			v.opened = false;
+		}
+	} else {
+		snprintf(v.why, sizeof(v.why), "cannot be opened: %s", oerr);
+	}
+	r = restore_log(path, dfd, engine, v.opened ? &v : NULL, cb, ud, &rep, err, errlen);
 	if (r < 0)
 		goto out;
 	st->log_damaged = !rep.found || !rep.complete;
@@ -391,16 +440,13 @@ static int repair_index(const char *path, int dfd, const char *engine, ckpt_repa
 		if (r < 0)
 			goto out;
 	}
-	if (open_engine(engine, ixdir, false, true, &live, oerr, sizeof(oerr)) == 0) {
-		v.opened = true;
+	if (v.opened) {
 		r = compare(live, log, &v);
 		if (r < 0) {
 			ckpt_errf(err, errlen, "%s: cannot read the restored index: %s", path,
 				  strerror(-r));
 			goto out;
 		}
-	} else {
-		snprintf(v.why, sizeof(v.why), "cannot be opened: %s", oerr);
 	}
 	ckpt_engine_close(live);
 	ckpt_engine_close(log);
@@ -414,27 +460,26 @@ static int repair_index(const char *path, int dfd, const char *engine, ckpt_repa
 		else
 			salvage = true;
 	} else if (!rep.found) {
-		note(cb, ud, CKPT_REPAIR_NOTE, NULL, "index: read whole (%s commit number %" PRIu64
-		     "); no metadata log to compare it with", v.numbered ? "at" : "without a",
-		     v.numbered ? v.number : 0);
+		note(cb, ud, CKPT_REPAIR_NOTE, NULL,
+		     "index: read whole; no metadata log to compare it with");
 	} else if (v.only_live + v.only_log + v.differ == 0) {
 		note(cb, ud, CKPT_REPAIR_NOTE, NULL,
 		     "index: read whole, the same as its metadata log (commit %" PRIu64 ")",
 		     rep.last);
-	} else if (v.numbered && v.number < rep.last) {
+	} else if (v.located && v.pos < rep.last) {
 		note(cb, ud, CKPT_REPAIR_NOTE, NULL,
 		     "index: read whole but at commit %" PRIu64 ", behind its metadata log (%"
-		     PRIu64 "): the index lost commits its log holds", v.number, rep.last);
+		     PRIu64 "): the index lost commits its log holds", v.pos, rep.last);
 		use_log = true;
 	} else {
 		st->differences = v.only_live + v.only_log + v.differ;
 		note(cb, ud, CKPT_REPAIR_NOTE, NULL,
-		     "index: read whole (commit %" PRIu64 "); its metadata log (commit %" PRIu64
-		     ") differs in %" PRIu64 " keys (%" PRIu64 " only in the index, %" PRIu64
-		     " only in the log, %" PRIu64 " with other values): the index is kept and "
-		     "the log is started again from it",
-		     v.numbered ? v.number : 0, rep.last, st->differences, v.only_live, v.only_log,
-		     v.differ);
+		     "index: read whole%s; its metadata log (commit %" PRIu64 ") differs in %"
+		     PRIu64 " keys (%" PRIu64 " only in the index, %" PRIu64 " only in the log, %"
+		     PRIu64 " with other values): the index is kept and the log is started "
+		     "again from it",
+		     v.located ? "" : ", with writes the log does not hold", rep.last,
+		     st->differences, v.only_live, v.only_log, v.differ);
 		st->log_damaged = true;
 	}
 
