@@ -436,21 +436,41 @@ static int digest_cmp(const void *a, const void *b)
 	return memcmp(a, b, CKPT_DIGEST_LEN);
 }
 
-/* A record of digest d that verifies whole, among every unit's records. */
-static bool relocate(struct rctx *c, const ckpt_digest *d, uint8_t *buf,
+static int rec_digest_cmp(const void *a, const void *b, void *arg)
+{
+	const struct rrec *r = arg;
+
+	return memcmp(r[*(const size_t *)a].rec.digest, r[*(const size_t *)b].rec.digest,
+		      CKPT_DIGEST_LEN);
+}
+
+/* A record of digest d that verifies whole, among every unit's records
+ * (by_digest: their indexes sorted by digest). */
+static bool relocate(struct rctx *c, const size_t *by_digest, const ckpt_digest *d, uint8_t *buf,
 		     struct ckpt_chunk_loc *ret)
 {
-	for (size_t i = 0; i < c->nrecs; i++) {
+	size_t lo = 0, hi = c->nrecs;
+
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (memcmp(c->recs[by_digest[mid]].rec.digest, d->bytes, CKPT_DIGEST_LEN) < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; lo < c->nrecs; lo++) {
+		const struct rrec *x = &c->recs[by_digest[lo]];
 		struct ckpt_chunk_loc loc;
 
-		if (memcmp(c->recs[i].rec.digest, d->bytes, CKPT_DIGEST_LEN) != 0 ||
-		    c->recs[i].rec.raw_len > CKPT_CHUNK_MAX)
+		if (memcmp(x->rec.digest, d->bytes, CKPT_DIGEST_LEN) != 0)
+			break;
+		if (x->rec.raw_len > CKPT_CHUNK_MAX)
 			continue;
 		memset(&loc, 0, sizeof(loc));
-		memcpy(loc.where, c->recs[i].loc.where, CKPT_CHUNK_WHERE_LEN);
-		loc.stored_len = c->recs[i].rec.stored_len;
-		loc.raw_len = c->recs[i].rec.raw_len;
-		loc.codec = c->recs[i].rec.codec;
+		memcpy(loc.where, x->loc.where, CKPT_CHUNK_WHERE_LEN);
+		loc.stored_len = x->rec.stored_len;
+		loc.raw_len = x->rec.raw_len;
+		loc.codec = x->rec.codec;
 		if (st_verify_chunk(c->s, d, &loc, buf, true) == 0) {
 			*ret = loc;
 			return true;
@@ -464,7 +484,7 @@ static bool relocate(struct rctx *c, const ckpt_digest *d, uint8_t *buf,
 static int check_chunks(struct rctx *c)
 {
 	ckpt_digest *need = NULL;
-	size_t nneed = 0, cap = 0, nold = c->nchunks;
+	size_t nneed = 0, cap = 0, nold = c->nchunks, *by_digest = NULL;
 	uint8_t *buf = NULL;
 	int r = 0;
 
@@ -490,10 +510,14 @@ static int check_chunks(struct rctx *c)
 		goto out;
 	qsort(need, nneed, sizeof(*need), digest_cmp);
 	buf = malloc(CKPT_CHUNK_MAX);
-	if (!buf) {
+	by_digest = malloc((c->nrecs ? c->nrecs : 1) * sizeof(*by_digest));
+	if (!buf || !by_digest) {
 		r = -ENOMEM;
 		goto out;
 	}
+	for (size_t i = 0; i < c->nrecs; i++)
+		by_digest[i] = i;
+	qsort_r(by_digest, c->nrecs, sizeof(*by_digest), rec_digest_cmp, c->recs);
 	for (size_t i = 0; i < nneed; i++) {
 		struct ckpt_chunk_loc loc;
 		struct rchunk *e;
@@ -502,7 +526,7 @@ static int check_chunks(struct rctx *c)
 		if (i && !memcmp(&need[i], &need[i - 1], sizeof(need[i])))
 			continue;
 		ckpt_digest_to_hex(&need[i], hex);
-		if (!relocate(c, &need[i], buf, &loc))
+		if (!relocate(c, by_digest, &need[i], buf, &loc))
 			continue; /* the files that need it are lost (check_files) */
 		e = find_chunk(c, &need[i]);
 		if (e) {
@@ -528,6 +552,7 @@ static int check_chunks(struct rctx *c)
 	if (c->nchunks != nold)
 		qsort(c->chunks, c->nchunks, sizeof(*c->chunks), rchunk_cmp);
 out:
+	free(by_digest);
 	free(buf);
 	free(need);
 	return r;
