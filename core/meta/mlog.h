@@ -27,7 +27,8 @@
  *
  * Writer.  The engine that owns the metadata opens the log (ckpt_mlog_open)
  * after its own files, finds which commit it holds (ckpt_mlog_locate) and
- * replays what it lacks (ckpt_mlog_replay_after) or starts a new snapshot; ckpt_mlog_start() then opens the log for appends.
+ * replays what it lacks (ckpt_mlog_replay_after) or starts a new snapshot;
+ * ckpt_mlog_start() then opens the log for appends.
  * Every commit appends its record (ckpt_mlog_append) before the engine
  * applies it, while no other commit of the engine is applied, and takes it
  * back (ckpt_mlog_unappend) if the engine then fails to apply it.  A

@@ -4,8 +4,6 @@
  */
 #include "store/store_int.h"
 
-#include "meta/mlog.h"
-
 static int chunk_info_cmp(const void *a, const void *b)
 {
 	return memcmp(((const struct chunk_info *)a)->d.bytes, ((const struct chunk_info *)b)->d.bytes,

@@ -21,8 +21,6 @@
 
 #include <stdarg.h>
 
-#include "meta/mlog.h"
-
 #define REBUILD_DIR ST_INDEX_DIR ".rebuild"
 #define DAMAGED_DIR ST_INDEX_DIR ".damaged"
 

@@ -12,6 +12,8 @@
  *   STORE/lock           flock()ed by the process that owns the store
  *   STORE/index/         the metadata engine's files: RocksDB (meta/engine.h;
  *                        meta/records.h for the key space)
+ *   STORE/metalog/       the metadata log: snapshots of the index and every
+ *                        commit since, for ckpt_store_repair (meta/mlog.h)
  *   STORE/packs/         pack-<id>.ckpk chunk data (see pack.h)
  *   STORE/staging/       scratch files of files being rewritten at random
  *                        offsets; emptied at every open
