@@ -536,6 +536,32 @@ START_TEST(test_engine_backup)
 }
 END_TEST
 
+START_TEST(test_engine_without_usable_log)
+{
+	struct ckpt_mlog_report rep;
+	struct mem mem;
+	ckpt_engine *e;
+	int fd = open(ldir, O_WRONLY | O_CREAT, 0644); /* a file where the directory goes */
+
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	/* the index opens and works without its log */
+	e = eopen(true);
+	ck_assert_ptr_null(ckpt_engine_log_dir(e));
+	eput(e, "a", "1");
+	ckpt_engine_close(e);
+	/* once the log can be written, a snapshot holds what was done without it */
+	ck_assert_int_eq(unlink(ldir), 0);
+	e = eopen(true);
+	ck_assert_ptr_nonnull(ckpt_engine_log_dir(e));
+	ckpt_engine_close(e);
+	memset(&mem, 0, sizeof(mem));
+	ck_assert_int_eq(ckpt_mlog_restore(ldir, &mem_sink, &mem, &rep), 0);
+	ck_assert(rep.found && rep.complete);
+	ck_assert_str_eq(mem_get(&mem, "a"), "1");
+}
+END_TEST
+
 static Suite *mlog_suite(void)
 {
 	Suite *s = suite_create("mlog");
@@ -556,6 +582,7 @@ static Suite *mlog_suite(void)
 	tcase_add_test(en, test_engine_behind_replayed);
 	tcase_add_test(en, test_engine_ahead_new_snapshot);
 	tcase_add_test(en, test_engine_backup);
+	tcase_add_test(en, test_engine_without_usable_log);
 	return s;
 }
 

@@ -106,8 +106,14 @@ static int attach_log(ckpt_engine *e, const char *where, const char *dir, char *
 	uint8_t v[8];
 	int r = ckpt_mlog_open(dir, &m, err, errlen);
 
-	if (r < 0)
-		return r;
+	if (r < 0) {
+		/* The index itself is fine: run without the log (the next open
+		 * that can write it takes a new snapshot) rather than refuse. */
+		ckpt_err("%s; the index runs without its metadata log until an open that can "
+			 "write it", err);
+		err[0] = '\0';
+		return 0;
+	}
 	r = get_fixed(e, NULL, CKPT_ENGINE_MARK_KEY, CKPT_ENGINE_MARK_KEY_LEN, 0, v, sizeof(v));
 	if (r == 0) {
 		mark = ckpt_get_le64(v);
@@ -162,10 +168,11 @@ static int attach_log(ckpt_engine *e, const char *where, const char *dir, char *
 		}
 	}
 	r = ckpt_mlog_start(m, base);
-	if (r < 0) {
-		ckpt_errf(err, errlen, "%s: cannot open the metadata log %s: %s", where, dir,
-			  strerror(-r));
-		goto fail;
+	if (r < 0) { /* as above: no space for a new log, say */
+		ckpt_err("%s: cannot write its metadata log %s (%s): it runs without it until an "
+			 "open that can", where, dir, strerror(-r));
+		ckpt_mlog_close(m);
+		return 0;
 	}
 	e->mlog = m;
 	if (fresh || ckpt_mlog_due(m)) {
