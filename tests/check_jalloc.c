@@ -30,6 +30,15 @@
 #include "base/util.h"
 #include "testlib.h"
 
+/* In a sanitizer build (configure --enable-sanitizers): test_size_overflow asks malloc for
+ * SIZE_MAX - 15 bytes on purpose and expects NULL, as glibc's malloc returns; AddressSanitizer
+ * would stop the test instead.  Its options from ASAN_OPTIONS still apply on top of this. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void)
+{
+	return "allocator_may_return_null=1";
+}
+
 /* ---- wrapped malloc and free ------------------------------------------- */
 
 void *__real_malloc(size_t n);
@@ -53,7 +62,7 @@ static _Thread_local struct {
 static atomic_int fail_mallocs; /* the next this many counted mallocs fail */
 
 /* The live allocations >= CKPT_JSON_BLOCK, guarded by big_lock. */
-#define MAX_BIG 256
+#define MAX_BIG 1024
 static pthread_mutex_t big_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *big[MAX_BIG];
 static size_t big_size[MAX_BIG];
@@ -607,6 +616,72 @@ START_TEST(test_thread_exit_frees_blocks)
 }
 END_TEST
 
+/* libfuse's worker threads: bursts of requests start threads that parse headers in scopes,
+ * and the threads beyond max_idle_threads exit once idle; the next burst starts new ones.  The
+ * arena memory alive is bounded by the threads alive, however many came and went. */
+#define CHURN_WAVES 6
+#define CHURN_THREADS 12
+#define CHURN_TENSORS 20000
+
+struct churn {
+	const char *text;
+	long blocks; /* made by this thread's parse */
+	bool ok;
+};
+
+static void parse_counted(struct churn *c)
+{
+	json_error_t e;
+	json_t *h;
+
+	calls.mallocs = 0;
+	COUNTED(ckpt_json_scope_begin(); h = json_loads(c->text, 0, &e));
+	c->ok = h && json_object_size(h) == CHURN_TENSORS + 1;
+	c->blocks = calls.mallocs; /* only blocks: jansson allocates from the arena */
+	ckpt_json_scope_end();
+}
+
+static void *churn_main(void *arg)
+{
+	parse_counted(arg);
+	return NULL;
+}
+
+START_TEST(test_thread_churn)
+{
+	char *text = header_text(CHURN_TENSORS);
+	struct churn c[CHURN_THREADS + 1];
+	pthread_t t[CHURN_THREADS];
+	long made = big_now().made;
+
+	for (int w = 0; w < CHURN_WAVES; w++) {
+		for (int i = 0; i <= CHURN_THREADS; i++)
+			c[i] = (struct churn){ text, 0, false };
+		for (int i = 0; i < CHURN_THREADS; i++)
+			ck_assert_int_eq(pthread_create(&t[i], NULL, churn_main, &c[i]), 0);
+		/* this thread is the worker that stays (an idle thread libfuse keeps) */
+		parse_counted(&c[CHURN_THREADS]);
+		for (int i = 0; i < CHURN_THREADS; i++)
+			ck_assert_int_eq(pthread_join(t[i], NULL), 0);
+		for (int i = 0; i <= CHURN_THREADS; i++) {
+			ck_assert_msg(c[i].ok, "wave %d: thread %d parsed wrong", w, i);
+			/* every parse took more blocks than a thread keeps: the exiting
+			 * threads had both spare blocks and blocks freed at the scope's end */
+			ck_assert_int_gt(c[i].blocks, CKPT_JSON_KEEP_BLOCKS);
+		}
+		/* the exited threads' blocks are gone; the staying thread keeps its
+		 * spare ones, the same number after every wave */
+		ck_assert_int_eq(big_now().live, CKPT_JSON_KEEP_BLOCKS);
+		ck_assert_uint_le(big_now().bytes,
+				  (size_t)CKPT_JSON_KEEP_BLOCKS * (CKPT_JSON_BLOCK + 4096));
+	}
+	/* and the waves did make new blocks each time (not one set reused) */
+	ck_assert_int_ge(big_now().made - made,
+			 (long)CHURN_WAVES * CHURN_THREADS * (CKPT_JSON_KEEP_BLOCKS + 1));
+	__real_free(text);
+}
+END_TEST
+
 static Suite *jalloc_suite(void)
 {
 	Suite *s = suite_create("jalloc");
@@ -626,6 +701,7 @@ static Suite *jalloc_suite(void)
 	tcase_add_test(tc, test_scope_is_per_thread);
 	tcase_add_test(tc, test_concurrent_scopes);
 	tcase_add_test(tc, test_thread_exit_frees_blocks);
+	tcase_add_test(tc, test_thread_churn);
 	suite_add_tcase(s, tc);
 	return s;
 }

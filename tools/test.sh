@@ -22,6 +22,30 @@ elif [ "$status" -ne 0 ]; then
 	fail=1
 fi
 
+# make check again in a sanitizer build (AddressSanitizer, LeakSanitizer, UBSan; any report fails
+# a test), made by tools/sanitize.sh in build-san/ beside the in-tree build, which it leaves as
+# it is.  Its tests count in the summary line below; it adds about 3 minutes on 2 cores
+# (docs/reliability.md, "Sanitizers").
+san_status=0
+tools/sanitize.sh || san_status=$?
+san_dir=build-san/obj
+if [ -f "$san_dir/test-suite.log" ]; then
+	san_count() { cat "$san_dir"/tests/*.trs "$san_dir"/tests/integration/*.trs 2>/dev/null |
+		grep -c "^:test-result: $1" || true; }
+	spass=$(san_count PASS)
+	sfail=$(( $(san_count FAIL) + $(san_count ERROR) + $(san_count XPASS) ))
+	sskip=$(san_count SKIP)
+	if [ "$san_status" -ne 0 ]; then
+		cat "$san_dir/test-suite.log"
+	fi
+	echo "make check (sanitizers, $san_dir): $spass passed, $sfail failed, $sskip skipped"
+	pass=$((pass + spass)) fail=$((fail + sfail)) skip=$((skip + sskip))
+elif [ "$san_status" -ne 0 ]; then
+	echo "make check (sanitizers): stopped before any test ran (exit $san_status)" >&2
+	fail=$((fail + 1))
+fi
+[ "$san_status" -eq 0 ] || status=1
+
 # Python suite.  pytest's exit code 5 means it collected no tests: that is a failure once
 # tests/python holds test files (a broken import or a renamed folder must not pass silently).
 py_files=$(find tests/python -name 'test_*.py' -o -name '*_test.py' 2>/dev/null | head -1)

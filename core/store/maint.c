@@ -56,7 +56,8 @@ static struct chunk_info *find_chunk(struct chunk_info *arr, size_t n, const ckp
 	struct chunk_info key;
 
 	key.d = *d;
-	return bsearch(&key, arr, n, sizeof(*arr), chunk_info_cmp);
+	/* arr is NULL in a store without chunks: bsearch must not get it */
+	return n ? bsearch(&key, arr, n, sizeof(*arr), chunk_info_cmp) : NULL;
 }
 
 /* The backend's units: how many, and their bytes. */
@@ -183,6 +184,10 @@ static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 		}
 		arr[n].parent = ckpt_get_be64(k + 1);
 		arr[n].name = strndup((const char *)k + 9, kl - 9);
+		if (!arr[n].name) {
+			r = -ENOMEM;
+			break;
+		}
 		n++;
 	}
 	ckpt_scan_free(it);
@@ -192,7 +197,8 @@ static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 		free(arr);
 		return r;
 	}
-	qsort(arr, n, sizeof(*arr), name_ent_cmp);
+	if (n > 1) /* arr is NULL when the store has no names: qsort must not get it */
+		qsort(arr, n, sizeof(*arr), name_ent_cmp);
 	*ret = arr;
 	*ret_n = n;
 	return 0;
@@ -205,7 +211,7 @@ static char *name_path(struct name_ent *names, size_t n, uint64_t ino)
 	for (int depth = 0; path && ino != CKPT_ROOT_INO && depth < 4096; depth++) {
 		struct name_ent key = { .ino = ino }, *e;
 
-		e = bsearch(&key, names, n, sizeof(*names), name_ent_cmp);
+		e = n ? bsearch(&key, names, n, sizeof(*names), name_ent_cmp) : NULL;
 		if (!e) {
 			if (asprintf(&np, "<inode %" PRIu64 ">%s", ino, path) < 0)
 				np = NULL;

@@ -55,6 +55,18 @@ RESULTS=$T_DIR/results
 mkdir -p "$MNT" "$WORK"
 : >"$RESULTS"
 
+# A sanitizer build (make check of configure --enable-sanitizers sets CKPT_SANITIZERS=1): every
+# process the test starts writes its sanitizer reports to $SAN_DIR/report.PID instead of stderr
+# (a detached daemon's stderr is STORE/ckptfs.log); _cleanup shows them and fails the test, after
+# every daemon has exited (LeakSanitizer reports at exit).
+SAN_DIR=
+if [ "${CKPT_SANITIZERS:-0}" == 1 ]; then
+	SAN_DIR=$T_DIR/san
+	mkdir -p "$SAN_DIR"
+	export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}log_path=$SAN_DIR/report"
+	export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}log_path=$SAN_DIR/report"
+fi
+
 # ---------------------------------------------------------------- reporting
 
 ok() {
@@ -482,6 +494,13 @@ _cleanup() {
 	for i in "${_FG_PIDS[@]+"${_FG_PIDS[@]}"}"; do
 		kill -9 "$i" 2>/dev/null
 	done
+	if [ -n "$SAN_DIR" ]; then
+		for i in "$SAN_DIR"/report.*; do
+			[ -e "$i" ] || continue
+			not_ok "sanitizer report of process ${i##*.}"
+			head -n 80 "$i" | sed 's/^/#   /'
+		done
+	fi
 	nfail=$(grep -c '^not ok' "$RESULTS" 2>/dev/null)
 	if [ "${nfail:-0}" -gt 0 ] || [ "$rc" -ne 0 ]; then
 		# the detached daemon logs to STORE/ckptfs.log
