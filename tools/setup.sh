@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 # (debootstrap --variant=minbase) lacks: the toolchain and libraries; fuse3 (fusermount3);
 # procps (pgrep, used to wait for a daemon to exit); rsync (tests copy trees with it); python3
 # with numpy and torch (test helpers, views checks, the demo job); python3-venv (ensurepip, so
-# that the Debian python3 can make ./.venv).  tests/integration/lib.sh checks for each command
+# that the Debian python3 can make ./.venv); clang (libFuzzer, for the fuzzing harnesses of
+# tests/fuzz, which tools/test.sh runs).  tests/integration/lib.sh checks for each command
 # it calls and names the one that is missing.
 PKGS=(build-essential autoconf automake libtool pkg-config
       libfuse3-dev fuse3 librocksdb-dev libzstd-dev libxxhash-dev libjansson-dev check
-      procps rsync python3 python3-numpy python3-torch python3-venv)
+      procps rsync python3 python3-numpy python3-torch python3-venv
+      clang)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -44,7 +46,7 @@ if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt con
 	autoreconf -fi 2>&1 >/dev/null | sed "/^[^ ]*: installing 'build-aux\//d" >&2
 fi
 if [ ! -f Makefile ] || [ configure -nt Makefile ]; then
-	./configure --enable-werror >/dev/null
+	./configure --enable-werror --enable-fuzzers >/dev/null
 fi
 make -j"$(nproc)" >/dev/null
 echo "setup: built fs/ckptfs and tools/ckpt"

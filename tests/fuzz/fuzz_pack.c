@@ -34,7 +34,7 @@
 
 #define PACK_ID 0x2aull
 #define MAX_RECS 256
-#define MAX_RAW (4u << 20) /* decode records of at most this raw length */
+#define MAX_RAW (256u << 10) /* decode records of at most this raw length (see fuzz_compress.c) */
 
 static const uint8_t store_uuid[16] = { 0xc4, 0x9b, 0x01, 0x77, 0x5e, 0x10, 0x42, 0x3a,
 					0x8d, 0x66, 0x2f, 0x90, 0x13, 0xee, 0x05, 0x61 };
