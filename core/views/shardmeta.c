@@ -1126,8 +1126,8 @@ static bool sm_layer_number(const char *s, uint64_t *ret)
 		if (__builtin_mul_overflow(v, 10, &v) ||
 		    __builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
 			return false;
-	if (p == s || *p != '.')
-		return false;
+	if (p == s || *p != '.' || v > INT64_MAX)
+		return false; /* a layer past 2^63 - 1 cannot be written as a "pp" */
 	*ret = v;
 	return true;
 }

@@ -218,7 +218,8 @@ void ckpt_pp_from_name(const char *name, struct ckpt_pp *ret);
 /*
  * Layer index from the first name segment "layers.N.", "h.N.", "blocks.N."
  * or "layer.N." (a segment starts at the beginning of the name or after a
- * '.'; N is one or more decimal digits that fit in 64 bits, followed by '.').
+ * '.'; N is one or more decimal digits, at most 2^63 - 1 (what the "pp" of
+ * a view file can hold), followed by '.').
  * Returns true and sets *ret_layer (if non-NULL) when found; false otherwise
  * or for a NULL name.
  */
