@@ -81,9 +81,10 @@ static bool ref_layout(const char *s, struct ckpt_layout *l)
 	return ref_count(&s, &l->pp) && *s == '\0';
 }
 
-/* Whether name holds, at the start or after a '.', PREFIX N '.' with one of
- * the layer prefixes and digits whose value is layer. */
-static bool has_layer_segment(const char *name, uint64_t layer)
+/* The rule of ckpt_layer_from_name (shardmeta.h): the first segment (at the
+ * start or after a '.') PREFIX N '.' with one of the layer prefixes and N
+ * one or more digits of a value at most 2^63 - 1. */
+static bool ref_layer(const char *name, uint64_t *ret)
 {
 	static const char *const pre[] = { "layers.", "h.", "blocks.", "layer." };
 
@@ -92,16 +93,17 @@ static bool has_layer_segment(const char *name, uint64_t layer)
 			continue;
 		for (size_t i = 0; i < CKPT_ARRAY_SIZE(pre); i++) {
 			const char *q = p + strlen(pre[i]);
-			uint64_t v = 0;
-			bool ovf = false;
+			unsigned __int128 v = 0;
 
 			if (strncmp(p, pre[i], strlen(pre[i])) != 0 || *q < '0' || *q > '9')
 				continue;
 			for (; *q >= '0' && *q <= '9'; q++)
-				ovf |= __builtin_mul_overflow(v, 10, &v) ||
-				       __builtin_add_overflow(v, (uint64_t)(*q - '0'), &v);
-			if (*q == '.' && !ovf && v == layer)
+				if (v <= INT64_MAX)
+					v = v * 10 + (unsigned)(*q - '0');
+			if (*q == '.' && v <= INT64_MAX) {
+				*ret = (uint64_t)v;
 				return true;
+			}
 		}
 	}
 	return false;
@@ -131,9 +133,14 @@ static void fuzz_name(const uint8_t *data, size_t size)
 	} else {
 		FUZZ_CHECK(r == -EINVAL && l.tp == 0 && l.pp == 0, "'%s': refused, %d", s, r);
 	}
-	if (ckpt_layer_from_name(s, &layer))
-		FUZZ_CHECK(has_layer_segment(s, layer), "'%s': layer %llu", s,
-			   (unsigned long long)layer);
+	{
+		uint64_t want = 0;
+		bool has = ckpt_layer_from_name(s, &layer), has_ref = ref_layer(s, &want);
+
+		FUZZ_CHECK(has == has_ref && (!has || layer == want),
+			   "'%s': layer %d %llu, reference %d %llu", s, has,
+			   (unsigned long long)layer, has_ref, (unsigned long long)want);
+	}
 	ckpt_pp_from_name(s, &pp);
 	FUZZ_CHECK(pp.kind == CKPT_PP_LAYER || pp.kind == CKPT_PP_FIRST || pp.kind == CKPT_PP_LAST,
 		   "'%s': pp kind %d", s, pp.kind);

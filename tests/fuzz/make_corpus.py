@@ -13,7 +13,9 @@ docs/views.md section 3), and pack files, zstd frames and metadata records encod
 docs/format.md (checksums with the system's libxxhash, frames with libzstd), so that a seed
 the harness rejects also shows a disagreement between the code and that document.  Every
 other file in the corpus folders is a regression input that fuzzing found
-(docs/reliability.md, "Fuzzing"): this script overwrites only the files it names.
+(docs/reliability.md, "Fuzzing"): this script overwrites only the files it names.  (The
+reference writer orders the keys of __metadata__ as its hash map does, so a rerun may
+rewrite a seed with them in another order.)
 The input format of each harness is described at the top of tests/fuzz/fuzz_HARNESS.c.
 """
 import ctypes
@@ -302,6 +304,7 @@ def pack_seeds():
                     for i, (c, s, r) in enumerate(chunks()))
     write("pack", "records", b"\0" + recs)
     write("pack", "whole_file", b"\1" + pack_file_header() + recs)
+    write("pack", "records_direct", b"\x10" + recs)
     # a hole (a failed append) between records, and a torn record at the end
     torn = pack_record(1, zstd_frame(b"x" * 500), 500, b"t" * 16)
     write("pack", "hole_torn_tail", b"\x08" + recs[:200] + bytes(64) + recs[200:] +
