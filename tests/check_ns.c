@@ -138,6 +138,30 @@ START_TEST(test_ns_operations)
 }
 END_TEST
 
+/* readdir refuses (EIO) a directory holding a damaged entry key, one that
+ * would be listed as a name with a '/' in it, instead of listing it. */
+START_TEST(test_ns_readdir_damaged_key)
+{
+	ckpt_ns *ns = ns_new(&lock_a, true);
+	struct ckpt_inode f;
+	struct ckpt_dirent *ents = NULL;
+	uint8_t key[CKPT_KEY_MAX], val[CKPT_DENTRY_REC_LEN];
+	size_t n = 0;
+	ckpt_txn *t;
+
+	ck_assert_int_eq(ckpt_ns_mknode(ns, CKPT_ROOT_INO, "f", S_IFREG | 0644, 0, 0, NULL, &f), 0);
+	ck_assert_int_eq(ckpt_ns_readdir(ns, CKPT_ROOT_INO, &ents, &n), 0);
+	ck_assert_uint_eq(n, 1);
+	ckpt_dirents_free(ents, n);
+	ckpt_dentry_encode(f.ino, S_IFREG, val);
+	ck_assert_int_eq(ckpt_txn_begin(eng, &t), 0);
+	ckpt_txn_put(t, key, ckpt_key_dentry(key, CKPT_ROOT_INO, "../x", 4), val, sizeof(val));
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+	ck_assert_int_eq(ckpt_ns_readdir(ns, CKPT_ROOT_INO, &ents, &n), -EIO);
+	ckpt_ns_free(ns);
+}
+END_TEST
+
 struct released {
 	int calls;
 	uint64_t size;
@@ -517,6 +541,7 @@ static Suite *ns_suite(void)
 	tcase_add_test(tc, test_ns_special_files);
 	tcase_add_test(tc, test_ns_kill_suidgid);
 	tcase_add_test(tc, test_ns_two_writers_share_engine);
+	tcase_add_test(tc, test_ns_readdir_damaged_key);
 	tcase_add_test(tc, test_commit_refcounts);
 	tcase_add_test(tc, test_commit_concurrent_refcounts);
 	suite_add_tcase(s, tc);

@@ -247,6 +247,95 @@ START_TEST(test_inconsistent)
 }
 END_TEST
 
+/* Records that decode but do not describe a parse of a valid source (a
+ * damaged record, which the views would otherwise use in place of the
+ * header): each is refused.  Found by tests/fuzz/fuzz_records.c. */
+static void expect_refused(const char *what)
+{
+	struct srcdata d = { 0 };
+	uint8_t *rec;
+	size_t len;
+
+	ck_assert_int_eq(vw_parsrec_encode(&src, ext, &rec, &len), 0);
+	if (vw_parsrec_decode(rec, len, ext, &d) != -EINVAL)
+		ck_abort_msg("%s: not refused", what);
+	ck_assert_ptr_null(d.tensors);
+	ck_assert_ptr_null(d.blob);
+	free(rec);
+}
+
+START_TEST(test_not_a_parse)
+{
+	static const uint64_t gs_small[] = { 7, 6, 4, 0, 4, 6 }; /* rows 4..8 of 7 */
+	static const uint64_t shape_4[] = { 4 };
+	struct ckpt_st_tensor t0 = tensors[0], t1 = tensors[1];
+	struct smeta m0 = metas[0], m1 = metas[1];
+	struct srcdata d = { 0 };
+	uint8_t *rec;
+	size_t len;
+
+	src.data_start = 9; /* shorter than the smallest header */
+	expect_refused("data_start 9");
+	src.data_start = 4104;
+	src.group = "mo/del";
+	expect_refused("group with '/'");
+	src.group = ".hidden";
+	expect_refused("group starting with '.'");
+	src.group = "model";
+	metas[0].gs = gs_small;
+	expect_refused("box outside global_shape");
+	metas[0] = m0;
+	metas[0].tp_dim = 2;
+	expect_refused("tp_dim 2 of 2 dims");
+	metas[0] = m0;
+	metas[0].has_pp = true;
+	metas[0].pp.layer = 32;
+	expect_refused("pp layer 32 of num_layers 32");
+	metas[0] = m0;
+	metas[1].flat_end = 16;
+	expect_refused("flat range of 9 elements for 10 stored");
+	metas[1] = m1;
+	tensors[1].shape = shape_4; /* F32 [4]: 16 bytes, not 40 */
+	expect_refused("size and data offsets disagree");
+	tensors[1] = t1;
+	tensors[0].dtype = CKPT_DT_F4;
+	expect_refused("sub-byte dtype");
+	tensors[0] = t0;
+	tensors[1].name = "layers.0.attn.weight";
+	expect_refused("two tensors of one name");
+	tensors[1] = t1;
+	tensors[1].begin += 8;
+	tensors[1].end += 8;
+	tensors[2].begin += 8;
+	tensors[2].end += 8;
+	expect_refused("a hole in the data");
+	tensors[1] = t1;
+	tensors[2].begin -= 8;
+	tensors[2].end -= 8;
+	/* the data ends 8 bytes before the file does */
+	ck_assert_int_eq(ckpt_extent_list_append(ext, 8, CKPT_EXT_ZERO, NULL), 0);
+	expect_refused("data shorter than the file");
+	ckpt_extent_list_truncate(ext, 4104 + 112);
+
+	/* bytes a parse never writes: source and has_num_layers other than 0/1, a NUL in
+	 * a name */
+	ck_assert_int_eq(vw_parsrec_encode(&src, ext, &rec, &len), 0);
+	rec[1] = 2;
+	ck_assert_int_eq(vw_parsrec_decode(rec, len, ext, &d), -EINVAL);
+	rec[1] = 1;
+	rec[2] = 2;
+	ck_assert_int_eq(vw_parsrec_decode(rec, len, ext, &d), -EINVAL);
+	rec[2] = 1;
+	ck_assert_mem_eq(rec + 34 + 5 + 2, "layers", 6);
+	rec[34 + 5 + 2 + 3] = '\0';
+	ck_assert_int_eq(vw_parsrec_decode(rec, len, ext, &d), -EINVAL);
+	rec[34 + 5 + 2 + 3] = 'e';
+	ck_assert_int_eq(vw_parsrec_decode(rec, len, ext, &d), 0);
+	decoded_free(&d);
+	free(rec);
+}
+END_TEST
+
 static Suite *parsrec_suite(void)
 {
 	Suite *s = suite_create("parsrec");
@@ -258,6 +347,7 @@ static Suite *parsrec_suite(void)
 	tcase_add_test(tc, test_fingerprint);
 	tcase_add_test(tc, test_damaged);
 	tcase_add_test(tc, test_inconsistent);
+	tcase_add_test(tc, test_not_a_parse);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -57,6 +57,43 @@ START_TEST(test_keys)
 }
 END_TEST
 
+/* A dentry key names one entry of its directory: a damaged key is refused
+ * rather than listed as "a/b", "", "." or a name cut at a NUL. */
+START_TEST(test_key_dentry_decode)
+{
+	uint8_t key[CKPT_KEY_MAX + 1];
+	char name[CKPT_NAME_MAX + 1];
+	const char *got;
+	uint64_t parent;
+	size_t n, kl;
+	static const char *const bad[] = { "a/b", "/", ".", "..", "a\0b" };
+	static const size_t badlen[] = { 3, 1, 1, 2, 3 };
+
+	kl = ckpt_key_dentry(key, 0x10, "model.safetensors", 17);
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), 0);
+	ck_assert_uint_eq(parent, 0x10);
+	ck_assert_uint_eq(n, 17);
+	ck_assert_mem_eq(got, "model.safetensors", 17);
+	kl = ckpt_key_dentry(key, 1, "...", 3); /* an ordinary name */
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), 0);
+	memset(name, 'n', CKPT_NAME_MAX);
+	kl = ckpt_key_dentry(key, 1, name, CKPT_NAME_MAX);
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), 0);
+	ck_assert_uint_eq(n, CKPT_NAME_MAX);
+	key[kl] = 'n'; /* one byte longer than a name may be */
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl + 1, &parent, &got, &n), -EIO);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		kl = ckpt_key_dentry(key, 1, bad[i], badlen[i]);
+		ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), -EIO);
+	}
+	kl = ckpt_key_dentry(key, 1, "", 0);
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), -EIO);
+	kl = ckpt_key_dentry(key, 1, "x", 1);
+	key[0] = CKPT_KEY_INODE;
+	ck_assert_int_eq(ckpt_key_dentry_decode(key, kl, &parent, &got, &n), -EIO);
+}
+END_TEST
+
 /* ------------------------------------------------------------ records */
 
 START_TEST(test_inode_layout)
@@ -553,6 +590,7 @@ static Suite *records_suite(void)
 	TCase *rec = tcase_create("records");
 
 	tcase_add_test(rec, test_keys);
+	tcase_add_test(rec, test_key_dentry_decode);
 	tcase_add_test(rec, test_inode_layout);
 	tcase_add_test(rec, test_inode_rdev_layout);
 	tcase_add_test(rec, test_dentry_layout);

@@ -247,6 +247,14 @@ START_TEST(test_empty_and_padding)
 				   "\"data_offsets\":[0,1]}}", &h, err), 0);
 	ck_assert_ptr_eq(ckpt_st_tensor_find(h, ""), ckpt_st_tensor_at(h, 0));
 	ckpt_st_header_free(h);
+	/* So are names that look like paths (as in the reference): they are only
+	 * ever written into headers, never made file names (check_vhostile.c). */
+	ck_assert_int_eq(parse_str("{\"/\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+				   "\"../x\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+				   &h, err), 0);
+	ck_assert_str_eq(ckpt_st_tensor_at(h, 0)->name, "/");
+	ck_assert_ptr_eq(ckpt_st_tensor_find(h, "../x"), ckpt_st_tensor_at(h, 1));
+	ckpt_st_header_free(h);
 }
 END_TEST
 

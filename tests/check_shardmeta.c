@@ -974,7 +974,10 @@ START_TEST(test_pp_from_name)
 		{ "layers.007.w", CKPT_PP_LAYER, 7 },
 		{ "model.layers.abc.layers.4.x", CKPT_PP_LAYER, 4 },
 		{ "model.layers.4.blocks.9.x", CKPT_PP_LAYER, 4 },
-		{ "layers.18446744073709551615.x", CKPT_PP_LAYER, UINT64_MAX },
+		{ "layers.9223372036854775807.x", CKPT_PP_LAYER, INT64_MAX },
+		/* past what a "pp" of a view file can hold: not a layer name */
+		{ "layers.9223372036854775808.x", CKPT_PP_LAST, 0 },
+		{ "layers.18446744073709551615.x", CKPT_PP_LAST, 0 },
 		{ "layers.18446744073709551616.x", CKPT_PP_LAST, 0 },	/* overflow */
 		{ "xlayers.3.", CKPT_PP_LAST, 0 },
 		{ "model.xh.3.w", CKPT_PP_LAST, 0 },
@@ -1011,6 +1014,99 @@ START_TEST(test_pp_from_name)
 }
 END_TEST
 
+/* num_layers of 2^62 is legal (placement is exact for any value, see
+ * check_vhostile.c); past 2^63 - 1 it is not a JSON integer jansson reads,
+ * and is refused with the position of the number. */
+START_TEST(test_num_layers_huge)
+{
+	ckpt_st_header *h;
+	ckpt_shardmeta *m;
+	char err[ERRLEN];
+	uint64_t nl = 0;
+	struct ckpt_tensor_meta t;
+
+	ck_assert_int_eq(parse_std(js("{'version':1,'num_layers':4611686018427387904,"
+				      "'tensors':{'a':{'pp':4611686018427387903}}}"),
+				   &h, &m, err),
+			 0);
+	ck_assert(ckpt_shardmeta_num_layers(m, &nl));
+	ck_assert_uint_eq(nl, 1ull << 62);
+	get_meta(m, h, "a", &t);
+	ck_assert_int_eq(t.pp.kind, CKPT_PP_LAYER);
+	ck_assert_uint_eq(t.pp.layer, (1ull << 62) - 1);
+	ckpt_shardmeta_free(m);
+	ckpt_st_header_free(h);
+	m = (ckpt_shardmeta *)1;
+	ck_assert_int_eq(parse_std(js("{'version':1,'num_layers':9223372036854775808}"), &h, &m, err),
+			 -EINVAL);
+	ck_assert_ptr_null(m);
+	ck_assert_msg(strstr(err, "invalid JSON"), "%s", err);
+	ckpt_st_header_free(h);
+}
+END_TEST
+
+/* ckpt_shardmeta_check: what parse gives passes; each rule broken fails. */
+START_TEST(test_check)
+{
+	static const uint64_t sh[] = { 4, 6 }, sh1[] = { 10 };
+	const struct ckpt_st_tensor a = { "a", CKPT_DT_F32, 2, sh, 0, 96 };
+	const struct ckpt_st_tensor f = { "f", CKPT_DT_F32, 1, sh1, 96, 136 };
+	ckpt_st_header *h;
+	ckpt_shardmeta *m;
+	char err[ERRLEN];
+	struct ckpt_tensor_meta ta, tf, x;
+
+	ck_assert_int_eq(parse_std(js("{'version':1,'num_layers':8,'tensors':{"
+				      "'a':{'global_shape':[8,6],'offsets':[4,0],'tp_dim':0,'pp':7},"
+				      "'f':{'global_shape':[5,4],'flat_range':[7,17]}}}"),
+				   &h, &m, err),
+			 0);
+	get_meta(m, h, "a", &ta);
+	get_meta(m, h, "f", &tf);
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &ta, true, 8), 0);
+	ck_assert_int_eq(ckpt_shardmeta_check(&f, &tf, true, 8), 0);
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &ta, false, 0), 0);
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &ta, true, 7), -EINVAL); /* pp 7 of 7 */
+	ck_assert_int_eq(ckpt_shardmeta_check(&f, &ta, true, 8), -EINVAL); /* other shape */
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &tf, true, 8), -EINVAL);
+	x = ta;
+	x.global_shape[0] = 7; /* rows 4..8 of 7 */
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	x = ta;
+	x.tp_dim = 2;
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	x = ta;
+	x.global_shape[2] = 1; /* past ndim */
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	x = ta;
+	x.global_shape[0] = 1ull << 63; /* not a JSON integer */
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	x = ta;
+	x.global_shape[0] = 1ull << 62; /* 2^62 * 6 elements overflow */
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	x = tf;
+	x.geom.flat_end = 16; /* 9 elements for 10 stored */
+	ck_assert_int_eq(ckpt_shardmeta_check(&f, &x, true, 8), -EINVAL);
+	x = tf;
+	x.geom.flat_end = 21; /* past the box's 20 elements */
+	x.geom.flat_begin = 11;
+	ck_assert_int_eq(ckpt_shardmeta_check(&f, &x, true, 8), -EINVAL);
+	x = ta;
+	x.has_pp = true;
+	x.pp.kind = CKPT_PP_ALL + 1;
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, &x, true, 8), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check(NULL, &ta, true, 8), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check(&a, NULL, true, 8), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check_group("model"), 0);
+	ck_assert_int_eq(ckpt_shardmeta_check_group(""), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check_group("a/b"), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check_group(".."), -EINVAL);
+	ck_assert_int_eq(ckpt_shardmeta_check_group(NULL), -EINVAL);
+	ckpt_shardmeta_free(m);
+	ckpt_st_header_free(h);
+}
+END_TEST
+
 static Suite *shardmeta_suite(void)
 {
 	Suite *s = suite_create("shardmeta");
@@ -1033,6 +1129,8 @@ static Suite *shardmeta_suite(void)
 	tcase_add_test(tc, test_tp_rules_file);
 	tcase_add_test(tc, test_tp_rules_errors);
 	tcase_add_test(tc, test_pp_from_name);
+	tcase_add_test(tc, test_num_layers_huge);
+	tcase_add_test(tc, test_check);
 	suite_add_tcase(s, tc);
 	return s;
 }

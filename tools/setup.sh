@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # (debootstrap --variant=minbase) lacks: the toolchain and libraries; fuse3 (fusermount3);
 # procps (pgrep, used to wait for a daemon to exit); rsync (tests copy trees with it); python3
 # with numpy and torch (test helpers, views checks, the demo job); python3-venv (ensurepip, so
-# that the Debian python3 can make ./.venv).  tests/integration/lib.sh checks for each command
+# that the Debian python3 can make ./.venv); clang (libFuzzer, for the fuzzing harnesses of
+# tests/fuzz, which tools/test.sh runs).  tests/integration/lib.sh checks for each command
 # it calls and names the one that is missing.
 PKGS=(build-essential autoconf automake libtool pkg-config
       libfuse3-dev fuse3 librocksdb-dev libzstd-dev libxxhash-dev libjansson-dev check
@@ -20,6 +21,8 @@ PKGS=(build-essential autoconf automake libtool pkg-config
 PKGS+=(gdb)
 # go-md2man: make builds the man pages ckptfs(8) and ckpt(1) from docs/man/*.md with it.
 PKGS+=(go-md2man)
+# clang: the libFuzzer harnesses (tests/fuzz, configure --enable-fuzzers in build-fuzz/).
+PKGS+=(clang)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -49,7 +52,7 @@ if [ ! -x configure ] || [ configure.ac -nt configure ] || [ Makefile.am -nt con
 	autoreconf -fi 2>&1 >/dev/null | sed "/^[^ ]*: installing 'build-aux\//d" >&2
 fi
 if [ ! -f Makefile ] || [ configure -nt Makefile ]; then
-	./configure --enable-werror >/dev/null
+	./configure --enable-werror --enable-fuzzers >/dev/null
 fi
 make -j"$(nproc)" >/dev/null
 echo "setup: built fs/ckptfs and tools/ckpt"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Run the whole test suite: unit tests (Check), FUSE integration tests (make check), then the
-# Python suite (tests/python, pytest from ./.venv).  Prints one summary line that adds both up
-# and exits non-zero if anything failed.
+# Run the whole test suite: unit tests (Check), FUSE integration tests (make check), the Python
+# suite (tests/python, pytest from ./.venv), then a short run of each fuzzing harness
+# (tools/fuzz.sh).  Prints one summary line that adds them up and exits non-zero if anything
+# failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
@@ -86,6 +87,23 @@ PY
 else
 	echo "pytest: tests/python holds no test files yet"
 fi
+# ---- fuzzing (tests/fuzz, tools/fuzz.sh; docs/reliability.md, "Fuzzing") ----
+# Each libFuzzer harness for CKPT_FUZZ_SECONDS (default 20) seconds, after replaying its seeds
+# and regression inputs; a harness that crashes, hangs or trips a sanitizer is one failure.
+fuzz_log=$(mktemp "${TMPDIR:-/tmp}/ckptfs-fuzz.XXXXXX")
+frc=0
+tools/fuzz.sh all "${CKPT_FUZZ_SECONDS:-20}" 2>&1 | tee "$fuzz_log" || frc=$?
+if read -r fpass ffail < <(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$fuzz_log"); then
+	[ "$frc" -eq 0 ] || [ "$ffail" -gt 0 ] || ffail=1
+else
+	echo "fuzz: tools/fuzz.sh exited with $frc before running the harnesses" >&2
+	fpass=0 ffail=1
+fi
+rm -f "$fuzz_log"
+[ "$ffail" -eq 0 ] || status=1
+pass=$((pass + fpass)) fail=$((fail + ffail))
+# ---- end of fuzzing ----
+
 # One summary line for humans and CI.
 echo "$pass passed, $fail failed, $skip skipped"
 if [ "$fail" -ne 0 ] && [ "$status" -eq 0 ]; then

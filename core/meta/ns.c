@@ -821,7 +821,9 @@ int ckpt_ns_readdir(ckpt_ns *ns, uint64_t ino, struct ckpt_dirent **ret_ents,
 	size_t n = 0, cap = 0;
 	uint8_t prefix[9];
 	const uint8_t *k, *val;
-	size_t kl, vl;
+	const char *name;
+	size_t kl, vl, namelen;
+	uint64_t parent;
 	ckpt_scan *it = NULL;
 	int r;
 
@@ -842,9 +844,11 @@ int ckpt_ns_readdir(ckpt_ns *ns, uint64_t ino, struct ckpt_dirent **ret_ents,
 			cap = nc;
 		}
 		r = ckpt_dentry_decode(val, vl, &v[n].ino, &v[n].mode);
+		if (r == 0)
+			r = ckpt_key_dentry_decode(k, kl, &parent, &name, &namelen);
 		if (r < 0)
 			break;
-		v[n].name = strndup((const char *)k + 9, kl - 9);
+		v[n].name = strndup(name, namelen);
 		if (!v[n].name) {
 			r = -ENOMEM;
 			break;

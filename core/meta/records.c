@@ -28,6 +28,22 @@ size_t ckpt_key_dentry(uint8_t *key, uint64_t parent, const char *name, size_t n
 	return 9 + namelen;
 }
 
+int ckpt_key_dentry_decode(const uint8_t *key, size_t klen, uint64_t *ret_parent,
+			   const char **ret_name, size_t *ret_namelen)
+{
+	const char *name = (const char *)key + 9;
+	size_t n = klen - 9;
+
+	if (klen < 10 || n > CKPT_NAME_MAX || key[0] != CKPT_KEY_DENTRY ||
+	    memchr(name, '/', n) || memchr(name, '\0', n) ||
+	    (name[0] == '.' && (n == 1 || (n == 2 && name[1] == '.'))))
+		return -EIO;
+	*ret_parent = ckpt_get_be64(key + 1);
+	*ret_name = name;
+	*ret_namelen = n;
+	return 0;
+}
+
 size_t ckpt_key_chunk(uint8_t *key, const ckpt_digest *d)
 {
 	key[0] = CKPT_KEY_CHUNK;

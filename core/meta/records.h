@@ -58,6 +58,12 @@ size_t ckpt_key_ino(uint8_t *key, char type, uint64_t ino);
 size_t ckpt_key_dentry(uint8_t *key, uint64_t parent, const char *name, size_t namelen);
 size_t ckpt_key_chunk(uint8_t *key, const ckpt_digest *d);
 size_t ckpt_key_meta(uint8_t *key, const char *name);
+/* The parent and name of dentry key[0..klen): *ret_name points into key (not
+ * NUL-terminated), *ret_namelen bytes.  -EIO (a damaged key) unless it is 'D',
+ * 8 bytes and a name of 1..CKPT_NAME_MAX bytes without '/' or NUL that is
+ * neither "." nor "..": the names the namespace creates. */
+int ckpt_key_dentry_decode(const uint8_t *key, size_t klen, uint64_t *ret_parent,
+			   const char **ret_name, size_t *ret_namelen);
 
 /* Inode records are 80 bytes in both versions.  Version 1 has bytes 72..79
  * reserved; version 2 holds the device number of a character or block

@@ -468,9 +468,12 @@ static int build_groups(struct vmodel *v, const ckpt_tp_rules *rules)
 			}
 		}
 		if (!explicit) {
+			/* at most 2^63 - 1, what a view file's num_layers can hold: a layer
+			 * index of 2^63 - 1 then goes to the last stage (as L >= N does) */
 			for (size_t k = grp->g0; k < grp->g1; k++)
-				if (v->gts[k].pp.kind == CKPT_PP_LAYER && v->gts[k].pp.layer + 1 > n)
-					n = v->gts[k].pp.layer + 1;
+				if (v->gts[k].pp.kind == CKPT_PP_LAYER && v->gts[k].pp.layer >= n)
+					n = v->gts[k].pp.layer < INT64_MAX ? v->gts[k].pp.layer + 1
+									   : INT64_MAX;
 		}
 		grp->num_layers = n;
 		infer_saved_layout(v, grp);

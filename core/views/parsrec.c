@@ -261,6 +261,103 @@ static bool scan_entries(struct rbuf c, uint32_t nt, size_t glen, size_t *ret_na
 	return !c.bad && c.off == c.n;
 }
 
+static int cmp_data(const void *a, const void *b)
+{
+	const struct ckpt_st_tensor *const *x = a, *const *y = b;
+
+	if ((*x)->begin != (*y)->begin)
+		return (*x)->begin < (*y)->begin ? -1 : 1;
+	if ((*x)->end != (*y)->end)
+		return (*x)->end < (*y)->end ? -1 : 1;
+	return 0;
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	const struct ckpt_st_tensor *const *x = a, *const *y = b;
+
+	return strcmp((*x)->name, (*y)->name);
+}
+
+/* Whether tensor t with metadata m is one a parse gives: a dtype of whole
+ * bytes, a size that matches its data offsets, a valid geometry. */
+static bool entry_ok(const struct srcdata *d, const struct ckpt_st_tensor *t,
+		     const struct smeta *m)
+{
+	unsigned bits = ckpt_dtype_bits(t->dtype);
+	struct ckpt_tensor_meta tm;
+	uint64_t n = 1;
+
+	if (bits % 8 || m->pp.kind < CKPT_PP_LAYER || m->pp.kind > CKPT_PP_ALL)
+		return false;
+	for (unsigned i = 0; i < t->ndim; i++)
+		if (t->shape[i] > INT64_MAX || __builtin_mul_overflow(n, t->shape[i], &n))
+			return false;
+	if (__builtin_mul_overflow(n, (uint64_t)bits / 8, &n) || t->end - t->begin != n ||
+	    t->end > INT64_MAX)
+		return false;
+	memset(&tm, 0, sizeof(tm));
+	tm.ndim = m->ndim;
+	tm.geom.box.ndim = m->ndim;
+	for (unsigned i = 0; i < m->ndim; i++) {
+		tm.global_shape[i] = m->gs[i];
+		tm.geom.box.off[i] = m->off[i];
+		tm.geom.box.shape[i] = m->shape[i];
+	}
+	tm.geom.flat = m->flat;
+	tm.geom.flat_begin = m->flat ? m->flat_begin : 0;
+	tm.geom.flat_end = m->flat ? m->flat_end : 0;
+	tm.tp_dim = m->tp_dim;
+	tm.has_pp = m->has_pp;
+	tm.pp = m->pp;
+	return ckpt_shardmeta_check(t, &tm, d->has_nl, d->nl) == 0;
+}
+
+/*
+ * A decoded record must be what a parse of a valid source of file_size bytes
+ * gives (a damaged record that decodes must not stand in for the parse): a
+ * header length in range; for a source a valid group and num_layers, tensors
+ * with distinct names and valid entries that tile the data area, which ends
+ * where the file does.  0 or -EINVAL; -ENOMEM.
+ */
+static int check_parse(const struct srcdata *d, uint64_t file_size)
+{
+	const struct ckpt_st_tensor **ord = NULL;
+	uint64_t end = 0;
+	int r = -EINVAL;
+
+	if (d->data_start < CKPT_ST_PREFIX_LEN + 2 ||
+	    d->data_start > CKPT_ST_PREFIX_LEN + CKPT_ST_MAX_HEADER)
+		return -EINVAL;
+	if (!d->source)
+		return 0;
+	if (ckpt_shardmeta_check_group(d->group) < 0 || (d->has_nl && d->nl > INT64_MAX))
+		return -EINVAL;
+	ord = malloc((d->ntensors ? d->ntensors : 1) * sizeof(*ord));
+	if (!ord)
+		return -ENOMEM;
+	for (size_t k = 0; k < d->ntensors; k++) {
+		if (!entry_ok(d, &d->tensors[k], &d->metas[k]))
+			goto out;
+		ord[k] = &d->tensors[k];
+	}
+	qsort(ord, d->ntensors, sizeof(*ord), cmp_name);
+	for (size_t k = 1; k < d->ntensors; k++)
+		if (strcmp(ord[k - 1]->name, ord[k]->name) == 0)
+			goto out;
+	qsort(ord, d->ntensors, sizeof(*ord), cmp_data);
+	for (size_t k = 0; k < d->ntensors; k++) {
+		if (ord[k]->begin != end)
+			goto out;
+		end = ord[k]->end;
+	}
+	if (d->data_start + end == file_size)
+		r = 0;
+out:
+	free(ord);
+	return r;
+}
+
 int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_list *ext,
 		      struct srcdata *d)
 {
@@ -268,7 +365,7 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 	size_t names, dims, pos_names, pos_dims = 0;
 	uint32_t nt;
 	uint16_t glen;
-	uint8_t flags;
+	uint8_t flags, source, has_nl;
 	uint64_t fp;
 	uint64_t *shapes;
 	char *strs;
@@ -280,8 +377,10 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 	d->ntensors = 0;
 	if (rb_u8(&b) != CKPT_PARSREC_VERSION)
 		goto bad;
-	d->source = rb_u8(&b);
-	d->has_nl = rb_u8(&b);
+	source = rb_u8(&b);
+	has_nl = rb_u8(&b);
+	d->source = source;
+	d->has_nl = has_nl;
 	flags = rb_u8(&b);
 	d->described = (flags & CKPT_PARSREC_F_DESCRIBED) != 0;
 	nt = rb_u32(&b);
@@ -289,7 +388,8 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 	d->data_start = rb_u64(&b);
 	d->nl = rb_u64(&b);
 	glen = rb_u16(&b);
-	if (b.bad || nt > len || (!d->source && nt) || (flags & ~CKPT_PARSREC_F_DESCRIBED))
+	if (b.bad || nt > len || source > 1 || has_nl > 1 || (!source && nt) ||
+	    (flags & ~CKPT_PARSREC_F_DESCRIBED))
 		goto bad;
 	if (vw_parsrec_fingerprint(ext, d->data_start) != fp) {
 		r = -ESTALE;
@@ -308,12 +408,15 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 	strs = (char *)(shapes + dims);
 	memcpy(strs, rb_take(&b, glen), glen);
 	strs[glen] = '\0';
+	if (strlen(strs) != glen)
+		goto bad;
 	d->group = strs;
 	pos_names = glen + 1;
 	for (uint32_t k = 0; k < nt; k++) {
 		struct ckpt_st_tensor *t = &d->tensors[k];
 		struct smeta *m = &d->metas[k];
 		size_t pre = (size_t)rb_var(&b), rest = (size_t)rb_var(&b);
+		const uint8_t *tail;
 		uint64_t *md;
 		uint8_t dl, fl;
 		char dt[32];
@@ -321,7 +424,10 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 		/* checked by scan_entries: pre <= length of the previous name */
 		if (pre)
 			memcpy(strs + pos_names, d->tensors[k - 1].name, pre);
-		memcpy(strs + pos_names + pre, rb_take(&b, rest), rest);
+		tail = rb_take(&b, rest);
+		if (memchr(tail, '\0', rest))
+			goto bad; /* names are C strings */
+		memcpy(strs + pos_names + pre, tail, rest);
 		strs[pos_names + pre + rest] = '\0';
 		t->name = strs + pos_names;
 		pos_names += pre + rest + 1;
@@ -365,6 +471,9 @@ int vw_parsrec_decode(const uint8_t *rec, size_t len, const struct ckpt_extent_l
 			goto bad;
 	}
 	d->ntensors = nt;
+	r = check_parse(d, ext->size);
+	if (r < 0)
+		goto bad;
 	return 0;
 bad:
 	free(d->blob);

@@ -648,6 +648,35 @@ static int sm_check_meta(const struct ckpt_tensor_meta *t, bool has_nl, uint64_t
 	return 0;
 }
 
+int ckpt_shardmeta_check_group(const char *group)
+{
+	return group && !sm_group_problem(group) ? 0 : -EINVAL;
+}
+
+int ckpt_shardmeta_check(const struct ckpt_st_tensor *t, const struct ckpt_tensor_meta *m,
+			 bool has_nl, uint64_t nl)
+{
+	const struct ckpt_piece_geom *g = &m->geom;
+	uint64_t elems = 0;
+
+	if (!t || !m || (t->ndim && !t->shape) || sm_check_meta(m, has_nl, nl) < 0)
+		return -EINVAL;
+	for (unsigned i = m->ndim; i < CKPT_MAX_DIMS; i++)
+		if (m->global_shape[i] || g->box.off[i] || g->box.shape[i])
+			return -EINVAL;
+	sm_elems(m->global_shape, m->ndim, &elems); /* fits: checked by sm_check_meta */
+	if (__builtin_mul_overflow(elems, (uint64_t)ckpt_dtype_bits(t->dtype), &elems))
+		return -EINVAL;
+	if (g->flat)
+		return t->ndim == 1 && t->shape[0] == g->flat_end - g->flat_begin ? 0 : -EINVAL;
+	if (t->ndim != m->ndim || g->flat_begin || g->flat_end)
+		return -EINVAL;
+	for (unsigned i = 0; i < t->ndim; i++)
+		if (t->shape[i] != g->box.shape[i])
+			return -EINVAL;
+	return 0;
+}
+
 struct sm_dump {
 	char *buf;	/* NUL-terminated once anything was appended */
 	size_t len, cap;
@@ -1097,8 +1126,8 @@ static bool sm_layer_number(const char *s, uint64_t *ret)
 		if (__builtin_mul_overflow(v, 10, &v) ||
 		    __builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
 			return false;
-	if (p == s || *p != '.')
-		return false;
+	if (p == s || *p != '.' || v > INT64_MAX)
+		return false; /* a layer past 2^63 - 1 cannot be written as a "pp" */
 	*ret = v;
 	return true;
 }

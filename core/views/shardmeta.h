@@ -117,6 +117,21 @@ int ckpt_shardmeta_tensor(const ckpt_shardmeta *m, const struct ckpt_st_tensor *
 			  struct ckpt_tensor_meta *ret);
 
 /*
+ * Whether m is a geometry that ckpt_shardmeta_parse() can give stored tensor
+ * t (its dtype and shape) in a file whose num_layers is nl when has_nl: every
+ * rule of the format above holds (box inside global_shape, flat range within
+ * the box and the stored length, sizes that fit, tp_dim and pp in range,
+ * numbers a JSON integer holds) and entries past m->ndim are 0.  For the
+ * decoder of a persisted parse (views/parsrec.c), which must not take a
+ * damaged record for a parse.  Returns 0 or -EINVAL (also for NULL).
+ * Thread-safe.
+ */
+int ckpt_shardmeta_check(const struct ckpt_st_tensor *t, const struct ckpt_tensor_meta *m,
+			 bool has_nl, uint64_t nl);
+/* 0 when group is a valid group name (the rule above), else -EINVAL. */
+int ckpt_shardmeta_check_group(const char *group);
+
+/*
  * Serialize metadata for a synthesized view file: on success returns 0 and
  * *ret_json is a malloc'd (free()) NUL-terminated compact JSON object, the
  * *value* of the "ckptfs" key, describing the n pieces of v in the order
@@ -203,7 +218,8 @@ void ckpt_pp_from_name(const char *name, struct ckpt_pp *ret);
 /*
  * Layer index from the first name segment "layers.N.", "h.N.", "blocks.N."
  * or "layer.N." (a segment starts at the beginning of the name or after a
- * '.'; N is one or more decimal digits that fit in 64 bits, followed by '.').
+ * '.'; N is one or more decimal digits, at most 2^63 - 1 (what the "pp" of
+ * a view file can hold), followed by '.').
  * Returns true and sets *ret_layer (if non-NULL) when found; false otherwise
  * or for a NULL name.
  */

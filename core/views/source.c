@@ -143,6 +143,13 @@ static int parse_source(ckpt_store *s, const char *name, struct srcdata *d, char
 		ckpt_errf(err, errlen, "%s: header no longer parses: %s", name, why);
 		return -EIO;
 	}
+	if (ckpt_st_check_file_size(d->hdr, d->ext->size) < 0) {
+		/* flagged at commit as exactly header + data: the same */
+		ckpt_errf(err, errlen, "%s: header describes %llu bytes of data, the file holds %llu "
+			  "after the header", name, (unsigned long long)ckpt_st_data_len(d->hdr),
+			  (unsigned long long)(d->ext->size - CKPT_ST_PREFIX_LEN - n));
+		return -EIO;
+	}
 	d->data_start = 8 + n;
 	d->described = ckpt_st_metadata_get(d->hdr, "ckptfs") != NULL;
 	r = ckpt_shardmeta_parse(d->hdr, &d->meta, why, sizeof(why));
