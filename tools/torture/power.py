@@ -18,21 +18,10 @@ import time
 
 import powerlog
 import workload
-from crash import KEEP, compare_refs
+from crash import KEEP, compare_refs, dir_bytes
 from tlib import Ctl, Daemon, Failure, fsync_dir, log, tree_state
 
 GC_ABOVE = 256 << 20  # run `ckpt gc` on the base when its packs pass this many bytes
-
-
-def dir_bytes(path):
-    n = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                n += os.lstat(os.path.join(dirpath, f)).st_size
-            except OSError:
-                pass
-    return n
 
 
 class PowerSuite:

@@ -344,11 +344,34 @@ class Daemon:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stacks = thread_stacks(self.proc.pid)
+            held = other_namespaces_with(self.mnt)
             self.kill9()
-            raise Failure(f"daemon still running {timeout} s after unmount; stacks:\n{stacks}")
+            raise Failure(f"daemon still running {timeout} s after unmount"
+                          + (f" (the mount is still in other mount namespaces, which keeps "
+                             f"the connection open: {held})" if held else "")
+                          + f"; stacks:\n{stacks}")
         self.proc = None
         if rc != 0:
             raise Failure(f"daemon exited {rc} after unmount:\n{self.log_tail()}")
+
+
+def other_namespaces_with(mnt):
+    """Processes of other mount namespaces that still have mnt mounted ("PID COMM", ...)."""
+    mine = os.readlink("/proc/self/ns/mnt")
+    seen, out = set(), []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+            if ns == mine or ns in seen:
+                continue
+            with open(f"/proc/{pid}/mountinfo") as f:
+                if any(line.split()[4] == mnt for line in f):
+                    seen.add(ns)
+                    with open(f"/proc/{pid}/comm") as c:
+                        out.append(f"{pid} {c.read().strip()}")
+        except OSError:
+            continue
+    return ", ".join(out)
 
 
 def thread_stacks(pid, limit=400):

@@ -89,10 +89,13 @@ class Worker(threading.Thread):
         self.verified = 0
         self.error = None
         self.ntmp = 0
+        self.hist = []      # the last steps, for messages
 
     # ------------------------------------------------------------ steps
 
     def step(self, desc, fn):
+        self.hist.append(" ".join(str(x) for x in desc[:4] if not isinstance(x, bytes)))
+        del self.hist[:-20]
         ev = self.wl.events
         op = ev.new_op(desc)
         ev.emit("S", op)
@@ -233,8 +236,18 @@ class Worker(threading.Thread):
         if got != bytes(self.content[ino]):
             if self.wl.daemon_dead():
                 raise DaemonGone()
+            try:
+                st = os.stat(self.path(name))
+                with open(self.path(name), "rb") as f:
+                    again = f.read()
+                later = (f"; stat size {st.st_size}, ino {st.st_ino}, nlink {st.st_nlink}; "
+                         f"read again: {len(again)} bytes, "
+                         f"{'right' if again == bytes(self.content[ino]) else 'wrong'}")
+            except OSError as e:
+                later = f"; stat/read again: {e}"
             self.wl.live_wrong(f"{self.relp(name)}: read back {len(got)} bytes that differ "
-                               f"from the {len(self.content[ino])} written")
+                               f"from the {len(self.content[ino])} written{later}; the "
+                               f"thread's last steps: " + " | ".join(self.hist))
         self.verified += 1
 
     def one(self):
