@@ -47,14 +47,25 @@ overlay "$T_DIR/sbin" /sbin
 overlay "$DEST$bindir" "$bindir"
 check "mount(8)'s helper directory has the installed helper" cmp "$HELPER" "/sbin/mount.fuse.ckptfs"
 
-# mount_pids: daemons serving $STORE (lib.sh's daemon_pids)
-# umount_wait: umount $MNT as root does, then wait for its daemon to exit (it flushes first)
+# umount_busy: umount $MNT as root does, again while it answers "target is busy" (for up to
+# 10 s: right after a mount the daemon's own start-up may still be looking at its mountpoint)
+umount_busy() {
+	local i
+	for ((i = 0; i < 100; i++)); do
+		umount "$MNT" 2>"$T_DIR/umount.err" && return 0
+		grep -q "target is busy" "$T_DIR/umount.err" || break
+		sleep 0.1
+	done
+	cat "$T_DIR/umount.err"
+	return 1
+}
+# umount_wait: umount_busy, then wait for the daemon of $STORE to exit (it flushes first)
 umount_wait() {
 	local pids
 	pids=$(daemon_pids "$STORE")
-	umount "$MNT" || return 1
+	umount_busy || return 1
 	# shellcheck disable=SC2086
-	[ -z "$pids" ] || wait_pids_gone 30 $pids
+	[ -z "$pids" ] || wait_pids_gone 30 $pids || { echo "daemon $pids still running"; return 1; }
 }
 # mounted_as SOURCE DESC: $MNT is mounted from SOURCE, type fuse.ckptfs
 mounted_as() {
@@ -145,27 +156,39 @@ check "mount -T FSTAB STORE (by store)" mount -T "$FSTAB" "$STORE"
 mounted_as "$STORE" "fstab by store: source STORE, type fuse.ckptfs"
 # Right after an umount its daemon may still hold the store (STORE/lock) while it flushes: the
 # next mount waits up to 3 s for it.  Here a lock held for 1 s stands for that daemon.
-umount "$MNT"
-wait_pids_gone 30 $(daemon_pids "$STORE") || note "the daemon is still running 30 s after umount"
-flock -x "$STORE/lock" sleep 1 &
-locker=$!
-sleep 0.2
-if mount -a -T "$FSTAB" >"$T_DIR/a.out" 2>&1; then
-	ok "mount -a -T FSTAB while the store is held for 1 s more mounts"
-else
-	not_ok "mount -a -T FSTAB while the store is held for 1 s more mounts"
-	indent "$T_DIR/a.out"
-fi
-wait "$locker"
-mounted_as "$STORE" "mount -a: source STORE, type fuse.ckptfs"
 check "umount MNT" umount_wait
-flock -x "$STORE/lock" sleep 4 &
-locker=$!
-sleep 0.2
-mount -T "$FSTAB" "$MNT" >"$T_DIR/busy.out" 2>&1
-assert_nonzero $? "a mount while the store is held for 4 s fails"
-check "... naming the store and the reason" grep -qF "$STORE: store is in use" "$T_DIR/busy.out"
-wait "$locker"
+# hold_store S: hold STORE/lock for S seconds in the background (sets LOCKER); 0 once it is held
+hold_store() {
+	rm -f "$T_DIR/held"
+	flock -x -w 10 "$STORE/lock" sh -c "touch '$T_DIR/held'; sleep $1" &
+	LOCKER=$!
+	for ((i = 0; i < 50; i++)); do
+		[ -e "$T_DIR/held" ] && return 0
+		sleep 0.1
+	done
+	return 1
+}
+if hold_store 1; then
+	if mount -a -T "$FSTAB" >"$T_DIR/a.out" 2>&1; then
+		ok "mount -a -T FSTAB while the store is held for 1 s more mounts"
+	else
+		not_ok "mount -a -T FSTAB while the store is held for 1 s more mounts"
+		indent "$T_DIR/a.out"
+	fi
+	mounted_as "$STORE" "mount -a: source STORE, type fuse.ckptfs"
+	check "umount MNT" umount_wait
+else
+	not_ok "flock could not take $STORE/lock within 10 s"
+fi
+wait "$LOCKER"
+if hold_store 4; then
+	mount -T "$FSTAB" "$MNT" >"$T_DIR/busy.out" 2>&1
+	assert_nonzero $? "a mount while the store is held for 4 s fails"
+	check "... naming the store and the reason" grep -qF "$STORE: store is in use" "$T_DIR/busy.out"
+else
+	not_ok "flock could not take $STORE/lock within 10 s"
+fi
+wait "$LOCKER"
 check "ckpt fsck: the store is intact" "$CKPT" fsck "$STORE"
 
 finish

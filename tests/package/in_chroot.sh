@@ -26,7 +26,14 @@ umount_wait() {
 	local p
 	p=$(daemon_pids)
 	[ -n "$p" ] || { echo "no ckptfs daemon serves /srv/ckpt-store"; return 1; }
-	umount "$1" || return 1
+	# again while "target is busy": right after a mount, the daemon's read-ahead set-up may
+	# still be looking up its mountpoint (docs/reliability.md)
+	for _ in $(seq 100); do
+		umount "$1" 2>/tmp/umount.err && break
+		grep -q "target is busy" /tmp/umount.err || { cat /tmp/umount.err; return 1; }
+		sleep 0.1
+	done
+	findmnt "$1" >/dev/null && { cat /tmp/umount.err; return 1; }
 	for _ in $(seq 100); do
 		kill -0 $p 2>/dev/null || return 0
 		sleep 0.1
