@@ -16,6 +16,12 @@ if [ -z "${CKPTFS_T_MOUNT_NS:-}" ]; then
 		{ echo "not ok - unshare is not installed (Debian package util-linux)"; exit 1; }
 	CKPTFS_T_MOUNT_NS=1 exec unshare --mount --propagation private -- bash "$0" "$@"
 fi
+# The new namespace holds a copy of every FUSE mount that existed when it was made (those of
+# tests running beside this one): a copy keeps its daemon's connection alive after that test
+# unmounts it, until the namespace ends.  Drop the copies here, at once (only this namespace's).
+findmnt -rn -t fuse,fuseblk -o TARGET 2>/dev/null | while read -r m; do
+	umount -l "$(printf '%b' "$m")" 2>/dev/null || true
+done
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 
