@@ -21,8 +21,10 @@ PKGS=(build-essential autoconf automake libtool pkg-config
 PKGS+=(gdb)
 # go-md2man: make builds the man pages ckptfs(8) and ckpt(1) from docs/man/*.md with it.
 PKGS+=(go-md2man)
-# clang: the libFuzzer harnesses (tests/fuzz, configure --enable-fuzzers in build-fuzz/).
-PKGS+=(clang)
+# clang and its runtime libraries (libFuzzer, the sanitizers' runtimes: libclang-rt-dev, only
+# recommended by clang, so not installed with --no-install-recommends): the libFuzzer harnesses
+# (tests/fuzz, configure --enable-fuzzers).
+PKGS+=(clang libclang-rt-dev)
 
 missing=()
 for p in "${PKGS[@]}"; do
