@@ -656,11 +656,12 @@ int ckpt_shardmeta_check_group(const char *group)
 int ckpt_shardmeta_check(const struct ckpt_st_tensor *t, const struct ckpt_tensor_meta *m,
 			 bool has_nl, uint64_t nl)
 {
-	const struct ckpt_piece_geom *g = &m->geom;
+	const struct ckpt_piece_geom *g;
 	uint64_t elems = 0;
 
 	if (!t || !m || (t->ndim && !t->shape) || sm_check_meta(m, has_nl, nl) < 0)
 		return -EINVAL;
+	g = &m->geom;
 	for (unsigned i = m->ndim; i < CKPT_MAX_DIMS; i++)
 		if (m->global_shape[i] || g->box.off[i] || g->box.shape[i])
 			return -EINVAL;
