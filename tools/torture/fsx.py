@@ -229,6 +229,7 @@ class Thread(threading.Thread):
 
     def op_truncate(self):
         n = self.rng.choice([0, self.rng.randrange(0, MAXOFF), self.rng.randrange(0, 8192)])
+        self.last_size = None
         if self.fds and self.rng.random() < 0.5:
             fd, node, path, _ = self.rng.choice(self.fds)
             self.call(f"ftruncate {path}", lambda: os.ftruncate(fd, n))
@@ -239,6 +240,7 @@ class Thread(threading.Thread):
                 return "truncate: no file"
             path = self.rng.choice(fs)
             node = self.tree[path]
+            self.last_size = len(node.data)
             self.call(f"truncate {path}", lambda: os.truncate(self.P(path), n))
             how = "truncate"
         if n < len(node.data):
@@ -246,8 +248,14 @@ class Thread(threading.Thread):
         else:
             node.data += bytes(n - len(node.data))
         st = os.stat(self.P(path)) if path in self.tree and self.tree[path] is node else None
-        if st is not None:
-            self.expect(st.st_size == n, f"{how} {path} to {n}: stat size {st.st_size}")
+        if st is not None and st.st_size != n:
+            import time
+            time.sleep(1.5)
+            later = os.stat(self.P(path)).st_size
+            self.expect(False, f"{how} {path} to {n}: stat size {st.st_size} (1.5 s later: "
+                        f"{later}); descriptors of the file open in this thread: "
+                        f"{sum(1 for e in self.fds if e[1] is node)}, nlink {node.nlink}, "
+                        f"size before {self.last_size}")
         return f"{how} {path} {n}"
 
     def op_sync(self):
