@@ -25,7 +25,7 @@ import shutil
 import time
 
 import workload
-from tlib import Ctl, Daemon, Failure, fsync_dir, log, tree_state, unmount
+from tlib import Ctl, Daemon, Failure, fsync_dir, log, preload, tree_state, unmount
 
 KEEP = 3
 GC_ABOVE = 1 << 30
@@ -354,7 +354,8 @@ class CrashSuite:
         spec = (f"{cls}:{rng.randint(1, max(1, self.seen.get('gc ' + cls, 20)))}:"
                 f"{rng.choice(['before', 'after'])}")
         ctl = Ctl(os.path.join(self.dir, "ctl.gc"))
-        e = dict(os.environ, LD_PRELOAD=self.env.shim, TORTURE_ROOT=os.path.realpath(self.store),
+        e = dict(os.environ, LD_PRELOAD=preload(self.env.ckpt, self.env.shim),
+                 TORTURE_ROOT=os.path.realpath(self.store),
                  TORTURE_CTL=ctl.path, TORTURE_KILL=spec, TORTURE_ARMED="1")
         live = rng.choice(["80", "100"])
         rc, out = self.env.ckpt_run("gc", self.store, "--live", live, env=e)

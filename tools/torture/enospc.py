@@ -275,10 +275,14 @@ class EnospcSuite:
                 elif k % 5 == 2:
                     os.mkdir(os.path.join(self.mnt, rel))
                 elif k % 5 == 3:
-                    os.rename(os.path.join(self.mnt, "ref", "early1"),
-                              os.path.join(self.mnt, "ref", "early1.tmp"))
-                    os.rename(os.path.join(self.mnt, "ref", "early1.tmp"),
-                              os.path.join(self.mnt, "ref", "early1"))
+                    # a reference file there and back; the reference follows each rename that
+                    # returned (the daemon may die between the two: a crash of the process
+                    # keeps what it committed)
+                    cur = "ref/early1" if "ref/early1" in ref else "ref/early1.tmp"
+                    other = "ref/early1.tmp" if cur == "ref/early1" else "ref/early1"
+                    for a, b in ((cur, other), (other, cur)):
+                        os.rename(os.path.join(self.mnt, a), os.path.join(self.mnt, b))
+                        ref[b] = ref.pop(a)
                 else:
                     fd = os.open(self.mnt, os.O_RDONLY | os.O_DIRECTORY)
                     try:

@@ -199,6 +199,22 @@ def unmount(mnt, lazy_ok=True):
     return not mounted(mnt)
 
 
+def preload(binary, shim):
+    """LD_PRELOAD for running `binary` with the shim: the shim alone, or, for a binary built
+    with AddressSanitizer (configure --enable-sanitizers, tools/sanitize.sh), ASan's runtime
+    first, which ASan requires of every preloaded library list."""
+    import subprocess
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("libasan.so") and len(parts) >= 3 and parts[1] == "=>":
+            return f"{parts[2]}:{shim}"
+    return shim
+
+
 # ---------------------------------------------------------------- the shim's control file
 
 CTL_MAGIC = 0x4C544354
@@ -259,7 +275,7 @@ class Daemon:
             args += ["-o", ",".join(self.opts)]
         e = dict(os.environ)
         if self.shim is not None:
-            e["LD_PRELOAD"] = self.env.shim
+            e["LD_PRELOAD"] = preload(self.env.ckptfs, self.env.shim)
             e["TORTURE_ROOT"] = os.path.realpath(self.store)
             e.update(self.shim)
         out = open(self.logfile, "ab")
