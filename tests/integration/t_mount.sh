@@ -19,8 +19,8 @@ fi
 # The new namespace holds a copy of every FUSE mount that existed when it was made (those of
 # tests running beside this one): a copy keeps its daemon's connection alive after that test
 # unmounts it, until the namespace ends.  Drop the copies here, at once (only this namespace's).
-findmnt -rn -t fuse,fuseblk -o TARGET 2>/dev/null | while read -r m; do
-	umount -l "$(printf '%b' "$m")" 2>/dev/null || true
+findmnt -rn -o FSTYPE,TARGET 2>/dev/null | while read -r t m; do
+	case $t in fuse | fuse.* | fuseblk) umount -l "$(printf '%b' "$m")" 2>/dev/null || true ;; esac
 done
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
