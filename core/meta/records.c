@@ -31,11 +31,14 @@ size_t ckpt_key_dentry(uint8_t *key, uint64_t parent, const char *name, size_t n
 int ckpt_key_dentry_decode(const uint8_t *key, size_t klen, uint64_t *ret_parent,
 			   const char **ret_name, size_t *ret_namelen)
 {
-	const char *name = (const char *)key + 9;
-	size_t n = klen - 9;
+	const char *name;
+	size_t n;
 
-	if (klen < 10 || n > CKPT_NAME_MAX || key[0] != CKPT_KEY_DENTRY ||
-	    memchr(name, '/', n) || memchr(name, '\0', n) ||
+	if (klen < 10 || klen - 9 > CKPT_NAME_MAX || key[0] != CKPT_KEY_DENTRY)
+		return -EIO;
+	name = (const char *)key + 9;
+	n = klen - 9;
+	if (memchr(name, '/', n) || memchr(name, '\0', n) ||
 	    (name[0] == '.' && (n == 1 || (n == 2 && name[1] == '.'))))
 		return -EIO;
 	*ret_parent = ckpt_get_be64(key + 1);

@@ -14,7 +14,8 @@
  *   0x04  ... and its data checksum too, when its data lies in the file;
  *   0x08  the pack is also opened writable (which invalidates torn records)
  *         and a record appended;
- *   0x10  records are also read with O_DIRECT (ckpt_pack_read_direct).
+ *   0x10  records are also read with O_DIRECT (ckpt_pack_read_direct), from a
+ *         file in $TMPDIR (the others are in /dev/shm when it exists).
  * What must hold: a valid file header opens; the walk (ckpt_pack_scan)
  * reports records in increasing, non-overlapping order, each inside the
  * file; a record read back (ckpt_pack_read, ckpt_pack_rec_at) is the one the
@@ -39,17 +40,36 @@
 
 static const uint8_t store_uuid[16] = { 0xc4, 0x9b, 0x01, 0x77, 0x5e, 0x10, 0x42, 0x3a,
 					0x8d, 0x66, 0x2f, 0x90, 0x13, 0xee, 0x05, 0x61 };
-static char dir[4096];
+/* Where the pack file is written: [0] a memory file system when there is one
+ * (/dev/shm: no disk writes, fdatasync is free), [1] $TMPDIR, for the runs
+ * that read with O_DIRECT (which tmpfs refuses). */
+static char dirs[2][4096];
+static int dfds[2] = { -1, -1 };
 static char name[CKPT_PACK_NAME_MAX];
-static int dfd = -1;
 static ckpt_decompressor *dec;
 
 static void cleanup(void)
 {
-	if (dfd >= 0)
-		unlinkat(dfd, name, 0);
-	if (dir[0])
-		rmdir(dir);
+	for (int i = 0; i < 2; i++) {
+		if (dfds[i] >= 0)
+			unlinkat(dfds[i], name, 0);
+		if (dirs[i][0])
+			rmdir(dirs[i]);
+	}
+}
+
+static void make_dir(int i, const char *parent)
+{
+	snprintf(dirs[i], sizeof(dirs[i]), "%s/ckpt-fuzz-pack.XXXXXX", parent);
+	if (!mkdtemp(dirs[i])) {
+		perror(dirs[i]);
+		abort();
+	}
+	dfds[i] = open(dirs[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfds[i] < 0) {
+		perror(dirs[i]);
+		abort();
+	}
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
@@ -57,18 +77,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	const char *tmp = getenv("TMPDIR");
 
 	fuzz_quiet();
-	snprintf(dir, sizeof(dir), "%s/ckpt-fuzz-pack.XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-	if (!mkdtemp(dir)) {
-		perror(dir);
-		abort();
-	}
-	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd < 0 || ckpt_pack_name(PACK_ID, name, sizeof(name)) < 0 ||
-	    ckpt_decompressor_new(&dec) < 0) {
-		perror(dir);
-		abort();
-	}
+	tmp = tmp && tmp[0] ? tmp : "/tmp";
 	atexit(cleanup);
+	make_dir(1, tmp);
+	if (access("/dev/shm", W_OK) == 0)
+		make_dir(0, "/dev/shm");
+	else
+		make_dir(0, tmp);
+	if (ckpt_pack_name(PACK_ID, name, sizeof(name)) < 0 || ckpt_decompressor_new(&dec) < 0)
+		abort();
 	return 0;
 }
 
@@ -166,7 +183,7 @@ static void check_record(ckpt_pack *p, const uint8_t *f, size_t fsize, uint64_t 
 	}
 	/* the O_DIRECT read of the store's chunk loads, where the file system has it
 	 * (only with MODE 0x10: it writes the file's dirty pages back first, which
-	 * makes a run five times slower) */
+	 * makes a run several times slower) */
 	if (direct) {
 		size_t cap = ckpt_pack_direct_len(off, want->stored_len);
 		uint8_t *al = NULL;
@@ -209,7 +226,7 @@ static void check_record(ckpt_pack *p, const uint8_t *f, size_t fsize, uint64_t 
 }
 
 /* Open writable, append one record, read it back and find it by a walk. */
-static void check_append(const uint8_t *tail, size_t tail_len, uint64_t fsize)
+static void check_append(int dfd, const uint8_t *tail, size_t tail_len, uint64_t fsize)
 {
 	struct ckpt_pack_rec rec = { CKPT_CODEC_RAW, 0, 0, { 0 } }, back;
 	struct walk *w = NULL;
@@ -252,13 +269,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t fsize;
 	struct walk *w = NULL;
 	ckpt_pack *p = NULL;
-	int fd, r;
+	int fd, r, dfd;
 
 	if (size < 1 || size > (8u << 20))
 		return 0;
 	mode = data[0];
 	data++;
 	size--;
+	dfd = dfds[mode & 0x10 ? 1 : 0];
 	if (mode & 1) {
 		fsize = size;
 		f = malloc(fsize ? fsize : 1);
@@ -276,7 +294,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (mode & 2)
 		fix_records(f, fsize, mode & 4);
 	fd = openat(dfd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	FUZZ_CHECK(fd >= 0 && ckpt_pwrite_full(fd, f, fsize, 0) == 0, "write %s/%s", dir, name);
+	FUZZ_CHECK(fd >= 0 && ckpt_pwrite_full(fd, f, fsize, 0) == 0, "write %s/%s",
+		   dirs[mode & 0x10 ? 1 : 0], name);
 	close(fd);
 
 	r = ckpt_pack_open(dfd, PACK_ID, store_uuid, false, &p);
@@ -301,7 +320,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ckpt_pack_free(p);
 	p = NULL;
 	if (mode & 8)
-		check_append(data + size / 2, size - size / 2, fsize);
+		check_append(dfd, data + size / 2, size - size / 2, fsize);
 out:
 	ckpt_pack_free(p);
 	free(w);
