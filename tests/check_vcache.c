@@ -148,6 +148,56 @@ START_TEST(test_not_inserted)
 }
 END_TEST
 
+/* The keys dead_key() calls dead, and how often it was asked. */
+static bool dead_keys[16];
+static int dead_calls;
+
+static bool dead_key(const struct vcache_node *n)
+{
+	int key = vcache_entry(n, const struct entry)->key;
+
+	dead_calls++;
+	/* asked without the cache's lock: the cache can be used meanwhile */
+	vcache_unref(&cache, vcache_find(&cache, key_match, &key));
+	return dead_keys[key];
+}
+
+/* A sweep lets go of the kept entries it is told are dead, at once rather
+ * than when they are the oldest; live ones stay kept, and a dead entry
+ * still in use stays valid (and shared, as any entry the cache let go of)
+ * until its user lets go. */
+START_TEST(test_sweep)
+{
+	struct entry *e[3];
+
+	for (int i = 0; i < 3; i++) {
+		e[i] = entry_add(i, SA);
+		if (i != 1)
+			vcache_unref(&cache, &e[i]->node); /* kept only */
+	}
+	dead_keys[0] = dead_keys[1] = true;
+	dead_calls = 0;
+	vcache_sweep(&cache, dead_key);
+	ck_assert_int_eq(dead_calls, 3);
+	/* 0: no user, gone; 1: in use, valid; 2: kept */
+	ck_assert_int_eq(ndestroyed, 1);
+	ck_assert_int_eq(destroyed[0], 0);
+	ck_assert_ptr_null(find(0));
+	ck_assert_ptr_eq(find(1), e[1]);
+	vcache_unref(&cache, &e[1]->node);
+	ck_assert_ptr_eq(find(2), e[2]);
+	vcache_unref(&cache, &e[2]->node);
+	/* a second sweep asks about the kept entries only */
+	dead_calls = 0;
+	vcache_sweep(&cache, dead_key);
+	ck_assert_int_eq(dead_calls, 1);
+	vcache_unref(&cache, &e[1]->node);
+	ck_assert_int_eq(ndestroyed, 2);
+	ck_assert_int_eq(destroyed[1], 1);
+	dead_keys[0] = dead_keys[1] = false;
+}
+END_TEST
+
 static Suite *vcache_suite(void)
 {
 	Suite *s = suite_create("vcache");
@@ -158,6 +208,7 @@ static Suite *vcache_suite(void)
 	tcase_add_test(tc, test_newest_first);
 	tcase_add_test(tc, test_forget_store);
 	tcase_add_test(tc, test_not_inserted);
+	tcase_add_test(tc, test_sweep);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1148,6 +1148,80 @@ END_TEST
 
 
 /*
+ * The caches that view builds share let go of the models and parses of
+ * directories and files that were deleted or rewritten when the next view
+ * is built, not when they are the oldest: a training job saves a directory
+ * per step and deletes old ones, and the caches must not hold the deleted
+ * steps.
+ */
+#define expect_cached(models, sources) expect_cached_at(models, sources, __LINE__)
+static void expect_cached_at(size_t models, size_t sources, int line)
+{
+	struct ckpt_view_cache_stats cs;
+
+	ckpt_view_cache_stats(&cs);
+	ck_assert_msg(cs.models == models && cs.sources == sources,
+		      "line %d: %zu models and %zu parses cached, not %zu and %zu", line,
+		      cs.models, cs.sources, models, sources);
+}
+
+static uint64_t put_step(const char *name, unsigned nfiles, float base)
+{
+	uint64_t dir = mkdir_in(CKPT_ROOT_INO, name);
+	float *w = fgen(12, base);
+	struct tdef t[1] = { { "w", CKPT_DT_F32, 2, { 3, 4 }, w } };
+
+	for (unsigned i = 0; i < nfiles; i++) {
+		char fname[64];
+		snprintf(fname, sizeof(fname), "model-%u.safetensors", i);
+		put_st(dir, fname, NULL, t, 1); /* replicas */
+	}
+	free(w);
+	return dir;
+}
+
+START_TEST(test_cache_drops_deleted)
+{
+	uint64_t a = put_step("step_1", 3, 100), b, c;
+	float *w2 = fgen(12, 500);
+	struct tdef t2[1] = { { "w", CKPT_DT_F32, 2, { 3, 4 }, w2 } };
+	ckpt_view *v;
+
+	expect_cached(0, 0);
+	ckpt_view_unref(build(a, 1, 1, NULL));
+	ckpt_view_unref(build(a, 2, 1, NULL)); /* the same model */
+	expect_cached(1, 3);
+	/* step_1 deleted, step_2 saved and viewed: step_1's model and parses go */
+	for (unsigned i = 0; i < 3; i++) {
+		char fname[64];
+		snprintf(fname, sizeof(fname), "model-%u.safetensors", i);
+		ck_assert_int_eq(ckpt_store_unlink(st, a, fname, false), 0);
+	}
+	ck_assert_int_eq(ckpt_store_unlink(st, CKPT_ROOT_INO, "step_1", true), 0);
+	b = put_step("step_2", 2, 200);
+	ckpt_view_unref(build(b, 1, 1, NULL));
+	expect_cached(1, 2);
+	/* a rewritten file: its old parse and the model that holds it go too
+	 * (the two files now disagree: the view still builds, the tensor's
+	 * problem shows when a file is opened) */
+	put_st(b, "model-1.safetensors", NULL, t2, 1);
+	ckpt_view_unref(build(b, 1, 1, NULL));
+	expect_cached(1, 2);
+	/* a view still in use keeps its model and parses, deleted or not */
+	v = build(b, 1, 1, NULL);
+	ck_assert_int_eq(ckpt_store_unlink(st, b, "model-0.safetensors", false), 0);
+	ck_assert_int_eq(ckpt_store_unlink(st, b, "model-1.safetensors", false), 0);
+	c = put_step("step_3", 1, 300);
+	ckpt_view_unref(build(c, 1, 1, NULL));
+	expect_cached(2, 3);
+	ck_assert_uint_eq(ckpt_view_nfiles(v), 1);
+	ckpt_view_unref(v);
+	expect_cached(1, 1);
+	free(w2);
+}
+END_TEST
+
+/*
  * A view file is a valid source again (docs/views.md section 6): the tp4
  * files copied into another directory give the same tp1 and tp3 views, and
  * tp1_pp1 of a copied tp1_pp1 file is byte-identical to it.
@@ -1609,6 +1683,7 @@ static Suite *view_suite(void)
 	tcase_add_test(tp, test_read_gather);
 	tcase_add_test(tp, test_vfile_chunks);
 	tcase_add_test(tp, test_prefetch);
+	tcase_add_test(tp, test_cache_drops_deleted);
 
 	tcase_add_test(pp, test_pp_inferred_layers);
 	tcase_add_test(pp, test_pp_explicit_layers);

@@ -59,6 +59,11 @@ void vw_model_forget_store(ckpt_store *s)
 	vcache_forget_store(&model_cache, s);
 }
 
+size_t vw_model_count(void)
+{
+	return vcache_count(&model_cache);
+}
+
 /* The sources among the entries of the model's directory (from
  * vw_scan_dir), and the latest mtime of its regular files. */
 static int collect_sources(struct vmodel *v, ckpt_store *s, const struct ckpt_dirent *ents,
@@ -532,6 +537,29 @@ static void warn_nometa(const struct vmodel *v)
 
 /* ---------------------------------------------------------------- cache */
 
+/* A model whose directory is gone, or one of whose sources is gone or has
+ * another size or mtime, has a signature no scan gives again: it is never
+ * found again.  Gone: no inode, or an orphan (nlink 0: removed, kept while
+ * in use).  (Files added beside its sources make it as useless, but telling
+ * needs a scan of the directory: such a model goes by age.) */
+static bool model_dead(const struct vcache_node *n)
+{
+	const struct vmodel *m = vcache_entry(n, const struct vmodel);
+	struct ckpt_inode in;
+	int r = ckpt_store_getattr(n->s, m->dir, &in);
+
+	if (r == -ENOENT || (r == 0 && (in.nlink == 0 || !S_ISDIR(in.mode))))
+		return true;
+	for (size_t i = 0; r == 0 && i < m->nsrcs; i++) {
+		const struct src *src = &m->srcs[i];
+		r = ckpt_store_getattr(n->s, src->ino, &in);
+		if (r == -ENOENT || (r == 0 && (in.nlink == 0 || in.size != src->d->size ||
+						in.mtime_ns != src->d->mtime_ns)))
+			return true;
+	}
+	return false; /* or unknown (an I/O error): kept */
+}
+
 struct model_key {
 	ckpt_store *s;
 	uint64_t dir, sig;
@@ -590,6 +618,13 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 	}
 	warn_nometa(m);
 	vcache_insert(&model_cache, &m->node, s); /* the caller's reference and the cache's */
+	/* A new model: the directories viewed changed.  The models and parses
+	 * that can no longer be found go now rather than when they are the
+	 * oldest, which could be many views later (a training job saves a new
+	 * directory per step and deletes old ones).  Models first: they hold
+	 * parses. */
+	vcache_sweep(&model_cache, model_dead);
+	vw_source_sweep();
 out:
 	ckpt_dirents_free(ents, nents);
 	free(ins);

@@ -53,6 +53,28 @@ void vw_source_forget_store(ckpt_store *s)
 	vcache_forget_store(&src_cache, s);
 }
 
+/* A parse whose file is gone (or an orphan: unlinked, kept while open), or
+ * has another size or mtime, is never found again (src_match). */
+static bool src_dead(const struct vcache_node *n)
+{
+	const struct srcdata *d = vcache_entry(n, const struct srcdata);
+	struct ckpt_inode in;
+	int r = ckpt_store_getattr(n->s, d->ino, &in);
+
+	return r == -ENOENT || (r == 0 && (in.nlink == 0 || in.size != d->size ||
+					   in.mtime_ns != d->mtime_ns));
+}
+
+void vw_source_sweep(void)
+{
+	vcache_sweep(&src_cache, src_dead);
+}
+
+size_t vw_source_count(void)
+{
+	return vcache_count(&src_cache);
+}
+
 int vw_scan_dir(ckpt_store *s, uint64_t dir, struct ckpt_dirent **ret_ents, size_t *ret_n,
 		struct ckpt_inode **ret_ins, uint64_t *ret_sig)
 {

@@ -5,6 +5,8 @@
  */
 #include "views/vcache.h"
 
+#include <stdlib.h>
+
 void vcache_unref(struct vcache *c, struct vcache_node *n)
 {
 	struct vcache_node **pp;
@@ -91,4 +93,46 @@ void vcache_forget_store(struct vcache *c, ckpt_store *s)
 {
 	while (release_one(c, of_store, s))
 		;
+}
+
+void vcache_sweep(struct vcache *c, bool (*dead)(const struct vcache_node *n))
+{
+	/* at most keep entries are kept, keep + 1 while an insert trims */
+	size_t cap = c->keep + 1, nv = 0;
+	struct vcache_node **v = malloc(cap * sizeof(*v)), *n;
+
+	if (!v)
+		return;
+	pthread_mutex_lock(&c->lock);
+	for (n = c->head; n && nv < cap; n = n->next)
+		if (n->kept) {
+			n->refs++;
+			v[nv++] = n;
+		}
+	pthread_mutex_unlock(&c->lock);
+	for (size_t i = 0; i < nv; i++) {
+		bool drop = false;
+
+		if (dead(v[i])) {
+			pthread_mutex_lock(&c->lock);
+			drop = v[i]->kept;
+			v[i]->kept = false;
+			pthread_mutex_unlock(&c->lock);
+		}
+		if (drop)
+			vcache_unref(c, v[i]); /* the cache's hold */
+		vcache_unref(c, v[i]);         /* the sweep's */
+	}
+	free(v);
+}
+
+size_t vcache_count(struct vcache *c)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (struct vcache_node *e = c->head; e; e = e->next)
+		n++;
+	pthread_mutex_unlock(&c->lock);
+	return n;
 }

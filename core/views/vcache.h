@@ -12,7 +12,7 @@
  * recovered with vcache_entry().
  *
  * Thread-safety: every call takes the cache's mutex; entries themselves are
- * immutable once inserted.  Errors: none (no call allocates).
+ * immutable once inserted.  Errors: none (only vcache_sweep allocates).
  */
 #ifndef CKPT_VCACHE_H
 #define CKPT_VCACHE_H
@@ -54,5 +54,13 @@ void vcache_unref(struct vcache *c, struct vcache_node *n);
 /* Drop the cache's holds on every entry of store s (users' references stay
  * valid). */
 void vcache_forget_store(struct vcache *c, ckpt_store *s);
+/* Drop the cache's holds on the kept entries that dead() says can never be
+ * found again (their file or directory is gone or changed), so that they do
+ * not wait to be the oldest.  dead() is called without the cache's lock, on
+ * a reference of the sweep's own, and may read the store.  Best effort:
+ * without memory for its list the sweep does nothing. */
+void vcache_sweep(struct vcache *c, bool (*dead)(const struct vcache_node *n));
+/* How many entries are alive: kept by the cache or in use. */
+size_t vcache_count(struct vcache *c);
 
 #endif

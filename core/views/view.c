@@ -80,6 +80,12 @@ void ckpt_view_forget_store(ckpt_store *s)
 	vw_model_forget_store(s);
 }
 
+void ckpt_view_cache_stats(struct ckpt_view_cache_stats *ret)
+{
+	ret->models = vw_model_count();
+	ret->sources = vw_source_count();
+}
+
 uint64_t ckpt_view_sig(const ckpt_view *v)
 {
 	return v->m->sig;

@@ -61,6 +61,15 @@ int ckpt_view_prefetch(ckpt_store *s, uint64_t ino);
 /* Drop the process-wide caches' holds on everything parsed from store s
  * (call before ckpt_store_free(s); views still referenced stay valid). */
 void ckpt_view_forget_store(ckpt_store *s);
+/* What the process-wide caches that view builds share hold now: models
+ * (one per directory viewed) and parsed source files, kept by the caches or
+ * in use by views.  The caches keep the newest few of each, and let go of
+ * those of directories and files deleted or changed when the next view is
+ * built. */
+struct ckpt_view_cache_stats {
+	size_t models, sources;
+};
+void ckpt_view_cache_stats(struct ckpt_view_cache_stats *ret);
 void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
 
 /* A cheap fingerprint of the sources of dir's view (inode, size, mtime and

@@ -96,6 +96,9 @@ int vw_source_load(ckpt_store *s, uint64_t ino, uint64_t size, int64_t mtime_ns,
 		   const char *name, struct srcdata **ret, char *err, size_t errlen);
 void vw_srcdata_unref(struct srcdata *d); /* accepts NULL */
 void vw_source_forget_store(ckpt_store *s);
+/* Let go of the cached parses of files deleted or changed since (vcache_sweep). */
+void vw_source_sweep(void);
+size_t vw_source_count(void);  /* parses alive (vcache_count) */
 
 /* The entries of dir, the attributes of its regular files (ins[i].ino == 0
  * for other entries and files that vanished) and the fingerprint of
@@ -168,6 +171,7 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 		 struct vmodel **ret, char *err, size_t errlen);
 void vw_model_unref(struct vmodel *m); /* accepts NULL */
 void vw_model_forget_store(ckpt_store *s);
+size_t vw_model_count(void); /* models alive (vcache_count) */
 
 /* What a reader must do about a tensor held by several files with
  * different contents and no sharding metadata. */
