@@ -89,6 +89,8 @@ struct vtree_file {
 	struct vnode *n;               /* lives until vtree_free() */
 	ckpt_vfile *vf;                /* view file, or */
 	struct ckpt_extent_list *snap; /* passthrough file */
+	ckpt_hold *hold; /* keeps the chunks of the version it reads (store.h),
+			  * taken before them; freed at release */
 };
 
 void vtree_changed(struct vtree *vt)
@@ -110,8 +112,13 @@ static void *pf_main(void *arg)
 		}
 		{
 			uint64_t ino = vt->pf[--vt->npf];
+			ckpt_hold *h = NULL;
+
 			pthread_mutex_unlock(&vt->lock);
-			ckpt_view_prefetch(vt->s, ino); /* best effort */
+			/* best effort; the hold keeps the chunks it reads (store.h) */
+			if (ckpt_hold_new(vt->s, &h) == 0)
+				ckpt_view_prefetch(vt->s, ino);
+			ckpt_hold_free(h);
 			pthread_mutex_lock(&vt->lock);
 		}
 	}
@@ -409,7 +416,16 @@ static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
 		*ret = v;
 		return 0;
 	}
-	r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
+	{
+		/* the build reads the headers of the extent lists it loads */
+		ckpt_hold *h;
+
+		r = ckpt_hold_new(vt->s, &h);
+		if (r < 0)
+			return r;
+		r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
+		ckpt_hold_free(h);
+	}
 	if (r < 0) {
 		char lname[CKPT_LAYOUT_NAME_MAX + 1];
 		char *path = ckpt_store_path_of(vt->s, dir);
@@ -742,6 +758,9 @@ static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
+	r = ckpt_hold_new(vt->s, &f->hold);
+	if (r < 0)
+		goto out;
 	if (n->kind == V_PASS) {
 		r = ckpt_store_load_extents(vt->s, n->ino, &f->snap);
 		goto out;
@@ -766,6 +785,7 @@ out:
 	ckpt_view_unref(v);
 	if (r < 0) {
 		ckpt_extent_list_free(f->snap);
+		ckpt_hold_free(f->hold);
 		free(f);
 		return r;
 	}
@@ -834,6 +854,7 @@ static void vt_release(struct tree_file *tf)
 	pthread_mutex_unlock(&vt->lock);
 	ckpt_vfile_free(f->vf);
 	ckpt_extent_list_free(f->snap);
+	ckpt_hold_free(f->hold);
 	free(f);
 }
 

@@ -188,12 +188,22 @@ void *st_bg_main(void *arg)
 		if (n > 0) {
 			bg_compress(s, items, n);
 		} else {
-			/* The queue is empty: make the overlay durable first (its
-			 * chunks are pending and pin their packs), then compact. */
+			/* The queue is empty: index the overlay first (its chunks
+			 * are pending and pin their packs), drop garbage chunks
+			 * (reclaim.c), then compact. */
+			uint64_t kicks;
+			int dropped;
+
 			ckpt_store_flush(s);
-			if (bg_compact(s) <= 0) {
+			/* a kick from now on (a commit, a hold ended) means another
+			 * look; the flush's own commit does not */
+			pthread_mutex_lock(&s->bg_lock);
+			kicks = s->bg_kicks;
+			pthread_mutex_unlock(&s->bg_lock);
+			dropped = st_reclaim_round(s);
+			if (bg_compact(s) <= 0 && dropped <= 0) {
 				pthread_mutex_lock(&s->bg_lock);
-				if (s->bgq_n == s->bgq_head)
+				if (s->bgq_n == s->bgq_head && s->bg_kicks == kicks)
 					s->bg_compact_clean = true;
 				pthread_mutex_unlock(&s->bg_lock);
 			}

@@ -74,6 +74,45 @@ bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc 
 	return found;
 }
 
+bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d)
+{
+	struct pending *p;
+	bool found = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (p = s->pending[st_pending_bucket(d)]; p; p = p->next) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+			p->epoch = atomic_load(&s->epoch);
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return found;
+}
+
+size_t st_pending_forget(ckpt_store *s, uint64_t epoch)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t b = 0; b < PENDING_BUCKETS; b++) {
+		struct pending **pp = &s->pending[b], *p;
+
+		while ((p = *pp)) {
+			if (p->epoch <= epoch) {
+				*pp = p->next;
+				free(p);
+				n++;
+			} else {
+				pp = &p->next;
+			}
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return n;
+}
+
 /* The pending table as meta/commit.h's ckpt_unindexed_fn. */
 bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
 {
@@ -94,6 +133,7 @@ bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk
 	if (!p && n) {
 		n->digest = *d;
 		n->loc = *loc;
+		n->epoch = atomic_load(&s->epoch);
 		n->next = s->pending[b];
 		s->pending[b] = n;
 		n = NULL;

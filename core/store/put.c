@@ -100,6 +100,7 @@ void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
 	s->bgq[s->bgq_n].elem = elem;
 	s->bgq_n++;
 	s->bg_compact_clean = false;
+	s->bg_kicks++;
 	pthread_cond_broadcast(&s->bg_cond);
 	pthread_mutex_unlock(&s->bg_lock);
 }
@@ -145,14 +146,19 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	if (r < 0)
 		return r;
 	*ret_digest = d;
-	/* Dedup: pending first, then the index (see I3). */
-	if (st_pending_find(s, &d, NULL))
+	/* Dedup: pending first, then the index (see I3).  Either way the
+	 * digest is obtained again now (reclaim.c): garbage found before is
+	 * not dropped; an index entry being dropped right now is not counted
+	 * on (this put stores its own record). */
+	if (st_pending_obtain(s, &d))
 		goto dedup_hit;
-	r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
-	if (r > 0)
-		goto dedup_hit;
-	if (r < 0)
-		return r;
+	if (!st_revive(s, &d)) {
+		r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
+		if (r > 0)
+			goto dedup_hit;
+		if (r < 0)
+			return r;
+	}
 
 	memset(&rec, 0, sizeof(rec));
 	deferred = s->bg_started && s->opts.bg == CKPT_BG_ALL && s->opts.compress_level > 0;

@@ -39,6 +39,7 @@
 struct pending {
 	ckpt_digest digest;
 	struct ckpt_chunk_loc loc;
+	uint64_t epoch; /* when it was put or last obtained again (reclaim.c) */
 	struct pending *next;
 };
 
@@ -106,6 +107,7 @@ struct ckpt_store {
 	struct bg_item *bgq;
 	size_t bgq_head, bgq_n, bgq_cap;
 	bool bg_stop, bg_busy, bg_compact_clean;
+	uint64_t bg_kicks; /* bumped whenever bg_compact_clean is cleared */
 	struct ckpt_bg_stats bg;
 	/* Atomic: */
 	atomic_llong last_put_ns;
@@ -119,6 +121,28 @@ struct ckpt_store {
 	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
+
+	/* Online reclaiming of garbage chunks (reclaim.c).  hold_lock and
+	 * cand_lock are leaf locks: nothing else is taken under them (they
+	 * may be taken under any other lock). */
+	pthread_mutex_t hold_lock;
+	/* Protected by hold_lock (epoch also read atomically without it): */
+	atomic_ullong epoch;              /* advanced after each scan for garbage */
+	struct ckpt_hold *hold_head, *hold_tail; /* live holds, oldest epoch first */
+	pthread_mutex_t cand_lock;
+	struct drop_set *cand; /* garbage found by the last scan, protected by
+				* cand_lock; made and freed by the background
+				* thread under compact_lock */
+};
+
+/* Index entries found at refcount 0 by one scan, before the epoch moved
+ * past `epoch`; state[i] is CAND_* (cand_lock). */
+enum { CAND_GARBAGE, CAND_REVIVED, CAND_DROPPING };
+struct drop_set {
+	ckpt_digest *d; /* sorted */
+	uint8_t *state;
+	size_t n;
+	uint64_t epoch;
 };
 
 struct bg_item {
@@ -170,10 +194,30 @@ bool st_touch_at_open(const struct ckpt_store_opts *o);
 typedef int (*st_txn_fn)(ckpt_store *s, ckpt_txn *t, void *arg);
 int st_txn_run(ckpt_store *s, st_txn_fn fn, void *arg, bool durable);
 
+/* reclaim.c */
+void st_reclaim_init(ckpt_store *s);
+void st_reclaim_free(ckpt_store *s);
+/* A digest obtained again (dedup hit, a closed file's content replaced or
+ * dropped, a commit's new references): garbage found before now is not
+ * garbage any more.  Returns true when the index entry is being dropped
+ * right now (the caller must not count on it). */
+bool st_revive(ckpt_store *s, const ckpt_digest *d);
+void st_revive_list(ckpt_store *s, const struct ckpt_extent_list *l);
+/* One round of dropping garbage: returns the number dropped (>= 0) or
+ * -errno.  The background thread, with no lock held. */
+int st_reclaim_round(ckpt_store *s);
+/* Ask the background thread for another look (something may have become
+ * garbage, or a grace period may have ended). */
+void st_bg_kick(ckpt_store *s);
+
 /* packs.c */
 int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen);
 unsigned st_pending_bucket(const ckpt_digest *d);
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
+/* st_pending_find that also marks the entry obtained now (its epoch). */
+bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d);
+/* Forget the pending entries whose epoch is <= epoch; returns how many. */
+size_t st_pending_forget(ckpt_store *s, uint64_t epoch);
 bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
 void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
@@ -204,6 +248,7 @@ int st_requeue_deferred(ckpt_store *s);
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list);
 void st_commit_free(struct commit *c);
+void st_commit_discard(ckpt_store *s, struct commit *c);
 struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino);
 struct commit *st_overlay_take(ckpt_store *s, uint64_t ino);
 int st_overlay_flush_if_any(ckpt_store *s);
