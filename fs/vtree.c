@@ -89,8 +89,9 @@ struct vtree_file {
 	struct vnode *n;               /* lives until vtree_free() */
 	ckpt_vfile *vf;                /* view file, or */
 	struct ckpt_extent_list *snap; /* passthrough file */
-	ckpt_hold *hold; /* keeps the chunks of the version it reads (store.h),
-			  * taken before them; freed at release */
+	ckpt_hold *hold; /* keeps the chunks of the version it reads (store.h):
+			  * taken before them, then narrowed to their pins;
+			  * freed at release */
 };
 
 void vtree_changed(struct vtree *vt)
@@ -763,6 +764,9 @@ static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **
 		goto out;
 	if (n->kind == V_PASS) {
 		r = ckpt_store_load_extents(vt->s, n->ino, &f->snap);
+		/* keep only its chunks from now on (store.h, holds) */
+		if (r == 0 && ckpt_hold_pin(f->hold, f->snap) == 0)
+			ckpt_hold_narrow(f->hold);
 		goto out;
 	}
 	r = get_view(vt, &n->layout, n->ino, &v);
@@ -775,6 +779,16 @@ static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **
 	}
 	err[0] = '\0';
 	r = ckpt_vfile_open(v, (size_t)i, &f->vf, err, sizeof(err));
+	if (r == 0) {
+		/* keep only the chunks of its sources from now on (store.h,
+		 * holds); without memory for the pins, the hold keeps more */
+		int rp = 0;
+
+		for (size_t k = 0; k < ckpt_view_nsources(v) && rp == 0; k++)
+			rp = ckpt_hold_pin(f->hold, ckpt_view_source_extents(v, k));
+		if (rp == 0)
+			ckpt_hold_narrow(f->hold);
+	}
 	if (r < 0) {
 		char *path = vnode_path(vt, n);
 		ckpt_err("%s: cannot be served: %s", path ? path : "?",

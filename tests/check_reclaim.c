@@ -301,6 +301,50 @@ START_TEST(test_writer_keeps_deduped_chunk)
 }
 END_TEST
 
+/* A narrowed hold keeps only what it pinned: garbage it did not pin goes
+ * at once, what it pinned stays until it is freed. */
+START_TEST(test_pin_narrow)
+{
+	ckpt_store *s = open_bg(false);
+	ckpt_pool *p = pool_new();
+	uint8_t *a = tl_random_buf(1u << 20, 1), *b = tl_random_buf(1u << 20, 2);
+	uint8_t *c = tl_random_buf(1u << 20, 3), *e = tl_random_buf(1u << 20, 4);
+	uint64_t f = tl_write_file(s, p, CKPT_ROOT_INO, "f", a, 1u << 20);
+	uint64_t g = tl_write_file(s, p, CKPT_ROOT_INO, "g", c, 1u << 20);
+	ckpt_digest xf = first_chunk(s, f), xg = first_chunk(s, g);
+	struct ckpt_extent_list *l = NULL;
+	ckpt_hold *h = NULL;
+
+	ck_assert_int_eq(ckpt_hold_new(s, &h), 0);
+	ck_assert_int_eq(ckpt_store_load_extents(s, f, &l), 0);
+	ck_assert_int_eq(ckpt_hold_pin(h, l), 0);
+	ckpt_hold_narrow(h);
+	tl_write_file(s, p, CKPT_ROOT_INO, "f", b, 1u << 20); /* xf: garbage, pinned */
+	tl_write_file(s, p, CKPT_ROOT_INO, "g", e, 1u << 20); /* xg: garbage */
+	settled_stats(s);
+	ck_assert(has_chunk(s, &xf));
+	ck_assert(!has_chunk(s, &xg));
+	{
+		size_t n = (size_t)l->size;
+		uint8_t *got = malloc(n);
+
+		ck_assert_int_eq(ckpt_store_read_extents(s, l, got, n, 0), (ssize_t)n);
+		ck_assert_mem_eq(got, a, n);
+		free(got);
+	}
+	ckpt_hold_free(h);
+	settled_stats(s);
+	ck_assert(!has_chunk(s, &xf));
+	ckpt_extent_list_free(l);
+	free(a);
+	free(b);
+	free(c);
+	free(e);
+	close_fsck(s);
+	ckpt_pool_free(p);
+}
+END_TEST
+
 static Suite *reclaim_suite(void)
 {
 	Suite *s = suite_create("reclaim");
@@ -314,6 +358,7 @@ static Suite *reclaim_suite(void)
 	tcase_add_test(tc, test_hold_keeps_garbage);
 	tcase_add_test(tc, test_dedup_hit_revives);
 	tcase_add_test(tc, test_writer_keeps_deduped_chunk);
+	tcase_add_test(tc, test_pin_narrow);
 	return s;
 }
 

@@ -8,8 +8,9 @@
 #define BG_IDLE_NS (1000 * 1000000ll) /* writes paused this long: background may run */
 #define BG_BATCH 32
 
-/* A chunk still in the pending table is moved there (if it is still at
- * v->old); true if it was found there. */
+/* A chunk still in the pending table at v->old is moved there; true if
+ * it was.  (A pending entry elsewhere leaves the index entry to be
+ * checked: it may name v->old.) */
 static bool pending_relocate(ckpt_store *s, const struct reloc *v)
 {
 	struct pending *p;
@@ -18,9 +19,10 @@ static bool pending_relocate(ckpt_store *s, const struct reloc *v)
 	pthread_mutex_lock(&s->pending_lock);
 	for (p = s->pending[st_pending_bucket(&v->d)]; p; p = p->next) {
 		if (!memcmp(p->digest.bytes, v->d.bytes, CKPT_DIGEST_LEN)) {
-			if (ckpt_chunk_loc_same(&p->loc, &v->old))
+			if (ckpt_chunk_loc_same(&p->loc, &v->old)) {
 				p->loc = v->new;
-			found = true;
+				found = true;
+			}
 			break;
 		}
 	}

@@ -93,6 +93,7 @@ bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d)
 
 size_t st_pending_forget(ckpt_store *s, uint64_t epoch)
 {
+	bool skipped = false;
 	size_t n = 0;
 
 	pthread_mutex_lock(&s->pending_lock);
@@ -100,16 +101,23 @@ size_t st_pending_forget(ckpt_store *s, uint64_t epoch)
 		struct pending **pp = &s->pending[b], *p;
 
 		while ((p = *pp)) {
-			if (p->epoch <= epoch) {
+			if (p->epoch <= epoch && st_pinned(s, &p->digest))
+				skipped = true; /* its unpin asks for another round */
+			else if (p->epoch <= epoch) {
 				*pp = p->next;
 				free(p);
 				n++;
-			} else {
-				pp = &p->next;
+				continue;
 			}
+			pp = &p->next;
 		}
 	}
 	pthread_mutex_unlock(&s->pending_lock);
+	if (skipped) {
+		pthread_mutex_lock(&s->pin_lock);
+		s->pins_skipped = true;
+		pthread_mutex_unlock(&s->pin_lock);
+	}
 	return n;
 }
 

@@ -34,13 +34,19 @@ struct ckpt_hold {
 	ckpt_store *s;
 	/* Protected by s->hold_lock: */
 	uint64_t epoch;
+	bool listed; /* in the epoch list (not narrowed) */
 	struct ckpt_hold *prev, *next;
+	/* The digests it pinned, one entry per pin (owner only; the counts
+	 * they stand for are in s->pins): */
+	ckpt_digest *pinned;
+	size_t npinned, cap;
 };
 
 void st_reclaim_init(ckpt_store *s)
 {
 	pthread_mutex_init(&s->hold_lock, NULL);
 	pthread_mutex_init(&s->cand_lock, NULL);
+	pthread_mutex_init(&s->pin_lock, NULL);
 	atomic_store(&s->epoch, 1);
 }
 
@@ -59,6 +65,15 @@ void st_reclaim_free(ckpt_store *s)
 	s->cand = NULL;
 	pthread_mutex_destroy(&s->hold_lock);
 	pthread_mutex_destroy(&s->cand_lock);
+	for (size_t b = 0; b < PIN_BUCKETS; b++) {
+		struct pin *p, *n;
+
+		for (p = s->pins[b]; p; p = n) { /* only holds not freed */
+			n = p->next;
+			free(p);
+		}
+	}
+	pthread_mutex_destroy(&s->pin_lock);
 }
 
 void st_bg_kick(ckpt_store *s)
@@ -77,6 +92,7 @@ void st_bg_kick(ckpt_store *s)
 /* Append h at the current epoch.  Caller holds hold_lock. */
 static void hold_append_locked(ckpt_store *s, struct ckpt_hold *h)
 {
+	h->listed = true;
 	h->epoch = atomic_load(&s->epoch);
 	h->next = NULL;
 	h->prev = s->hold_tail;
@@ -89,6 +105,9 @@ static void hold_append_locked(ckpt_store *s, struct ckpt_hold *h)
 
 static void hold_unlink_locked(ckpt_store *s, struct ckpt_hold *h)
 {
+	if (!h->listed)
+		return;
+	h->listed = false;
 	if (h->prev)
 		h->prev->next = h->next;
 	else
@@ -131,40 +150,161 @@ void ckpt_hold_renew(ckpt_hold *h)
 {
 	ckpt_store *s = h->s;
 	uint64_t was;
+	bool listed;
 
 	pthread_mutex_lock(&s->hold_lock);
 	was = h->epoch;
+	listed = h->listed;
 	hold_unlink_locked(s, h);
 	hold_append_locked(s, h);
 	pthread_mutex_unlock(&s->hold_lock);
-	if (was != h->epoch)
+	if (listed && was != h->epoch)
 		kick_if_waited_for(s, was);
+}
+
+void ckpt_hold_narrow(ckpt_hold *h)
+{
+	ckpt_store *s = h->s;
+	uint64_t was;
+	bool listed;
+
+	pthread_mutex_lock(&s->hold_lock);
+	was = h->epoch;
+	listed = h->listed;
+	hold_unlink_locked(s, h);
+	pthread_mutex_unlock(&s->hold_lock);
+	if (listed)
+		kick_if_waited_for(s, was);
+}
+
+static unsigned pin_bucket(const ckpt_digest *d)
+{
+	uint32_t x;
+
+	memcpy(&x, d->bytes + 8, sizeof(x));
+	return x % PIN_BUCKETS;
+}
+
+bool st_pinned(ckpt_store *s, const ckpt_digest *d)
+{
+	struct pin *p;
+
+	pthread_mutex_lock(&s->pin_lock);
+	for (p = s->pins[pin_bucket(d)]; p; p = p->next)
+		if (!memcmp(p->d.bytes, d->bytes, CKPT_DIGEST_LEN))
+			break;
+	pthread_mutex_unlock(&s->pin_lock);
+	return p != NULL;
+}
+
+int ckpt_hold_pin(ckpt_hold *h, const struct ckpt_extent_list *l)
+{
+	ckpt_store *s = h->s;
+	size_t need = 0;
+	int r = 0;
+
+	for (size_t i = 0; l && i < l->n; i++)
+		need += l->v[i].kind == CKPT_EXT_CHUNK;
+	if (h->npinned + need > h->cap) {
+		size_t nc = CKPT_MAX(h->cap * 2, h->npinned + need);
+		ckpt_digest *v = realloc(h->pinned, nc * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		h->pinned = v;
+		h->cap = nc;
+	}
+	pthread_mutex_lock(&s->pin_lock);
+	for (size_t i = 0; l && i < l->n && r == 0; i++) {
+		const ckpt_digest *d = &l->v[i].digest;
+		unsigned b = pin_bucket(d);
+		struct pin *p;
+
+		if (l->v[i].kind != CKPT_EXT_CHUNK)
+			continue;
+		for (p = s->pins[b]; p; p = p->next)
+			if (!memcmp(p->d.bytes, d->bytes, CKPT_DIGEST_LEN))
+				break;
+		if (!p) {
+			p = calloc(1, sizeof(*p));
+			if (!p) {
+				r = -ENOMEM;
+				break;
+			}
+			p->d = *d;
+			p->next = s->pins[b];
+			s->pins[b] = p;
+		}
+		p->n++;
+		h->pinned[h->npinned++] = *d;
+	}
+	pthread_mutex_unlock(&s->pin_lock);
+	return r;
+}
+
+/* Drop h's pins; true if a drop round left pinned garbage behind. */
+static bool unpin_all(ckpt_hold *h)
+{
+	ckpt_store *s = h->s;
+	bool skipped;
+
+	pthread_mutex_lock(&s->pin_lock);
+	for (size_t i = 0; i < h->npinned; i++) {
+		struct pin **pp = &s->pins[pin_bucket(&h->pinned[i])], *p;
+
+		for (; (p = *pp); pp = &p->next) {
+			if (memcmp(p->d.bytes, h->pinned[i].bytes, CKPT_DIGEST_LEN))
+				continue;
+			if (--p->n == 0) {
+				*pp = p->next;
+				free(p);
+			}
+			break;
+		}
+	}
+	skipped = h->npinned > 0 && s->pins_skipped;
+	if (skipped)
+		s->pins_skipped = false;
+	pthread_mutex_unlock(&s->pin_lock);
+	return skipped;
 }
 
 void ckpt_hold_free(ckpt_hold *h)
 {
 	ckpt_store *s;
 	uint64_t was;
+	bool listed;
 
 	if (!h)
 		return;
 	s = h->s;
 	pthread_mutex_lock(&s->hold_lock);
 	was = h->epoch;
+	listed = h->listed;
 	hold_unlink_locked(s, h);
 	pthread_mutex_unlock(&s->hold_lock);
-	kick_if_waited_for(s, was);
+	if (unpin_all(h))
+		st_bg_kick(s); /* garbage it pinned can go now */
+	else if (listed)
+		kick_if_waited_for(s, was);
+	free(h->pinned);
 	free(h);
 }
 
 /* Whether no hold of epoch <= e is live. */
 static bool grace_over(ckpt_store *s, uint64_t e)
 {
+	uint64_t oldest = 0;
 	bool over;
 
 	pthread_mutex_lock(&s->hold_lock);
 	over = !s->hold_head || s->hold_head->epoch > e;
+	if (!over)
+		oldest = s->hold_head->epoch;
 	pthread_mutex_unlock(&s->hold_lock);
+	if (!over)
+		ckpt_debug("%s: garbage found at epoch %" PRIu64 " waits for a hold of epoch %" PRIu64,
+			   s->path, e, oldest);
 	return over;
 }
 
@@ -323,7 +463,7 @@ static int drop_set(ckpt_store *s, struct drop_set *c)
 {
 	struct drop_arg a = { 0 };
 	ckpt_digest *coll = NULL;
-	size_t forgot = 0;
+	size_t forgot = 0, kept = 0;
 	bool empty;
 	int r = 0;
 
@@ -343,8 +483,19 @@ static int drop_set(ckpt_store *s, struct drop_set *c)
 	}
 	pthread_mutex_lock(&s->cand_lock);
 	for (size_t i = 0; i < c->n; i++) {
-		if (c->state[i] != CAND_GARBAGE)
+		if (c->state[i] != CAND_GARBAGE) {
+			kept++;
 			continue;
+		}
+		if (st_pinned(s, &c->d[i])) {
+			kept++;
+			/* a later scan finds it again; its unpin asks for that */
+			c->state[i] = CAND_REVIVED;
+			pthread_mutex_lock(&s->pin_lock);
+			s->pins_skipped = true;
+			pthread_mutex_unlock(&s->pin_lock);
+			continue;
+		}
 		c->state[i] = CAND_DROPPING;
 		coll[a.n++] = c->d[i];
 	}
@@ -356,6 +507,9 @@ static int drop_set(ckpt_store *s, struct drop_set *c)
 		pthread_mutex_unlock(&s->ns_lock);
 	}
 	if (r == 0) {
+		ckpt_debug("%s: garbage found at epoch %" PRIu64 ": %" PRIu64 " index entries "
+			   "dropped, %zu pending chunks forgotten, %zu entries kept (obtained "
+			   "again or pinned)", s->path, c->epoch, a.dropped, forgot, kept);
 		pthread_mutex_lock(&s->cand_lock);
 		s->cand = NULL;
 		pthread_mutex_unlock(&s->cand_lock);

@@ -306,11 +306,22 @@ int ckpt_store_sync_file(ckpt_store *s, uint64_t ino);
  * holder declares that every digest it keeps is now counted by the index
  * or named by a closed file (a writer right after a commit that left it
  * clean).  ckpt_hold_free ends it (accepts NULL).  Cheap: one mutex and a
- * list update each.  Thread-safe; one hold is used by one owner at a time.
+ * list update each.
+ *
+ * A holder that keeps a fixed set of digests for long (an open file of a
+ * view) pins them instead of keeping the whole store's garbage: it takes a
+ * hold, obtains its extent lists, pins them (ckpt_hold_pin: their chunks
+ * are never dropped while pinned; -ENOMEM), then narrows the hold
+ * (ckpt_hold_narrow: from then on the hold keeps only what it pinned).
+ * ckpt_hold_free unpins.  Pinning costs one hash update per chunk.
+ *
+ * Thread-safe; one hold is used by one owner at a time.
  */
 typedef struct ckpt_hold ckpt_hold;
 int ckpt_hold_new(ckpt_store *s, ckpt_hold **ret_hold);
 void ckpt_hold_renew(ckpt_hold *h);
+int ckpt_hold_pin(ckpt_hold *h, const struct ckpt_extent_list *l);
+void ckpt_hold_narrow(ckpt_hold *h);
 void ckpt_hold_free(ckpt_hold *h);
 /* Wait until background compression and compaction have nothing left to
  * do (or timeout_ms passed): for tests and benchmarks.  Returns 0, or

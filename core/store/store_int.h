@@ -44,6 +44,7 @@ struct pending {
 };
 
 #define PENDING_BUCKETS 4096
+#define PIN_BUCKETS 4096
 
 /* A closed file's new content, visible through the store but not yet in the
  * index (see "overlay" in the header comment of store.h). */
@@ -133,6 +134,17 @@ struct ckpt_store {
 	struct drop_set *cand; /* garbage found by the last scan, protected by
 				* cand_lock; made and freed by the background
 				* thread under compact_lock */
+	/* Digests pinned by holds (ckpt_hold_pin), with counts.  pin_lock is
+	 * a leaf lock too (taken under cand_lock and pending_lock). */
+	pthread_mutex_t pin_lock;
+	struct pin *pins[PIN_BUCKETS]; /* protected by pin_lock */
+	bool pins_skipped; /* a drop left pinned garbage (pin_lock) */
+};
+
+struct pin {
+	ckpt_digest d;
+	uint64_t n;
+	struct pin *next;
 };
 
 /* Index entries found at refcount 0 by one scan, before the epoch moved
@@ -202,6 +214,8 @@ void st_reclaim_free(ckpt_store *s);
  * garbage any more.  Returns true when the index entry is being dropped
  * right now (the caller must not count on it). */
 bool st_revive(ckpt_store *s, const ckpt_digest *d);
+/* Whether a hold pins d (takes pin_lock). */
+bool st_pinned(ckpt_store *s, const ckpt_digest *d);
 void st_revive_list(ckpt_store *s, const struct ckpt_extent_list *l);
 /* One round of dropping garbage: returns the number dropped (>= 0) or
  * -errno.  The background thread, with no lock held. */
@@ -216,7 +230,8 @@ unsigned st_pending_bucket(const ckpt_digest *d);
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 /* st_pending_find that also marks the entry obtained now (its epoch). */
 bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d);
-/* Forget the pending entries whose epoch is <= epoch; returns how many. */
+/* Forget the pending entries whose epoch is <= epoch and that no hold
+ * pins; returns how many. */
 size_t st_pending_forget(ckpt_store *s, uint64_t epoch);
 bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
