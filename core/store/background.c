@@ -42,6 +42,7 @@ static int publish_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 	struct publish_arg *a = arg;
 	size_t nput = 0;
 
+	ckpt_txn_releases_space(t); /* moves let packs be reclaimed (meta/engine.h) */
 	for (size_t i = 0; i < a->n; i++) {
 		const struct reloc *v = &a->v[i];
 		struct ckpt_chunk_loc cur;
@@ -132,7 +133,8 @@ static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
 			rec.stored_len = (uint32_t)out_len;
 			rec.raw_len = loc.raw_len;
 			memcpy(rec.digest, items[i].d.bytes, CKPT_DIGEST_LEN);
-			if (st_check_space(s, out_len, true) < 0 || st_append_record_bg(s, &rec, out, &nl) < 0)
+			if (st_check_space(s, out_len, ST_SPACE_MOVE) < 0 ||
+			    st_append_record_bg(s, &rec, out, &nl) < 0)
 				continue;
 			s->bg.compressed++;
 			s->bg.compressed_out += out_len;

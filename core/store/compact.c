@@ -88,6 +88,15 @@ struct victim {
 	bool active;   /* an append target when listed */
 };
 
+static int victim_cmp_live(const void *a, const void *b)
+{
+	const struct victim *x = a, *y = b;
+
+	if (x->live != y->live)
+		return x->live < y->live ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
+
 static int victim_find(const struct victim *v, size_t n, uint64_t id)
 {
 	size_t lo = 0, hi = n;
@@ -137,7 +146,7 @@ static int move_one(ckpt_store *s, ckpt_loadctx *x, const struct chunk_info *c, 
 		return 1;
 	}
 	if (r == 0)
-		r = st_check_space(s, rec.stored_len, reserve);
+		r = st_check_space(s, rec.stored_len, reserve ? ST_SPACE_MOVE : ST_SPACE_NONE);
 	if (r == 0)
 		r = st_append_record_bg(s, &rec, stored, &ret->new);
 	free(own);
@@ -250,7 +259,7 @@ out:
 /*
  * Reclaim the units whose live chunks' records (indexed or pending) fill
  * less than opts.compact_live percent of them (and empty units no put
- * appends to), at most max_units of them, in id order.
+ * appends to), at most max_units of them, the fewest live bytes first.
  *
  * What keeps a reclaimed unit from being named by metadata: each candidate
  * is sealed (no new put goes to it), then puts still in flight are waited
@@ -308,8 +317,10 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 			v[u].live += ckpt_cb_rec_bytes(s->cb, &chunks[i].loc);
 	}
 	pending_live(s, v, nunits); /* pending chunks are live until committed or forgotten */
-	/* keep the candidates (v stays sorted) */
-	for (size_t i = 0; i < nunits && nv < max_units; i++) {
+	/* keep the candidates, the fewest live bytes first: a unit with none
+	 * goes without a copy, and on a nearly full disk the small copies are
+	 * the ones that fit (then their units' space comes back) */
+	for (size_t i = 0; i < nunits; i++) {
 		const struct ckpt_chunk_unit *u = &units[i];
 
 		if (compact_skipped(s, u->id))
@@ -317,6 +328,8 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 		if (v[i].live * 100 < u->payload * pct || (v[i].live == 0 && !u->active))
 			v[nv++] = v[i];
 	}
+	qsort(v, nv, sizeof(*v), victim_cmp_live);
+	nv = CKPT_MIN(nv, max_units);
 	if (nv == 0)
 		goto out;
 	for (size_t i = 0; i < nv; i++) {

@@ -45,6 +45,14 @@ int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errle
 		snprintf(err, errlen, "%s: unknown chunk backend '%s'", s->path, s->opts.chunk_backend);
 		return -EINVAL;
 	}
+	if (conf.unit_max == 0) {
+		struct statvfs st;
+		uint64_t total = 32ull << 30;
+
+		if (fstatvfs(dfd, &st) == 0)
+			total = (uint64_t)st.f_blocks * st.f_frsize;
+		conf.unit_max = CKPT_MIN(CKPT_MAX(total / 32, 4ull << 20), 1ull << 30);
+	}
 	return ops->open(&conf, &s->cb, err, errlen);
 }
 

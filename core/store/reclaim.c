@@ -426,6 +426,7 @@ static int drop_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 {
 	struct drop_arg *a = arg;
 
+	ckpt_txn_releases_space(t); /* works on a full disk (meta/engine.h) */
 	a->dropped = 0;
 	for (size_t i = 0; i < a->n; i++) {
 		struct ckpt_chunk_loc loc;

@@ -101,7 +101,10 @@ struct ckpt_store_opts {
 	int compress_level;   /* 0 (off) .. 19; default 1 */
 	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
 	bool verify_dedup;    /* compare bytes on a dedup hit */
-	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
+	uint64_t pack_max;    /* start a new pack past this size; default 0: 1/32 of
+			       * the filesystem, between 4 MiB and 1 GiB (a small
+			       * disk gets small packs, which compaction can
+			       * rewrite when little space is left) */
 	enum ckpt_bg_mode bg; /* background work (RW stores); default CKPT_BG_OFF */
 	const char *chunk_backend; /* registered name (chunk/backend.h); NULL: "pack" */
 	unsigned compact_live; /* compaction (background and gc) reclaims units
@@ -395,7 +398,8 @@ struct ckpt_store_stats {
 	uint64_t unique_bytes;  /* raw bytes of referenced chunks */
 	uint64_t stored_bytes;  /* stored bytes of referenced chunks */
 	uint64_t chunks;        /* referenced chunks */
-	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
+	uint64_t dead_chunks, dead_bytes; /* refcount 0: dropped by the daemon's
+					   * background work (or gc) */
 	uint64_t pack_files, pack_bytes;
 	uint64_t unindexed_bytes; /* pack space no index entry names (gc reclaims it) */
 	uint64_t deferred_chunks; /* stored raw, background compression pending */

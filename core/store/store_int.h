@@ -113,6 +113,7 @@ struct ckpt_store {
 	/* Atomic: */
 	atomic_llong last_put_ns;
 	atomic_int puts_inflight;
+	atomic_bool space_short; /* st_check_space refused (logged once) */
 	/* Held throughout by what moves chunks to new units: st_compact (the
 	 * background thread's, or ckpt_store_gc's) and background compression,
 	 * so that none reclaims a unit another is appending to.  Taken before
@@ -249,7 +250,8 @@ int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_l
 		      uint8_t **ret_buf, size_t *ret_len);
 
 /* put.c */
-int st_check_space(ckpt_store *s, size_t need, bool reserve);
+enum st_space { ST_SPACE_FILE, ST_SPACE_MOVE, ST_SPACE_NONE };
+int st_check_space(ckpt_store *s, size_t need, enum st_space keep_for);
 int st_append_record_bg(ckpt_store *s, const struct ckpt_chunk_rec *rec, const void *data,
 			struct ckpt_chunk_loc *ret_loc);
 void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem);
