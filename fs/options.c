@@ -27,6 +27,7 @@ struct raw_opts {
 	int verify_dedup;
 	int inline_compress;
 	int nobackground;
+	int keep_unreferenced;
 	unsigned compact_live;
 	char *log_level;
 	char *tp_rules;
@@ -52,6 +53,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("verify_dedup", verify_dedup),
 	OPT("inline_compress", inline_compress),
 	OPT("nobackground", nobackground),
+	OPT("keep_unreferenced", keep_unreferenced),
 	OPT("compact_live=%u", compact_live),
 	OPT("log_level=%s", log_level),
 	OPT("workers=%u", workers),
@@ -125,6 +127,8 @@ static void usage(const char *prog)
 	       "                       80, as `ckpt gc`)\n"
 	       "  -o pack_max=SIZE     start a new pack file once the current one is\n"
 	       "                       past SIZE (at least 1M; default 1G)\n"
+	       "  -o keep_unreferenced background work keeps the chunks of deleted and\n"
+	       "                       rewritten data (only `ckpt gc` reclaims them)\n"
 	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
@@ -224,6 +228,7 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		return -1;
 	}
 	so->compact_live = raw->compact_live;
+	so->keep_unreferenced = raw->keep_unreferenced;
 	if (raw->cache_size && parse_size(raw->cache_size, &so->cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", raw->cache_size);
 		return -1;

@@ -517,10 +517,27 @@ static ssize_t st_read(struct tree_file *f, void *buf, size_t len, uint64_t off,
 
 	if (f->writable)
 		return ckpt_writer_read(h->node->writer, buf, len, off);
-	pthread_rwlock_rdlock(&h->snap_lock);
-	r = ckpt_store_read_extents_gather(stree_of(f->tree)->s, h->snap, buf, len, off, g);
-	pthread_rwlock_unlock(&h->snap_lock);
-	return r;
+	for (int tries = 0;; tries++) {
+		uint64_t version;
+
+		pthread_rwlock_rdlock(&h->snap_lock);
+		version = h->version;
+		r = ckpt_store_read_extents_gather(stree_of(f->tree)->s, h->snap, buf, len, off,
+						   g);
+		pthread_rwlock_unlock(&h->snap_lock);
+		/* A read-only file reads the latest committed content and
+		 * keeps no hold (store.h): a chunk of a version replaced since
+		 * its refresh may be gone (EIO); read the new version then. */
+		if (r != -EIO || tries > 0 || st_refresh(f) < 0)
+			return r;
+		pthread_rwlock_rdlock(&h->snap_lock);
+		r = h->version == version;
+		pthread_rwlock_unlock(&h->snap_lock);
+		if (r)
+			return -EIO;
+		if (g)
+			ckpt_store_gather_done(stree_of(f->tree)->s, g); /* start over */
+	}
 }
 
 static uint64_t st_size(struct tree_file *f)

@@ -145,7 +145,11 @@ int ckpt_engine_flush(ckpt_engine *e)
 
 int ckpt_txn_begin(ckpt_engine *e, ckpt_txn **ret)
 {
-	return e->ops->begin(e, ret);
+	int r = e->ops->begin(e, ret);
+
+	if (r == 0)
+		(*ret)->releases_space = false;
+	return r;
 }
 
 int ckpt_txn_get(ckpt_txn *t, const void *key, size_t klen, unsigned flags, uint8_t **ret_val,
@@ -192,6 +196,11 @@ int ckpt_txn_commit(ckpt_txn *t, bool durable)
 		return r;
 	}
 	return t->engine->ops->commit(t, durable);
+}
+
+void ckpt_txn_releases_space(ckpt_txn *t)
+{
+	t->releases_space = true;
 }
 
 void ckpt_txn_abort(ckpt_txn *t)

@@ -127,6 +127,12 @@ int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen);
 int ckpt_txn_commit(ckpt_txn *t, bool durable);
 /* Drop the writes and end t.  NULL-safe. */
 void ckpt_txn_abort(ckpt_txn *t);
+/* Mark t as a transaction that releases space (it deletes files or chunk
+ * records): when the filesystem holding the engine's files is nearly full,
+ * an engine that keeps a space allowance (the RocksDB engine) still lets it
+ * commit, into that allowance, while it refuses other writes with -ENOSPC,
+ * so that deleting files keeps working on a full disk. */
+void ckpt_txn_releases_space(ckpt_txn *t);
 
 /* Retry policy for a transaction that failed with r: true (after a short
  * back-off that grows with *attempt) when r is -EAGAIN and fewer than
@@ -165,7 +171,8 @@ struct ckpt_engine {
 };
 struct ckpt_txn {
 	ckpt_engine *engine;
-	int err; /* first failed put/delete (engine.c); commit returns it */
+	int err;            /* first failed put/delete (engine.c); commit returns it */
+	bool releases_space; /* ckpt_txn_releases_space() (cleared by begin) */
 };
 struct ckpt_scan {
 	ckpt_engine *engine;

@@ -22,17 +22,43 @@
  * occ_lock, so that a sync does not hold up other commits.  A read-only
  * engine is a read-only DB without the lock file; beginning a transaction
  * on it fails with -EROFS.
+ *
+ * Full disks (docs/design.md section 3.1).  RocksDB 7.8 as Debian builds it
+ * keeps its assertions: once an append to a file fails (ENOSPC), the next
+ * append, sync or close of that file aborts the process.  Its info LOG is
+ * such a file, and its write-ahead log too.  So RocksDB is never asked to
+ * write when space is short:
+ *  - its info LOG gets its header at open and nothing after (HEADER level);
+ *  - memtables are sized from the filesystem (SPACE_WBUF), so that a flush,
+ *    and RocksDB's own recovery from a write error (which waits until that
+ *    much is free), need little;
+ *  - every write (a commit, a flush) first checks the free space of the
+ *    filesystem (space_check): an ordinary write needs `guard` bytes free
+ *    beyond itself, else it fails with -ENOSPC; a write that releases space
+ *    (ckpt_txn_releases_space: deleting files) needs only `floor`, and may
+ *    first give back the reserve file (RESERVE_NAME, `reserve` bytes kept
+ *    allocated in the index directory while space allows), so that files
+ *    can be deleted through the mount on a disk that something else filled;
+ *  - if RocksDB still fails a write (another program took the space in
+ *    between), the engine marks itself failed: it gives back the reserve,
+ *    makes no sync and no flush until a write succeeds again (RocksDB
+ *    recovers by itself once `wbuf` bytes are free), and leaves the database
+ *    unclosed at close if it never did (the next open replays its log).
  */
 #include "meta/engine.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "base/util.h"
 #include "base/xxh.h"
@@ -40,6 +66,11 @@
 #define PREFIX_MAX 512
 #define OCC_SLOTS (1u << 18)
 #define TXN_SPARE 4
+
+#define RESERVE_NAME "ckptfs-reserve"
+#define SPACE_CHECK_NS (10 * 1000000ll) /* statvfs at most this often while far from full */
+/* RocksDB's InfoLogLevel: HEADER_LEVEL, what is logged at open only */
+#define ROCKS_LOG_HEADER 5
 
 struct rdb {
 	struct ckpt_engine base;
@@ -58,6 +89,23 @@ struct rdb {
 	uint64_t *last; /* OCC_SLOTS: per slot, the last commit writing there */
 	struct rtxn *spare[TXN_SPARE]; /* ended transactions kept for reuse */
 	unsigned nspare;
+
+	/* The space guard (see the top of this file).  Immutable after open: */
+	char *dir;
+	int dirfd;      /* the index directory (statvfs, the reserve file) */
+	uint64_t wbuf;  /* write_buffer_size */
+	uint64_t guard; /* free bytes an ordinary write leaves */
+	uint64_t floor; /* free bytes a write that releases space leaves */
+	uint64_t reserve; /* size of the reserve file */
+	pthread_mutex_t space_lock; /* taken inside occ_lock or alone */
+	/* Protected by space_lock: */
+	bool reserve_held; /* the reserve file exists, `reserve` bytes allocated */
+	bool failed;       /* a write failed in RocksDB and none succeeded since */
+	int failed_err;    /* its error */
+	bool refusing;     /* writes are being refused (logged once) */
+	int64_t checked_ns; /* last statvfs, and what it found free */
+	uint64_t avail;
+	uint64_t written;   /* bytes written since (an estimate: batch sizes) */
 };
 
 #define SLOT_WRITTEN 0x80000000u /* in rtxn.slots: the key was written */
@@ -121,6 +169,194 @@ static int count_wals(const char *dir)
 
 static int rdb_flush(ckpt_engine *e);
 
+/* ------------------------------------------------------------ space guard */
+
+/* Free bytes of the index's filesystem now (for an unprivileged writer), or
+ * UINT64_MAX when it cannot be told.  Caller holds space_lock. */
+static uint64_t space_now_locked(struct rdb *x)
+{
+	struct statvfs st;
+
+	if (fstatvfs(x->dirfd, &st) < 0)
+		return UINT64_MAX;
+	x->avail = (uint64_t)st.f_bavail * st.f_frsize;
+	x->written = 0;
+	x->checked_ns = ckpt_mono_ns();
+	return x->avail;
+}
+
+/* Allocate the reserve file while there is room for it and more.  Caller
+ * holds space_lock. */
+static void reserve_make_locked(struct rdb *x, uint64_t avail)
+{
+	int fd;
+
+	if (x->reserve_held || x->reserve == 0 || avail < x->guard + x->reserve + x->wbuf)
+		return;
+	fd = openat(x->dirfd, RESERVE_NAME, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	if (posix_fallocate(fd, 0, (off_t)x->reserve) == 0) {
+		x->reserve_held = true;
+	} else {
+		(void)ftruncate(fd, 0);
+	}
+	close(fd);
+	if (x->reserve_held)
+		(void)space_now_locked(x);
+}
+
+/* Give the reserve file's space back to the filesystem.  Caller holds
+ * space_lock. */
+static void reserve_release_locked(struct rdb *x)
+{
+	if (!x->reserve_held)
+		return;
+	(void)unlinkat(x->dirfd, RESERVE_NAME, 0);
+	x->reserve_held = false;
+	ckpt_warn("index %s: filesystem nearly full: gave back the index's reserve of %" PRIu64
+		  " bytes", x->dir, x->reserve);
+	(void)space_now_locked(x);
+}
+
+/*
+ * May RocksDB write about `bytes` now?  0, or -ENOSPC (logged once per
+ * episode).  releases: the write releases space (it may use the floor and
+ * the reserve).  A recent statvfs far from the limits is reused, less what
+ * was written since.
+ */
+static int space_check(struct rdb *x, uint64_t bytes, bool releases)
+{
+	uint64_t avail, need = x->guard + bytes;
+	int r = 0;
+
+	pthread_mutex_lock(&x->space_lock);
+	avail = x->avail > x->written ? x->avail - x->written : 0;
+	if (x->failed || avail < 2 * need || ckpt_mono_ns() - x->checked_ns > SPACE_CHECK_NS)
+		avail = space_now_locked(x);
+	if (avail == UINT64_MAX)
+		goto out; /* cannot tell: let RocksDB try */
+	if (avail >= need) {
+		reserve_make_locked(x, avail);
+		if (x->refusing)
+			ckpt_warn("index %s: %" PRIu64 " bytes free again: metadata changes work "
+				  "again", x->dir, avail);
+		x->refusing = false;
+		goto out;
+	}
+	if (releases && avail < x->floor + bytes) {
+		reserve_release_locked(x);
+		avail = x->avail;
+	}
+	if (!releases || avail < x->floor + bytes)
+		r = -ENOSPC;
+	if (r < 0 && !x->refusing) {
+		x->refusing = true;
+		ckpt_warn("index %s: %" PRIu64 " bytes free, less than the %" PRIu64 " the index "
+			  "keeps for itself: metadata changes fail with ENOSPC (deleting files "
+			  "works while %" PRIu64 " bytes are free)", x->dir, avail, x->guard,
+			  x->floor);
+	}
+out:
+	if (r == 0)
+		x->written += bytes;
+	pthread_mutex_unlock(&x->space_lock);
+	return r;
+}
+
+/* Record the outcome of a RocksDB write: a failure may have poisoned one of
+ * its files (see the top of this file). */
+static void write_done(struct rdb *x, int r)
+{
+	pthread_mutex_lock(&x->space_lock);
+	if (r == 0) {
+		if (x->failed)
+			ckpt_warn("index %s: writes work again", x->dir);
+		x->failed = false;
+	} else if (r != -EAGAIN) {
+		if (!x->failed)
+			ckpt_warn("index %s: a write failed (%s): no syncs or flushes of the index "
+				  "until one succeeds", x->dir, strerror(-r));
+		x->failed = true;
+		x->failed_err = r;
+		reserve_release_locked(x); /* room for RocksDB to recover */
+	}
+	pthread_mutex_unlock(&x->space_lock);
+}
+
+/* The error of the last failed write while no write succeeded since, else
+ * 0. */
+static int write_failed(struct rdb *x)
+{
+	int r;
+
+	pthread_mutex_lock(&x->space_lock);
+	r = x->failed ? x->failed_err : 0;
+	pthread_mutex_unlock(&x->space_lock);
+	return r;
+}
+
+/* The memtable size for a filesystem of `total` bytes: 1/64 of it, between
+ * 1 and 64 MiB (RocksDB's default). */
+static uint64_t wbuf_for(uint64_t total)
+{
+	uint64_t w = total / 64;
+
+	w &= ~((1ull << 20) - 1);
+	return CKPT_MIN(CKPT_MAX(w, 1ull << 20), 64ull << 20);
+}
+
+/* Before a read-write open: size the memtables, the guard and the reserve
+ * from the filesystem of dir (or of its parent when dir does not exist
+ * yet), and make sure that RocksDB has room to open: with less than
+ * `floor` free, the reserve file (if there is one) is given back first, and
+ * the open fails with -ENOSPC if that is still not enough. */
+static int space_plan(struct rdb *x, char *errbuf, size_t errlen)
+{
+	struct statvfs st;
+	uint64_t avail;
+	char *parent;
+	int r = statvfs(x->dir, &st);
+
+	if (r < 0 && errno == ENOENT && (parent = strdup(x->dir))) {
+		char *slash = strrchr(parent, '/');
+
+		if (slash && slash != parent)
+			*slash = '\0';
+		else
+			strcpy(parent, slash ? "/" : ".");
+		r = statvfs(parent, &st);
+		free(parent);
+	}
+	if (r < 0)
+		return 0; /* cannot tell: RocksDB's defaults */
+	x->wbuf = wbuf_for((uint64_t)st.f_blocks * st.f_frsize);
+	x->guard = 2 * x->wbuf + (1ull << 20);
+	x->floor = 512ull << 10;
+	x->reserve = x->wbuf + (1ull << 20);
+	avail = (uint64_t)st.f_bavail * st.f_frsize;
+	if (avail >= x->floor + x->wbuf)
+		return 0;
+	{
+		int dfd = open(x->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+
+		if (dfd >= 0 && unlinkat(dfd, RESERVE_NAME, 0) == 0) {
+			ckpt_warn("index %s: filesystem nearly full (%" PRIu64 " bytes free): gave "
+				  "back the index's reserve to open", x->dir, avail);
+			if (fstatvfs(dfd, &st) == 0)
+				avail = (uint64_t)st.f_bavail * st.f_frsize;
+		}
+		if (dfd >= 0)
+			close(dfd);
+	}
+	if (avail >= x->floor)
+		return 0;
+	snprintf(errbuf, errlen, "cannot open index %s: only %" PRIu64 " bytes free on its "
+		 "filesystem, RocksDB needs at least %" PRIu64 " to open: free some space",
+		 x->dir, avail, x->floor);
+	return -ENOSPC;
+}
+
 /*
  * RocksDB 7.x (Debian 12 ships 7.8) creates a write-ahead log at every
  * read-write open and lets a log go only once a memtable flush has moved
@@ -142,18 +378,44 @@ static int trim_wals(struct rdb *x, const char *dir)
 
 	if (r <= WALS_MAX)
 		return r < 0 ? r : 0;
+	r = space_check(x, sizeof(key) + x->wbuf, false);
+	if (r < 0)
+		return r;
 	rocksdb_delete(x->db, x->wopts, key, sizeof(key), &err);
 	r = rocks_errno(err);
+	write_done(x, r);
 	if (r == 0)
 		r = rdb_flush(&x->base);
 	return r;
+}
+
+/* Whether the database may be closed: closing after a failed write that no
+ * write followed aborts RocksDB if that write poisoned a file (see the top
+ * of this file).  One write is tried (a tombstone of a key that never
+ * exists) to find out whether RocksDB recovered. */
+static bool closable(struct rdb *x)
+{
+	static const char key[] = { 'M', 'w', 'a', 'l', '-', 't', 'r', 'i', 'm' };
+	char *err = NULL;
+	int r;
+
+	if (!write_failed(x))
+		return true;
+	rocksdb_delete(x->db, x->wopts, key, sizeof(key), &err);
+	r = rocks_errno(err);
+	write_done(x, r);
+	if (r == 0)
+		return true;
+	ckpt_err("index %s: left open after a failed write (%s): the next open replays its log",
+		 x->dir, strerror(-r));
+	return false;
 }
 
 static void rdb_close(ckpt_engine *e)
 {
 	struct rdb *x = (struct rdb *)e;
 
-	if (x->db)
+	if (x->db && (x->read_only || closable(x)))
 		rocksdb_close(x->db);
 	if (x->opts)
 		rocksdb_options_destroy(x->opts);
@@ -173,6 +435,10 @@ static void rdb_close(ckpt_engine *e)
 		free(x->spare[i]);
 	}
 	pthread_mutex_destroy(&x->occ_lock);
+	pthread_mutex_destroy(&x->space_lock);
+	if (x->dirfd >= 0)
+		close(x->dirfd);
+	free(x->dir);
 	free(x->last);
 	free(x);
 }
@@ -190,11 +456,24 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	}
 	x->base.ops = &ckpt_engine_rocksdb;
 	x->read_only = o->read_only;
+	x->dirfd = -1;
 	pthread_mutex_init(&x->occ_lock, NULL);
+	pthread_mutex_init(&x->space_lock, NULL);
+	x->dir = strdup(dir);
+	if (!x->dir) {
+		snprintf(errbuf, errlen, "out of memory");
+		rdb_close(&x->base);
+		return r;
+	}
 	if (!o->read_only) {
 		x->last = calloc(OCC_SLOTS, sizeof(*x->last));
 		if (!x->last) {
 			snprintf(errbuf, errlen, "out of memory");
+			rdb_close(&x->base);
+			return r;
+		}
+		r = space_plan(x, errbuf, errlen);
+		if (r < 0) {
 			rdb_close(&x->base);
 			return r;
 		}
@@ -208,6 +487,9 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 		return r;
 	}
 	x->opts = rocksdb_options_create();
+	rocksdb_options_set_info_log_level(x->opts, ROCKS_LOG_HEADER);
+	if (x->wbuf)
+		rocksdb_options_set_write_buffer_size(x->opts, (size_t)x->wbuf);
 	rocksdb_options_set_create_if_missing(x->opts, o->create);
 	rocksdb_options_increase_parallelism(x->opts, 2);
 	rocksdb_options_set_compression(x->opts, rocksdb_lz4_compression);
@@ -238,6 +520,22 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	x->fopts = rocksdb_flushoptions_create();
 	rocksdb_flushoptions_set_wait(x->fopts, 1);
 	if (!o->read_only) {
+		x->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (x->dirfd < 0) {
+			r = -errno;
+			snprintf(errbuf, errlen, "cannot open index %s: %s", dir, strerror(-r));
+			rdb_close(&x->base);
+			return r;
+		}
+		pthread_mutex_lock(&x->space_lock);
+		{
+			struct stat st;
+
+			x->reserve_held = fstatat(x->dirfd, RESERVE_NAME, &st, 0) == 0 &&
+					  (uint64_t)st.st_blocks * 512 >= x->reserve;
+		}
+		reserve_make_locked(x, space_now_locked(x));
+		pthread_mutex_unlock(&x->space_lock);
 		r = trim_wals(x, dir);
 		if (r < 0) /* harmless: the logs stay for the next open to try */
 			ckpt_warn("index %s: cannot drop old write-ahead logs: %s", dir,
@@ -348,9 +646,13 @@ static int rdb_del(ckpt_txn *t, const void *key, size_t klen)
 
 static int rdb_sync(ckpt_engine *e)
 {
+	struct rdb *x = (struct rdb *)e;
 	char *err = NULL;
+	int r = write_failed(x);
 
-	rocksdb_flush_wal(((struct rdb *)e)->db, 1, &err);
+	if (r < 0)
+		return r; /* the log may be poisoned: syncing it would abort */
+	rocksdb_flush_wal(x->db, 1, &err);
 	return rocks_errno(err);
 }
 
@@ -380,9 +682,18 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 	struct rtxn *tx = (struct rtxn *)t;
 	struct rdb *x = (struct rdb *)t->engine;
 	char *err = NULL;
-	bool writes = false;
+	bool writes = false, wrote = false;
+	size_t bytes = 0;
 	int r = 0;
 
+	if (rocksdb_writebatch_wi_count(tx->wb) > 0) {
+		(void)rocksdb_writebatch_wi_data(tx->wb, &bytes);
+		r = space_check(x, bytes, t->releases_space);
+		if (r < 0) {
+			rdb_abort(t);
+			return r;
+		}
+	}
 	pthread_mutex_lock(&x->occ_lock);
 	for (size_t i = 0; i < tx->n; i++) {
 		if (x->last[tx->slots[i] & ~SLOT_WRITTEN] > tx->start) {
@@ -394,6 +705,7 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 	if (r == 0 && writes) {
 		rocksdb_write_writebatch_wi(x->db, x->wopts, tx->wb, &err);
 		r = rocks_errno(err);
+		wrote = true;
 		if (r == 0) {
 			x->seq++;
 			for (size_t i = 0; i < tx->n; i++)
@@ -403,6 +715,8 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 	}
 	pthread_mutex_unlock(&x->occ_lock);
 	rdb_abort(t);
+	if (wrote)
+		write_done(x, r);
 	if (r == 0 && writes && durable)
 		r = rdb_sync(&x->base);
 	return r;
@@ -411,11 +725,21 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 static int rdb_flush(ckpt_engine *e)
 {
 	struct rdb *x = (struct rdb *)e;
+	uint64_t mem = 0;
 	char *err = NULL;
+	int r = write_failed(x);
 
-	rocksdb_flush(x->db, x->fopts, &err);
-	if (err)
-		return rocks_errno(err);
+	if (r < 0)
+		return r;
+	/* the memtables become a table file: only with room for it, else
+	 * their log stays for the next open to replay */
+	if (rocksdb_property_int(x->db, "rocksdb.cur-size-all-mem-tables", &mem) != 0)
+		mem = x->wbuf;
+	if (space_check(x, mem, false) == 0) {
+		rocksdb_flush(x->db, x->fopts, &err);
+		if (err)
+			return rocks_errno(err);
+	}
 	return rdb_sync(e);
 }
 

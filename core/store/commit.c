@@ -55,9 +55,13 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 	if (r == 0) {
 		pthread_mutex_lock(&s->ns_lock);
 		r = ckpt_content_commit(&s->cenv, cv, n, durable, &added, &nadded);
-		for (size_t i = 0; r == 0 && i < nadded; i++)
+		for (size_t i = 0; r == 0 && i < nadded; i++) {
 			st_pending_remove(s, &added[i]); /* the index names it now */
+			st_revive(s, &added[i]);   /* referenced again (reclaim.c) */
+		}
 		pthread_mutex_unlock(&s->ns_lock);
+		if (r == 0)
+			st_bg_kick(s); /* old content may be garbage now */
 	}
 	free(added);
 	free(cv);
@@ -97,8 +101,20 @@ struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino)
 	return c;
 }
 
+/* Free an overlay entry whose content never reached the index (replaced
+ * by a newer close, or its file deleted): whoever copied it may still read
+ * its chunks (reclaim.c).  Caller holds overlay_lock or commit_lock. */
+void st_commit_discard(ckpt_store *s, struct commit *c)
+{
+	if (!c)
+		return;
+	st_revive_list(s, c->list);
+	st_commit_free(c);
+}
+
 /* Reinsert an entry taken out for a commit that failed, unless a newer
- * one arrived meanwhile (then c is dropped).  Takes ownership of c. */
+ * one arrived meanwhile (then c is dropped).  Takes ownership of c.
+ * Caller holds commit_lock. */
 static void overlay_put_back(ckpt_store *s, struct commit *c)
 {
 	pthread_mutex_lock(&s->overlay_lock);
@@ -110,7 +126,7 @@ static void overlay_put_back(ckpt_store *s, struct commit *c)
 		c = NULL;
 	}
 	pthread_mutex_unlock(&s->overlay_lock);
-	st_commit_free(c);
+	st_commit_discard(s, c);
 }
 
 struct commit *st_overlay_take(ckpt_store *s, uint64_t ino)
@@ -249,7 +265,7 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 		if (r < 0 && prev)
 			overlay_put_back(s, prev); /* the last close stays visible */
 		else
-			st_commit_free(prev);
+			st_commit_discard(s, prev);
 		pthread_mutex_unlock(&s->commit_lock);
 		st_commit_free(c);
 		return r;
@@ -263,8 +279,9 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 	s->overlay_bytes += l->size;
 	if (s->overlay_bytes > CKPT_OVERLAY_FLUSH_BYTES)
 		pthread_cond_signal(&s->flusher_cond);
+	/* while the overlay is not empty: no drop runs (reclaim.c) */
+	st_commit_discard(s, old);
 	pthread_mutex_unlock(&s->overlay_lock);
-	st_commit_free(old);
 	return 0;
 }
 

@@ -371,6 +371,7 @@ static int drop_unreferenced(ckpt_store *s, ckpt_txn *t, void *arg)
 {
 	struct drop_arg *a = arg;
 
+	ckpt_txn_releases_space(t); /* works on a full disk (meta/engine.h) */
 	a->st->chunks_dropped = a->st->bytes_dropped = 0;
 	for (size_t i = 0; i < a->n; i++) {
 		struct chunk_info *c = &a->chunks[i];

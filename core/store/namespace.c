@@ -106,8 +106,10 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 	pthread_mutex_lock(&s->commit_lock);
 	r = ckpt_ns_reap(s->ns, ino, release_extents, s, &gone);
 	if (r == 0 && gone)
-		st_commit_free(st_overlay_take(s, ino)); /* content of a deleted file */
+		st_commit_discard(s, st_overlay_take(s, ino)); /* content of a deleted file */
 	pthread_mutex_unlock(&s->commit_lock);
+	if (r == 0 && gone)
+		st_bg_kick(s); /* its chunks may be garbage now */
 	return r;
 }
 

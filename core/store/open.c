@@ -304,6 +304,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_mutex_init(&s->overlay_lock, NULL);
 	pthread_mutex_init(&s->bg_lock, NULL);
 	pthread_mutex_init(&s->compact_lock, NULL);
+	st_reclaim_init(s);
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, st_tls_free);
@@ -505,6 +506,7 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->overlay_lock);
 	pthread_mutex_destroy(&s->bg_lock);
 	pthread_mutex_destroy(&s->compact_lock);
+	st_reclaim_free(s);
 	pthread_cond_destroy(&s->bg_cond);
 	free(s->bgq);
 	free(s->bg_skip);

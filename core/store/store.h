@@ -26,7 +26,18 @@
  *    the file survives a crash of the machine.  With durable=false the new
  *    content goes to the overlay (below) and is indexed within ~1 s.
  *  - Refcount of a chunk = number of extents naming it across all committed
- *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
+ *    extent lists.  Chunks at refcount 0, and pending chunks that no closed
+ *    file names, are garbage: `ckpt gc` drops them, and so does the
+ *    background thread (unless opts.keep_unreferenced), subject to holds.
+ *  - Holds (ckpt_hold_new): whoever keeps chunk digests that the index does
+ *    not count (a writer's uncommitted content, an open file's copy of an
+ *    extent list) keeps a hold, taken before it obtains them, for as long
+ *    as it may read or commit them.  While a hold lives, every chunk that
+ *    was referenced, pending or named by a closed file when the hold was
+ *    taken (or last renewed), and every chunk put since, stays readable
+ *    and committable.  The background thread drops garbage only once every
+ *    hold that was live when it was found to be garbage has been freed or
+ *    renewed (a grace period, section 8.2 of docs/design.md).
  *  - Background work (RW stores): by default chunks are written raw and
  *    compressed later by a background thread once writes pause, which then
  *    moves each chunk to its compressed record (same digest, new location).
@@ -90,7 +101,10 @@ struct ckpt_store_opts {
 	int compress_level;   /* 0 (off) .. 19; default 1 */
 	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
 	bool verify_dedup;    /* compare bytes on a dedup hit */
-	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
+	uint64_t pack_max;    /* start a new pack past this size; default 0: 1/32 of
+			       * the filesystem, between 4 MiB and 1 GiB (a small
+			       * disk gets small packs, which compaction can
+			       * rewrite when little space is left) */
 	enum ckpt_bg_mode bg; /* background work (RW stores); default CKPT_BG_OFF */
 	const char *chunk_backend; /* registered name (chunk/backend.h); NULL: "pack" */
 	unsigned compact_live; /* compaction (background and gc) reclaims units
@@ -106,6 +120,9 @@ struct ckpt_store_opts {
 			       * (24 MiB: verify_chunk's read contexts) */
 	const char *meta_engine; /* metadata engine by name (meta/engine.h);
 				  * NULL: the default, "rocksdb", in STORE/index */
+	bool keep_unreferenced; /* background work never drops garbage chunks
+				 * (refcount 0, or pending and named by no closed
+				 * file): only `ckpt gc` reclaims them */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80
@@ -286,6 +303,29 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 			   uint32_t flags, int64_t mtime_ns, bool durable);
 /* Make the committed content of ino durable (fsync semantics). */
 int ckpt_store_sync_file(ckpt_store *s, uint64_t ino);
+/*
+ * A hold (see the contract above).  ckpt_hold_new takes one at the current
+ * epoch (-ENOMEM or 0).  ckpt_hold_renew moves it to the current epoch: the
+ * holder declares that every digest it keeps is now counted by the index
+ * or named by a closed file (a writer right after a commit that left it
+ * clean).  ckpt_hold_free ends it (accepts NULL).  Cheap: one mutex and a
+ * list update each.
+ *
+ * A holder that keeps a fixed set of digests for long (an open file of a
+ * view) pins them instead of keeping the whole store's garbage: it takes a
+ * hold, obtains its extent lists, pins them (ckpt_hold_pin: their chunks
+ * are never dropped while pinned; -ENOMEM), then narrows the hold
+ * (ckpt_hold_narrow: from then on the hold keeps only what it pinned).
+ * ckpt_hold_free unpins.  Pinning costs one hash update per chunk.
+ *
+ * Thread-safe; one hold is used by one owner at a time.
+ */
+typedef struct ckpt_hold ckpt_hold;
+int ckpt_hold_new(ckpt_store *s, ckpt_hold **ret_hold);
+void ckpt_hold_renew(ckpt_hold *h);
+int ckpt_hold_pin(ckpt_hold *h, const struct ckpt_extent_list *l);
+void ckpt_hold_narrow(ckpt_hold *h);
+void ckpt_hold_free(ckpt_hold *h);
 /* Wait until background compression and compaction have nothing left to
  * do (or timeout_ms passed): for tests and benchmarks.  Returns 0, or
  * -ETIMEDOUT. */
@@ -295,6 +335,8 @@ struct ckpt_bg_stats {
 	uint64_t compressed, compressed_in, compressed_out; /* chunks, raw, stored bytes */
 	uint64_t incompressible, moved, packs_deleted;
 	uint64_t queued; /* chunks waiting for compression now */
+	uint64_t dropped;         /* index entries of unreferenced chunks dropped */
+	uint64_t pending_dropped; /* pending chunks no content named, forgotten */
 };
 void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret);
 /* Make every namespace change and commit written so far durable (the
@@ -361,7 +403,8 @@ struct ckpt_store_stats {
 	uint64_t unique_bytes;  /* raw bytes of referenced chunks */
 	uint64_t stored_bytes;  /* stored bytes of referenced chunks */
 	uint64_t chunks;        /* referenced chunks */
-	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
+	uint64_t dead_chunks, dead_bytes; /* refcount 0: dropped by the daemon's
+					   * background work (or gc) */
 	uint64_t pack_files, pack_bytes;
 	uint64_t unindexed_bytes; /* pack space no index entry names (gc reclaims it) */
 	uint64_t deferred_chunks; /* stored raw, background compression pending */

@@ -134,6 +134,16 @@ bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino)
 	return false;
 }
 
+size_t ckpt_view_nsources(const ckpt_view *v)
+{
+	return v->m->nsrcs;
+}
+
+const struct ckpt_extent_list *ckpt_view_source_extents(const ckpt_view *v, size_t i)
+{
+	return v->m->srcs[i].d->ext;
+}
+
 size_t ckpt_view_ngroups(const ckpt_view *v)
 {
 	return v->m->ngroups;

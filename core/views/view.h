@@ -89,6 +89,11 @@ int64_t ckpt_view_mtime(const ckpt_view *v);
 /* True if store inode ino is a safetensors source consumed by this view
  * (and so hidden from it). */
 bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino);
+/* The extent lists the view's files read from, one per parsed file of its
+ * directory (i < ckpt_view_nsources(v)); they live as long as the view.
+ * The daemon pins their chunks while a view file is open (store.h, holds). */
+size_t ckpt_view_nsources(const ckpt_view *v);
+const struct ckpt_extent_list *ckpt_view_source_extents(const ckpt_view *v, size_t i);
 
 /* Summary of a view's groups, for `ckpt ls`. */
 struct ckpt_view_group_info {
