@@ -56,6 +56,22 @@
  * ones may set it off; sync and flush are no-ops (every commit reached the
  * server); "where" is a connection string and the table is (key bytea
  * primary key, value bytea).
+ *
+ * The metadata log (meta/mlog.h).  An engine opened read-write with
+ * opts.log_dir keeps a second copy of its contents there: every commit's
+ * writes are appended to a log before the engine applies them, and
+ * snapshots of the whole key space are taken as the log grows
+ * (ckpt_engine_backup), so that damaged engine files can be rebuilt
+ * (`ckpt repair`, docs/design.md section 15).  Each logged commit has a
+ * number, and its record the engine's stamp once it is applied (ops
+ * stamp); the engine records at each open which commit it holds
+ * (CKPT_ENGINE_MARK_KEY), and open finds by its stamp where it stands in
+ * the log: commits the engine lacks (its write-ahead log lost them) are
+ * replayed from the log, and an engine ahead of its log (or one without a
+ * log yet) gets a new snapshot.  A log that cannot be written fails the
+ * commit (nothing applied).  A
+ * PostgreSQL engine would not use it: its own WAL archiving and base
+ * backups are the same thing, server-side.
  */
 #ifndef CKPT_ENGINE_H
 #define CKPT_ENGINE_H
@@ -74,7 +90,15 @@ struct ckpt_engine_opts {
 	bool create;          /* create it if missing */
 	bool read_only;       /* no writes; do not take the writer's lock */
 	uint64_t cache_bytes; /* read cache, 0 for the engine's default */
+	const char *log_dir;  /* the metadata log's directory (created if
+			       * missing); NULL: none.  Not with read_only. */
 };
+
+/* The logged commit the engine held at its last read-write open: key 'M'
+ * "mlog_at", le64 (docs/format.md section 5.1).  Written by engine.c at
+ * open (not logged, left out of snapshots). */
+#define CKPT_ENGINE_MARK_KEY "Mmlog_at"
+#define CKPT_ENGINE_MARK_KEY_LEN 8
 
 /* ---- registry ---- */
 
@@ -106,6 +130,15 @@ int ckpt_engine_sync(ckpt_engine *e);
 /* Write buffered state to the engine's files and sync (before a close
  * that should leave little to replay). */
 int ckpt_engine_flush(ckpt_engine *e);
+/* Take a snapshot of the engine into its metadata log now (a consistent
+ * copy at one commit; commits go on meanwhile).  -EOPNOTSUPP without a
+ * log. */
+int ckpt_engine_backup(ckpt_engine *e);
+/* True when the engine has a metadata log that wants a new snapshot
+ * (ckpt_mlog_due). */
+bool ckpt_engine_backup_due(ckpt_engine *e);
+/* The metadata log's directory, NULL without one. */
+const char *ckpt_engine_log_dir(const ckpt_engine *e);
 
 /* ---- transactions ---- */
 
@@ -168,11 +201,18 @@ typedef int (*ckpt_engine_val_fn)(void *arg, const uint8_t *val, size_t len);
 /* Every driver's engine, transaction and scan objects start with these. */
 struct ckpt_engine {
 	const struct ckpt_engine_ops *ops;
+	struct ckpt_mlog *mlog; /* engine.c's: the metadata log, NULL without;
+				 * set at open, then fixed */
 };
 struct ckpt_txn {
 	ckpt_engine *engine;
 	int err;            /* first failed put/delete (engine.c); commit returns it */
 	bool releases_space; /* ckpt_txn_releases_space() (cleared by begin) */
+	/* engine.c's: the writes, serialized for the metadata log (when the
+	 * engine has one); emptied at begin, kept with a reused object */
+	uint8_t *lbuf;
+	size_t llen, lcap;
+	uint32_t lops;
 };
 struct ckpt_scan {
 	ckpt_engine *engine;
@@ -200,7 +240,38 @@ struct ckpt_engine_ops {
 	void (*scan_free)(ckpt_scan *sc);
 	int (*sync)(ckpt_engine *e);
 	int (*flush)(ckpt_engine *e);
+	/* Run fn(arg) while no commit of e is being applied (the commit
+	 * exclusion the driver calls ckpt_engine_log_commit under); fn may call
+	 * scan_new. */
+	int (*quiesce)(ckpt_engine *e, int (*fn)(void *arg), void *arg);
+	/* A number that grows with every write applied to the engine and is
+	 * the same after a restart (RocksDB: its latest sequence number);
+	 * needed by an engine that keeps a metadata log. */
+	uint64_t (*stamp)(ckpt_engine *e);
+	/* Optional (NULL: none): rebuild the engine's own bookkeeping at where
+	 * from whatever of its data files can still be read, in place, for
+	 * `ckpt repair` when no intact copy exists (RocksDB: RepairDB).  What
+	 * it gives back must be checked record by record. */
+	int (*salvage)(const char *where, char *err, size_t errlen);
 };
+
+/*
+ * For drivers.  A commit that writes calls ckpt_engine_log_commit() under
+ * its commit exclusion, after its conflict check and before it applies
+ * t's writes, with the stamp the engine will have once they are applied:
+ * the writes are appended to the engine's metadata log.  An error fails
+ * the commit (nothing written).  If applying then fails,
+ * ckpt_engine_log_undo() takes the log record back; if the stamp turns out
+ * other than announced, ckpt_engine_log_stale() marks the log broken until
+ * the next snapshot.  ckpt_txn_base_free() frees engine.c's part of a
+ * transaction object the driver frees; ckpt_txn_base_trim() drops a large
+ * buffer of one it keeps for reuse.
+ */
+int ckpt_engine_log_commit(ckpt_txn *t, uint64_t stamp);
+void ckpt_engine_log_undo(ckpt_txn *t);
+void ckpt_engine_log_stale(ckpt_engine *e);
+void ckpt_txn_base_free(ckpt_txn *t);
+void ckpt_txn_base_trim(ckpt_txn *t);
 
 extern const struct ckpt_engine_ops ckpt_engine_rocksdb;
 

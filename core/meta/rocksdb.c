@@ -19,9 +19,14 @@
  * disk is the same plain one either way.
  *
  * A durable commit writes its batch, then syncs the write-ahead log outside
- * occ_lock, so that a sync does not hold up other commits.  A read-only
- * engine is a read-only DB without the lock file; beginning a transaction
- * on it fails with -EROFS.
+ * occ_lock, so that a sync does not hold up other commits.  With a
+ * metadata log (engine.h), a commit appends its record to it under
+ * occ_lock, before its batch is written, stamped with the sequence number
+ * RocksDB will have after the batch (its latest one plus the batch's
+ * count: every write of the engine runs under occ_lock, but the open's
+ * trim_wals, before the log is attached); quiesce runs under occ_lock too.
+ * A read-only engine is a read-only DB without the lock file; beginning a
+ * transaction on it fails with -EROFS.
  *
  * Full disks (docs/design.md section 3.1).  RocksDB 7.8 as Debian builds it
  * keeps its assertions: once an append to a file fails (ENOSPC), the next
@@ -431,6 +436,7 @@ static void rdb_close(ckpt_engine *e)
 		rocksdb_flushoptions_destroy(x->fopts);
 	for (unsigned i = 0; i < x->nspare; i++) {
 		rocksdb_writebatch_wi_destroy(x->spare[i]->wb);
+		ckpt_txn_base_free(&x->spare[i]->base);
 		free(x->spare[i]->slots);
 		free(x->spare[i]);
 	}
@@ -502,13 +508,26 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	x->filter = rocksdb_filterpolicy_create_bloom_full(10);
 	rocksdb_block_based_options_set_filter_policy(x->topts, x->filter);
 	rocksdb_options_set_block_based_table_factory(x->opts, x->topts);
-	if (o->read_only)
-		x->db = rocksdb_open_for_read_only(x->opts, dir, 0, &err);
-	else
+	if (o->read_only) {
+		/* The writer's compactions delete table files: one the MANIFEST
+		 * we read still named may be gone by the time it is opened.  Read
+		 * the new MANIFEST. */
+		for (int tries = 0;; tries++) {
+			x->db = rocksdb_open_for_read_only(x->opts, dir, 0, &err);
+			if (!err || tries >= 20 || !strstr(err, "No such file or directory"))
+				break;
+			rocksdb_free(err);
+			err = NULL;
+			usleep(10000);
+		}
+	} else {
 		x->db = rocksdb_open(x->opts, dir, &err);
+	}
 	if (err) {
 		snprintf(errbuf, errlen, "cannot open index %s: %s", dir, err);
-		r = strstr(err, "lock") ? -EBUSY : -EIO;
+		/* the writer's LOCK file held elsewhere ("While lock file: ...",
+		 * "lock hold by current process"), not "block checksum" */
+		r = strstr(err, "lock file") || strstr(err, "lock hold by") ? -EBUSY : -EIO;
 		rocksdb_free(err);
 		x->db = NULL;
 		rdb_close(&x->base);
@@ -664,6 +683,7 @@ static void rdb_abort(ckpt_txn *t)
 	rocksdb_writebatch_wi_clear(tx->wb); /* unapplied writes dropped */
 	tx->n = 0;
 	tx->base.err = 0;
+	ckpt_txn_base_trim(&tx->base);
 	pthread_mutex_lock(&x->occ_lock);
 	if (x->nspare < TXN_SPARE && tx->cap <= 4096) {
 		x->spare[x->nspare++] = tx;
@@ -672,6 +692,7 @@ static void rdb_abort(ckpt_txn *t)
 	pthread_mutex_unlock(&x->occ_lock);
 	if (tx) {
 		rocksdb_writebatch_wi_destroy(tx->wb);
+		ckpt_txn_base_free(&tx->base);
 		free(tx->slots);
 		free(tx);
 	}
@@ -684,10 +705,15 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 	char *err = NULL;
 	bool writes = false, wrote = false;
 	size_t bytes = 0;
+	uint64_t stamp = 0;
 	int r = 0;
 
 	if (rocksdb_writebatch_wi_count(tx->wb) > 0) {
 		(void)rocksdb_writebatch_wi_data(tx->wb, &bytes);
+		/* the metadata log's record of the batch takes about as much
+		 * again, on the same filesystem */
+		if (t->engine->mlog)
+			bytes *= 2;
 		r = space_check(x, bytes, t->releases_space);
 		if (r < 0) {
 			rdb_abort(t);
@@ -703,9 +729,18 @@ static int rdb_commit(ckpt_txn *t, bool durable)
 		writes |= (tx->slots[i] & SLOT_WRITTEN) != 0;
 	}
 	if (r == 0 && writes) {
+		stamp = rocksdb_get_latest_sequence_number(x->db) +
+			(uint64_t)rocksdb_writebatch_wi_count(tx->wb);
+		r = ckpt_engine_log_commit(t, stamp);
+	}
+	if (r == 0 && writes) {
 		rocksdb_write_writebatch_wi(x->db, x->wopts, tx->wb, &err);
 		r = rocks_errno(err);
 		wrote = true;
+		if (r < 0)
+			ckpt_engine_log_undo(t);
+		else if (t->engine->mlog && rocksdb_get_latest_sequence_number(x->db) != stamp)
+			ckpt_engine_log_stale(t->engine);
 		if (r == 0) {
 			x->seq++;
 			for (size_t i = 0; i < tx->n; i++)
@@ -837,6 +872,41 @@ static int rdb_scan_next(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_kle
 	return 1;
 }
 
+static uint64_t rdb_stamp(ckpt_engine *e)
+{
+	return rocksdb_get_latest_sequence_number(((struct rdb *)e)->db);
+}
+
+static int rdb_quiesce(ckpt_engine *e, int (*fn)(void *arg), void *arg)
+{
+	struct rdb *x = (struct rdb *)e;
+	int r;
+
+	pthread_mutex_lock(&x->occ_lock);
+	r = fn(arg);
+	pthread_mutex_unlock(&x->occ_lock);
+	return r;
+}
+
+/* RocksDB's RepairDB: a new MANIFEST from the table files that read whole
+ * (a table with a damaged block is moved to lost/ with all its keys), and
+ * the write-ahead logs turned into tables, skipping damaged records. */
+static int rdb_salvage(const char *dir, char *errbuf, size_t errlen)
+{
+	rocksdb_options_t *o = rocksdb_options_create();
+	char *err = NULL;
+	int r = 0;
+
+	rocksdb_repair_db(o, dir, &err);
+	if (err) {
+		ckpt_errf(errbuf, errlen, "%s: RocksDB repair failed: %s", dir, err);
+		rocksdb_free(err);
+		r = -EIO;
+	}
+	rocksdb_options_destroy(o);
+	return r;
+}
+
 const struct ckpt_engine_ops ckpt_engine_rocksdb = {
 	.name = "rocksdb",
 	.open = rdb_open,
@@ -852,4 +922,7 @@ const struct ckpt_engine_ops ckpt_engine_rocksdb = {
 	.scan_free = rdb_scan_free,
 	.sync = rdb_sync,
 	.flush = rdb_flush,
+	.quiesce = rdb_quiesce,
+	.stamp = rdb_stamp,
+	.salvage = rdb_salvage,
 };

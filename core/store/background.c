@@ -164,8 +164,25 @@ static int bg_compact(ckpt_store *s)
 	return r;
 }
 
+/* A snapshot of the index into its metadata log when one is due (after a
+ * failure, not again for a minute). */
+static void bg_backup(ckpt_store *s, int64_t *retry_ns)
+{
+	int r;
+
+	if (!ckpt_engine_backup_due(s->eng) || ckpt_mono_ns() < *retry_ns)
+		return;
+	r = ckpt_engine_backup(s->eng);
+	if (r < 0) {
+		ckpt_warn("%s: cannot take a snapshot of the index into %s: %s (retrying in a "
+			  "minute)", s->path, ckpt_engine_log_dir(s->eng), strerror(-r));
+		*retry_ns = ckpt_mono_ns() + 60 * 1000000000LL;
+	}
+}
+
 void *st_bg_main(void *arg)
 {
+	int64_t backup_retry_ns = 0;
 	ckpt_store *s = arg;
 	struct bg_item items[BG_BATCH];
 
@@ -204,6 +221,7 @@ void *st_bg_main(void *arg)
 			pthread_mutex_lock(&s->bg_lock);
 			kicks = s->bg_kicks;
 			pthread_mutex_unlock(&s->bg_lock);
+			bg_backup(s, &backup_retry_ns);
 			dropped = st_reclaim_round(s);
 			if (bg_compact(s) <= 0 && dropped <= 0) {
 				pthread_mutex_lock(&s->bg_lock);

@@ -4,7 +4,7 @@
  */
 #include "store/store_int.h"
 
-static int read_marker(int dfd, const char *path, char *err, size_t errlen)
+int st_read_marker(int dfd, const char *path, char *err, size_t errlen)
 {
 	char buf[64];
 	ssize_t n;
@@ -267,20 +267,27 @@ static int reap_orphans(ckpt_store *s)
 int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
 		    char *err, size_t errlen)
 {
+	return st_open(path, o, -1, ret_store, err, errlen);
+}
+
+int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
+	    ckpt_store **ret_store, char *err, size_t errlen)
+{
 	ckpt_store *s = NULL;
-	char *ixdir = NULL;
+	char *ixdir = NULL, *logdir = NULL;
 	bool fresh = false;
 	int dfd = -1, r;
 
 	err[0] = '\0';
 	if (o->compress_level < 0 || o->compress_level > 19) {
 		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
-		return -EINVAL;
+		r = -EINVAL;
+		goto fail;
 	}
 	if (o->create && mkdir(path, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
-		return r;
+		goto fail;
 	}
 	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0) {
@@ -288,14 +295,15 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: %s", path,
 			 errno == ENOENT ? "no such store (directory does not exist)" :
 					   strerror(errno));
-		return r;
+		goto fail;
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		r = -ENOMEM;
 		goto fail;
 	}
-	s->lock_fd = -1;
+	s->lock_fd = lock_fd; /* an inherited lock is the store's from here */
+	lock_fd = -1;
 	s->opts = *o;
 	s->path = strdup(path);
 	pthread_mutex_init(&s->ns_lock, NULL);
@@ -309,7 +317,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, st_tls_free);
 
-	r = read_marker(dfd, path, err, errlen);
+	r = st_read_marker(dfd, path, err, errlen);
 	if (r == -ENOENT) {
 		r = dir_is_empty_fs(dfd);
 		if (r < 0)
@@ -332,7 +340,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		goto fail;
 	}
 
-	if (o->mode != CKPT_STORE_RO_SHARED) {
+	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
@@ -350,7 +358,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: cannot create store layout: %s", path, strerror(errno));
 		goto fail;
 	}
-	if (asprintf(&ixdir, "%s/index", path) < 0) {
+	if (asprintf(&ixdir, "%s/" ST_INDEX_DIR, path) < 0 ||
+	    asprintf(&logdir, "%s/" ST_METALOG_DIR, path) < 0) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -359,8 +368,14 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			.create = fresh,
 			.read_only = o->mode == CKPT_STORE_RO_SHARED,
 			.cache_bytes = 64u << 20,
+			.log_dir = o->mode == CKPT_STORE_RO_SHARED ? NULL : logdir,
 		};
 		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
+		if (r == -EIO) {
+			size_t l = strlen(err);
+			snprintf(err + l, errlen - l,
+				 "; the index is damaged: `ckpt repair %s` rebuilds it", path);
+		}
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
@@ -434,6 +449,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		s->bg_started = true;
 	}
 	free(ixdir);
+	free(logdir);
 	close(dfd);
 	*ret_store = s;
 	return 0;
@@ -441,7 +457,11 @@ fail:
 	if (!err[0])
 		snprintf(err, errlen, "%s: %s", path, strerror(-r));
 	free(ixdir);
-	close(dfd);
+	free(logdir);
+	if (dfd >= 0)
+		close(dfd);
+	if (lock_fd >= 0)
+		close(lock_fd);
 	ckpt_store_free(s);
 	return r;
 }
@@ -473,6 +493,9 @@ void ckpt_store_free(ckpt_store *s)
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
 		ckpt_engine_flush(s->eng);
+		if (ckpt_engine_backup_due(s->eng) && ckpt_engine_backup(s->eng) < 0)
+			ckpt_warn("%s: cannot take a snapshot of the index into %s (the log since "
+				  "the last one is kept)", s->path, ckpt_engine_log_dir(s->eng));
 	}
 	ckpt_cb_free(s->cb);
 	for (size_t i = 0; i < PENDING_BUCKETS; i++) {

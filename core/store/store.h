@@ -12,6 +12,8 @@
  *   STORE/lock           flock()ed by the process that owns the store
  *   STORE/index/         the metadata engine's files: RocksDB (meta/engine.h;
  *                        meta/records.h for the key space)
+ *   STORE/metalog/       the metadata log: snapshots of the index and every
+ *                        commit since, for ckpt_store_repair (meta/mlog.h)
  *   STORE/packs/         pack-<id>.ckpk chunk data (see pack.h)
  *   STORE/staging/       scratch files of files being rewritten at random
  *                        offsets; emptied at every open
@@ -420,5 +422,50 @@ struct ckpt_gc_stats {
 };
 /* Reclaim space of unreferenced chunks.  Crash-safe at every step. */
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret);
+
+/*
+ * Repair (`ckpt repair`, docs/design.md section 15): bring the store at
+ * path, whose index may be damaged, back to a state that opens and passes
+ * fsck, without ever naming bytes a file did not hold.  Takes the store's
+ * lock (unmounted store).  Two steps:
+ *  1. the index: restored from the metadata log (STORE/metalog) into a new
+ *     one and compared with the index in place, read whole; an index that
+ *     cannot be opened or read, or that lacks commits its log holds, is
+ *     replaced by the restored one (the old one is kept as
+ *     STORE/index.damaged.N); without a usable log, the engine's own
+ *     salvage rebuilds what it can;
+ *  2. the namespace and chunk index, checked against each other and
+ *     against the record headers of every unit of the chunk backend:
+ *     chunk entries that are missing or name the wrong record are
+ *     re-pointed at a record that verifies; a file whose content cannot be
+ *     found whole, or whose records disagree, is removed and reported
+ *     lost by path; names of missing inodes are removed; inodes no name
+ *     reaches are linked into /lost+found; link counts, reference counts
+ *     and the id counters are set to what the records say.  Then a new
+ *     snapshot of the index is taken into the metadata log.
+ * cb reports what it finds as it goes (path NULL when no file is
+ * concerned).  Returns 0 (see *ret for what was done) or -errno with err
+ * naming the store and the reason.
+ */
+enum ckpt_repair_kind {
+	CKPT_REPAIR_NOTE,  /* what was found */
+	CKPT_REPAIR_FIXED, /* a record changed, nothing lost */
+	CKPT_REPAIR_LOST,  /* a file removed: its content could not be recovered */
+};
+typedef void (*ckpt_repair_fn)(void *ud, enum ckpt_repair_kind kind, const char *path,
+			       const char *what);
+struct ckpt_repair_stats {
+	bool index_damaged;   /* the index could not be opened or read whole */
+	bool index_replaced;  /* it was replaced (restored from its log, or salvaged) */
+	bool salvaged;        /* by the engine's salvage: no intact copy existed */
+	bool log_damaged;     /* the metadata log had damage or was missing */
+	uint64_t log_last;    /* the last commit the metadata log restored */
+	uint64_t differences; /* keys an intact index and its restored log disagree on */
+	uint64_t files_lost;  /* removed (reported with CKPT_REPAIR_LOST) */
+	uint64_t fixed;       /* records changed otherwise */
+	uint64_t chunks_relocated; /* chunk entries pointed at another record */
+};
+int ckpt_store_repair(const char *path, ckpt_repair_fn cb, void *ud,
+		      struct ckpt_repair_stats *ret, char *err, size_t errlen);
 
 #endif

@@ -35,6 +35,8 @@
 
 #define MARKER_NAME "ckptfs-store"
 #define MARKER_MAGIC "ckptfs-store"
+#define ST_INDEX_DIR "index"     /* the metadata engine's files */
+#define ST_METALOG_DIR "metalog" /* its metadata log (meta/mlog.h) */
 
 struct pending {
 	ckpt_digest digest;
@@ -273,6 +275,17 @@ void *st_flusher_main(void *arg);
 
 /* maint.c */
 int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
+
+/* open.c: the marker check of every open; ckpt_store_open() with the
+ * store's lock already held on lock_fd (-1: take it), which the store then
+ * owns (closed by ckpt_store_free, or on failure). */
+int st_read_marker(int dfd, const char *path, char *err, size_t errlen);
+int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
+	    ckpt_store **ret_store, char *err, size_t errlen);
+
+/* repair_ns.c: the second step of ckpt_store_repair (store.h) on the
+ * opened store. */
+int st_repair_check(ckpt_store *s, ckpt_repair_fn cb, void *ud, struct ckpt_repair_stats *st);
 
 /* compact.c */
 struct st_compact_stats {
