@@ -536,6 +536,34 @@ START_TEST(test_engine_backup)
 }
 END_TEST
 
+/* Stamps must be what the engine reaches: a transaction that writes one
+ * key twice and deletes one it never wrote, several times, then a reopen
+ * that finds the engine at the log's last commit (no new snapshot). */
+START_TEST(test_engine_stamps)
+{
+	ckpt_engine *e = eopen(true);
+	char *x;
+
+	for (int i = 0; i < 5; i++) {
+		ckpt_txn *t;
+		ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+		ckpt_txn_put(t, "k", 1, "1", 1);
+		ckpt_txn_put(t, "k", 1, "2", 1);
+		ckpt_txn_delete(t, "never", 5);
+		ckpt_txn_put(t, "j", 1, "3", 1);
+		ck_assert_int_eq(ckpt_txn_commit(t, i % 2 == 0), 0);
+	}
+	ckpt_engine_close(e);
+	e = eopen(true);
+	x = eget(e, "k");
+	ck_assert_str_eq(x, "2");
+	free(x);
+	ckpt_engine_close(e);
+	ck_assert_int_eq(count_files(ldir, "snap-"), 1);
+	ck_assert_int_eq(count_files(ldir, "log-"), 1);
+}
+END_TEST
+
 START_TEST(test_engine_without_usable_log)
 {
 	struct ckpt_mlog_report rep;
@@ -582,6 +610,7 @@ static Suite *mlog_suite(void)
 	tcase_add_test(en, test_engine_behind_replayed);
 	tcase_add_test(en, test_engine_ahead_new_snapshot);
 	tcase_add_test(en, test_engine_backup);
+	tcase_add_test(en, test_engine_stamps);
 	tcase_add_test(en, test_engine_without_usable_log);
 	return s;
 }

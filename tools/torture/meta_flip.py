@@ -81,6 +81,9 @@ def unmount(mnt):
     subprocess.run(["fusermount3", "-uz", mnt], stderr=subprocess.DEVNULL)
 
 
+LIVE = set()  # daemons started and not yet stopped: killed if the run stops on an error
+
+
 class Daemon:
     """ckptfs STORE MNT -f, as a child process."""
 
@@ -90,6 +93,7 @@ class Daemon:
         self.logf = open(logpath, "ab")
         self.p = subprocess.Popen([CKPTFS, store, mnt, "-f"], stdout=self.logf,
                                   stderr=subprocess.STDOUT)
+        LIVE.add(self)
         t0 = time.monotonic()
         while not ismount(mnt):
             if self.p.poll() is not None:
@@ -101,6 +105,7 @@ class Daemon:
             time.sleep(0.02)
 
     def stop(self):
+        LIVE.discard(self)
         unmount(self.mnt)
         try:
             self.p.wait(timeout=60)
@@ -111,6 +116,7 @@ class Daemon:
         return self.p.returncode
 
     def kill(self):
+        LIVE.discard(self)
         self.p.send_signal(signal.SIGKILL)
         self.p.wait()
         unmount(self.mnt)
@@ -470,6 +476,8 @@ def main(argv):
                     for line in r["repair_out"].splitlines()[:30]:
                         log(f"#   repair: {line}")
     finally:
+        for d in list(LIVE):
+            d.kill()
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"seed": args.seed, "scenario": args.scenario, "pick": args.pick,
