@@ -296,6 +296,7 @@ int main(int argc, char **argv)
 	vc.ra = ra;
 	vc.rules = rules;
 	vc.view_cache = o.view_cache;
+	ckpt_view_cache_set_budget((size_t)o.view_mem);
 	vc.drop_behind = o.drop_behind;
 	vc.direct_granted = wire_granted;
 	r = vfs_new(&vc, &v);

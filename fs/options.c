@@ -6,6 +6,8 @@
 
 #include "options.h"
 
+#include "views/view.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
@@ -37,6 +39,7 @@ struct raw_opts {
 	unsigned drop_behind;
 	char *direct_read;
 	unsigned view_cache;
+	char *view_mem;
 	int fsname_given;            /* -o fsname=... is on the command line */
 	int subtype_given;           /* -o subtype=... */
 };
@@ -61,6 +64,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("readahead_kb=%u", readahead_kb),
 	OPT("ra_workers=%u", ra_workers),
 	OPT("view_cache=%u", view_cache),
+	OPT("view_mem=%s", view_mem),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
@@ -139,6 +143,9 @@ static void usage(const char *prog)
 	       "                       chunk read-ahead off)\n"
 	       "  -o view_cache=N      resharded views kept built, most recently used\n"
 	       "                       (1-4096, default 8)\n"
+	       "  -o view_mem=SIZE     memory for the parsed headers and view models that\n"
+	       "                       view builds share (default 256M; 0: 16 models,\n"
+	       "                       64 headers, whatever their size)\n"
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
@@ -250,6 +257,11 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		return -1;
 	}
 	ret->view_cache = raw->view_cache;
+	ret->view_mem = CKPT_VIEW_CACHE_MEM_DEFAULT;
+	if (raw->view_mem && parse_size(raw->view_mem, &ret->view_mem) < 0) {
+		fprintf(stderr, "ckptfs: invalid view_mem '%s'\n", raw->view_mem);
+		return -1;
+	}
 	ret->direct_read = DIRECT_READ_VIEWS;
 	if (raw->direct_read) {
 		ret->direct_read_given = true;
@@ -338,6 +350,7 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 out:
 	free((char *)raw.store);
 	free(raw.cache_size);
+	free(raw.view_mem);
 	free(raw.buf_reserve);
 	free(raw.pack_max);
 	free(raw.log_level);

@@ -30,6 +30,7 @@ struct ckptfs_opts {
 	unsigned ra_workers;         /* UINT_MAX: default; 0: read-ahead off */
 	unsigned readahead_kb;       /* the mount's read-ahead; 0: the kernel's */
 	unsigned view_cache;
+	uint64_t view_mem;           /* -o view_mem: ckpt_view_cache_set_budget */
 	bool drop_behind;
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */

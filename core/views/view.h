@@ -67,9 +67,17 @@ void ckpt_view_forget_store(ckpt_store *s);
  * those of directories and files deleted or changed when the next view is
  * built. */
 struct ckpt_view_cache_stats {
-	size_t models, sources;
+	size_t models, sources;             /* alive: kept or in use */
+	size_t model_bytes, source_bytes;   /* estimated bytes of those kept */
 };
 void ckpt_view_cache_stats(struct ckpt_view_cache_stats *ret);
+/* The caches' byte budget (process-wide): the models kept stay within
+ * `bytes` (a model counts its parsed sources too), the parses kept within
+ * half of it; the newest of each is kept whatever its size.  Entries that
+ * views still use stay alive beyond it.  0: counts only.  Default
+ * CKPT_VIEW_CACHE_MEM_DEFAULT. */
+#define CKPT_VIEW_CACHE_MEM_DEFAULT (256ull << 20)
+void ckpt_view_cache_set_budget(size_t bytes);
 void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
 
 /* A cheap fingerprint of the sources of dir's view (inode, size, mtime and
