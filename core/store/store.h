@@ -54,7 +54,11 @@
  *    other closed files (one pack fdatasync for all of them).  A rename, an
  *    fsync of the file, ckpt_store_flush() and ckpt_store_free() index it
  *    immediately.  A daemon crash loses closed-but-unindexed content only;
- *    the store stays consistent (the old content remains).
+ *    the store stays consistent (the old content remains).  Invariant: an
+ *    entry leaves the overlay only after the index holds its content or
+ *    newer (a durable commit also goes through the overlay), so a reader
+ *    that looks in the overlay first and then in the index never sees
+ *    content older than the last close or fsync that returned.
  *
  * Thread-safety: every function may be called from any thread.  Every
  * change of the index is one transaction of the metadata engine, which
