@@ -58,6 +58,8 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 		for (size_t i = 0; r == 0 && i < nadded; i++)
 			st_pending_remove(s, &added[i]); /* the index names it now */
 		pthread_mutex_unlock(&s->ns_lock);
+		if (r == 0)
+			ckpt_metric_add(CKPT_M_FILES_COMMITTED, n);
 	}
 	free(added);
 	free(cv);
