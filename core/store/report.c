@@ -41,14 +41,13 @@ void st_bg_report(ckpt_store *s, bool force)
 	else if (!ckpt_ratelimit_ok(&g->rl, t))
 		return;
 	ckpt_info("%s: background work, %u pass%s in %.0f s: compressed %" PRIu64
-		  " chunks (%.1f MiB to %.1f MiB, ratio %.2f), %" PRIu64
-		  " incompressible; compaction moved %" PRIu64 " chunks and deleted %" PRIu64
+		  " chunks and left %" PRIu64 " raw (incompressible), %.1f MiB to %.1f MiB "
+		  "(ratio %.2f); compaction moved %" PRIu64 " chunks and deleted %" PRIu64
 		  " pack%s; %" PRIu64 " chunks wait for compression",
 		  s->path, g->passes, g->passes == 1 ? "" : "es", (double)(t - g->since_ns) / 1e9,
-		  d.compressed, mib(d.compressed_in), mib(d.compressed_out),
+		  d.compressed, d.incompressible, mib(d.compressed_in), mib(d.compressed_out),
 		  d.compressed_out ? (double)d.compressed_in / (double)d.compressed_out : 1.0,
-		  d.incompressible, d.moved, d.packs_deleted, d.packs_deleted == 1 ? "" : "s",
-		  now.queued);
+		  d.moved, d.packs_deleted, d.packs_deleted == 1 ? "" : "s", now.queued);
 	g->logged = now;
 	g->passes = 0;
 	g->since_ns = t;
