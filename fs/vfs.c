@@ -247,12 +247,16 @@ static int logged(struct vfs *v, struct tree *t, uint64_t ino, const char *name,
 		  const char *what, int r)
 {
 	char *path;
+	const char *p;
 
 	if (t != v->store || !is_failure(r))
 		return r;
 	path = t->ops->path(t, ino);
-	ckpt_err("%s%s%s: %s failed: %s", path && strcmp(path, "/") ? path : "",
-		 name || !path ? "/" : "", name ? name : "", what, strerror(-r));
+	p = path ? path : "?";
+	if (name)
+		ckpt_err("%s/%s: %s failed: %s", strcmp(p, "/") ? p : "", name, what, strerror(-r));
+	else
+		ckpt_err("%s: %s failed: %s", p, what, strerror(-r));
 	free(path);
 	return r;
 }
