@@ -32,6 +32,8 @@ struct raw_opts {
 	int keep_unreferenced;
 	unsigned compact_live;
 	char *log_level;
+	char *log_file;
+	int syslog;
 	char *tp_rules;
 	unsigned workers;
 	unsigned readahead_kb;
@@ -59,6 +61,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("keep_unreferenced", keep_unreferenced),
 	OPT("compact_live=%u", compact_live),
 	OPT("log_level=%s", log_level),
+	OPT("log=%s", log_file),
+	OPT("syslog", syslog),
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
 	OPT("readahead_kb=%u", readahead_kb),
@@ -133,7 +137,10 @@ static void usage(const char *prog)
 	       "                       past SIZE (at least 1M; default 1G)\n"
 	       "  -o keep_unreferenced background work keeps the chunks of deleted and\n"
 	       "                       rewritten data (only `ckpt gc` reclaims them)\n"
-	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
+	       "  -o log_level=LEVEL   error|warn|info|debug (default info: mount, unmount\n"
+	       "                       with a session summary, background work, errors)\n"
+	       "  -o log=FILE          log to FILE (appended; reopened on SIGHUP)\n"
+	       "  -o syslog            log to syslog (journald), facility daemon\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
 	       "  -o readahead_kb=N    read-ahead of the mount in KiB (default 1024; 0 keeps\n"
@@ -158,23 +165,29 @@ static void usage(const char *prog)
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
 	       "Without -f the daemon detaches once the mount is ready and logs to\n"
-	       "STORE/ckptfs.log.  Unmount with: fusermount3 -u MOUNTPOINT\n\n",
+	       "STORE/ckptfs.log unless -o log or -o syslog is given.  Metrics:\n"
+	       "MOUNTPOINT/.ckptfs/metrics (Prometheus text format).\n"
+	       "Unmount with: fusermount3 -u MOUNTPOINT\n\n",
 	       prog);
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
 }
 
-/* The store's path made absolute: the daemon changes to / once detached. */
-static int absolute_store(const char *store, char **ret)
+/* A path made absolute (the store's, the log's): the daemon changes to /
+ * once detached. */
+static int absolute_path(const char *what, const char *path, char **ret)
 {
 	char cwd[PATH_MAX];
 
-	if (store[0] == '/') {
-		*ret = strdup(store);
-	} else if (!getcwd(cwd, sizeof(cwd)) || asprintf(ret, "%s/%s", cwd, store) < 0) {
-		fprintf(stderr, "ckptfs: cannot resolve %s: %s\n", store, strerror(errno));
+	if (path[0] == '/') {
+		*ret = strdup(path);
+	} else if (!getcwd(cwd, sizeof(cwd)) || asprintf(ret, "%s/%s", cwd, path) < 0) {
+		fprintf(stderr, "ckptfs: cannot resolve %s %s: %s\n", what, path, strerror(errno));
+		*ret = NULL;
 		return -1;
 	}
+	if (!*ret)
+		fprintf(stderr, "ckptfs: out of memory\n");
 	return *ret ? 0 : -1;
 }
 
@@ -289,6 +302,13 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		}
 		ckpt_log_set_level((enum ckpt_log_level)i);
 	}
+	if (raw->log_file && raw->syslog) {
+		fprintf(stderr, "ckptfs: -o log and -o syslog exclude each other\n");
+		return -1;
+	}
+	if (raw->log_file && absolute_path("log", raw->log_file, &ret->log_file) < 0)
+		return -1;
+	ret->syslog = raw->syslog != 0;
 	ret->workers = raw->workers;
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
@@ -313,7 +333,7 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 	raw.drop_behind = 1;
 	if (fuse_opt_parse(args, &raw, opt_spec, opt_proc) < 0)
 		goto out;
-	if (raw.store && absolute_store(raw.store, &ret->store) < 0)
+	if (raw.store && absolute_path("store", raw.store, &ret->store) < 0)
 		goto out;
 	if (ret->store && add_mount_names(args, &raw, ret->store) < 0)
 		goto out;
@@ -340,8 +360,8 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 			prog);
 		goto out;
 	}
-	if (cmd->debug)
-		ckpt_log_set_level(CKPT_LOG_DEBUG);
+	/* the daemon's default: mount, unmount, background summaries, errors */
+	ckpt_log_set_level(cmd->debug ? CKPT_LOG_DEBUG : CKPT_LOG_INFO);
 	if (convert(&raw, ret) < 0)
 		goto out;
 	ret->tp_rules = raw.tp_rules;
@@ -354,6 +374,7 @@ out:
 	free(raw.buf_reserve);
 	free(raw.pack_max);
 	free(raw.log_level);
+	free(raw.log_file);
 	free(raw.tp_rules);
 	free(raw.direct_read);
 	return r;
@@ -365,6 +386,8 @@ void options_free(struct ckptfs_opts *o)
 		return;
 	free(o->store);
 	free(o->tp_rules);
+	free(o->log_file);
+	o->log_file = NULL;
 	o->store = NULL;
 	o->tp_rules = NULL;
 }

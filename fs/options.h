@@ -34,6 +34,8 @@ struct ckptfs_opts {
 	bool drop_behind;
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */
+	char *log_file;              /* -o log=FILE, absolute, or NULL */
+	bool syslog;                 /* -o syslog */
 };
 
 /* Parse the command line into ret and cmd (cmd->mountpoint is malloc'd).

@@ -69,7 +69,7 @@ echo "setup: built fs/ckptfs and tools/ckpt"
 # torch), so they go in with --no-deps and their own dependencies are listed here explicitly.
 VENV=.venv
 TORCH_PIN=torch==2.13.0+cpu
-PINS=(safetensors==0.8.0 transformers==5.24.0 pytest==9.2.0 numpy==2.4.6)
+PINS=(safetensors==0.8.0 transformers==5.24.0 pytest==9.2.0 numpy==2.4.6 prometheus_client==0.26.0)
 NODEPS_PINS=(bytecheckpoint==0.0.2 megatron-core==0.16.1)
 # the dependencies of the --no-deps packages that they import (bytecheckpoint: grpcio, protobuf,
 # mmh3, universal-pathlib, cachetools; megatron-core: numpy and packaging, already above)

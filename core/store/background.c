@@ -228,6 +228,7 @@ void *st_bg_main(void *arg)
 				if (s->bgq_n == s->bgq_head && s->bg_kicks == kicks)
 					s->bg_compact_clean = true;
 				pthread_mutex_unlock(&s->bg_lock);
+				st_bg_report(s, false); /* the pass is over */
 			}
 		}
 		pthread_mutex_lock(&s->bg_lock);

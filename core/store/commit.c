@@ -62,6 +62,8 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 		pthread_mutex_unlock(&s->ns_lock);
 		if (r == 0)
 			st_bg_kick(s); /* old content may be garbage now */
+		if (r == 0)
+			ckpt_metric_add(CKPT_M_FILES_COMMITTED, n);
 	}
 	free(added);
 	free(cv);

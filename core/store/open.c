@@ -472,6 +472,7 @@ void ckpt_store_free(ckpt_store *s)
 
 	if (!s)
 		return;
+	st_metrics_unregister(s);
 	if (s->bg_started) {
 		pthread_mutex_lock(&s->bg_lock);
 		s->bg_stop = true;
@@ -479,6 +480,7 @@ void ckpt_store_free(ckpt_store *s)
 		pthread_mutex_unlock(&s->bg_lock);
 		pthread_join(s->bg_thread, NULL);
 		s->bg_started = false;
+		st_bg_report(s, true);
 	}
 	if (s->flusher_started) {
 		pthread_mutex_lock(&s->overlay_lock);

@@ -198,6 +198,8 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		r = ckpt_compress(t->cc, in, len, elem_size, &rec.codec, &out, &out_len);
 		if (r < 0)
 			goto out;
+		ckpt_metric_add(CKPT_M_COMPRESS_IN_INLINE, len);
+		ckpt_metric_add(CKPT_M_COMPRESS_OUT_INLINE, out_len);
 		outv.iov_base = (void *)out;
 		outv.iov_len = out_len;
 		stored = &outv;
@@ -220,6 +222,9 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		/* a racing twin may have won: harmless duplicate */
 		if (st_pending_add(s, &d, &loc) && deferred)
 			st_bg_enqueue(s, &d, (uint8_t)elem_size);
+		ckpt_metric_add(CKPT_M_CHUNKS_NEW, 1);
+		ckpt_metric_add(CKPT_M_CHUNK_BYTES_NEW, len);
+		ckpt_metric_add(CKPT_M_STORED_BYTES, rec.stored_len);
 	}
 	atomic_fetch_sub(&s->puts_inflight, 1);
 out:
@@ -227,8 +232,10 @@ out:
 	return r;
 
 dedup_hit:
-	if (s->opts.verify_dedup)
-		return verify_same(s, &d, iov, cnt, len);
+	if (s->opts.verify_dedup && (r = verify_same(s, &d, iov, cnt, len)) < 0)
+		return r;
+	ckpt_metric_add(CKPT_M_CHUNKS_DEDUP, 1);
+	ckpt_metric_add(CKPT_M_CHUNK_BYTES_DEDUP, len);
 	return 0;
 }
 

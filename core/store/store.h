@@ -345,6 +345,12 @@ struct ckpt_bg_stats {
 	uint64_t pending_dropped; /* pending chunks no content named, forgotten */
 };
 void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret);
+/* Render s's own metrics (chunk cache, compression inline and in the
+ * background, background backlog, closed files not yet indexed) with the
+ * process's (base/metrics.h) from now until ckpt_store_free(s).  One store
+ * per process should: two would render their families twice.  0 or
+ * -ENOMEM. */
+int ckpt_store_metrics_register(ckpt_store *s);
 /* Make every namespace change and commit written so far durable (the
  * metadata engine's log synced): fsyncdir semantics.  0 or -errno. */
 int ckpt_store_sync_meta(ckpt_store *s);

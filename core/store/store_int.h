@@ -158,6 +158,14 @@ struct drop_set {
 	uint8_t *state;
 	size_t n;
 	uint64_t epoch;
+	/* Summary lines of background work (report.c): the background thread's
+	 * own, and ckpt_store_free's once that thread has stopped. */
+	struct st_bg_report {
+		struct ckpt_ratelimit rl;
+		struct ckpt_bg_stats logged, seen; /* at the last line, at the last call */
+		unsigned passes;                   /* passes that did work since that line */
+		int64_t since_ns;                  /* monotonic time of that line (or open) */
+	} bgrep;
 };
 
 struct bg_item {
@@ -257,6 +265,13 @@ int st_check_space(ckpt_store *s, size_t need, enum st_space keep_for);
 int st_append_record_bg(ckpt_store *s, const struct ckpt_chunk_rec *rec, const void *data,
 			struct ckpt_chunk_loc *ret_loc);
 void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem);
+
+/* report.c: a summary line of the background work done since the last one,
+ * at most one a minute (any time with force); nothing when no work was
+ * done.  Called where a pass of background work ends. */
+void st_bg_report(ckpt_store *s, bool force);
+/* report.c: ckpt_store_metrics_register undone (ckpt_store_free). */
+void st_metrics_unregister(ckpt_store *s);
 
 /* background.c */
 int st_publish(ckpt_store *s, const struct reloc *v, size_t n);

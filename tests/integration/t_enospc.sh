@@ -54,6 +54,10 @@ tap(err == errno.ENOSPC,
 EOF
 
 check "mount still answers after ENOSPC (ls)" ls "$MNT"
+# the failure is in the log at the default level, stamped, naming the file and the reason
+check "the log names the file and the reason (ENOSPC)" grep -qE \
+	'^[0-9T:.-]+Z ckptfs\[[0-9]+/[0-9]+\] (warning|error): /big\.bin: .*No space left on device' \
+	"$STORE/ckptfs.log"
 for i in 1 2 3; do
 	assert_cmp "$WORK/early$i" "$MNT/early$i.bin" "earlier file $i readable while the store is full"
 done
