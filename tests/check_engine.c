@@ -6,6 +6,10 @@
  * non-durable commits, scans (committed snapshot and in a transaction),
  * read-only opens.  The last test case holds what only the RocksDB engine
  * promises (its write-ahead logs, its single-writer lock).
+ *
+ * Each test opens its engine at ixdir: a directory for RocksDB, the
+ * connection string of a new database for PostgreSQL, on a server this
+ * suite starts (pglib.h) and stops.
  */
 #include <check.h>
 #include <dirent.h>
@@ -20,16 +24,20 @@
 
 #include "meta/engine.h"
 #include "meta/records.h"
+#include "pglib.h"
 #include "testlib.h"
 #include "base/util.h"
 
 static char tdir[96]; /* per test, inside the test case's base directory */
-static char ixdir[128];
+static char ixdir[256];  /* where the test's engine lives (see the top) */
+
+static bool pg_where_made; /* ixdir names this test's PostgreSQL database */
 
 static void setup(void)
 {
 	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
+	pg_where_made = false;
 }
 
 static void teardown(void)
@@ -46,9 +54,15 @@ static size_t n_engines(void)
 	return n;
 }
 
+/* The name of engine i; for PostgreSQL, the first call of a test also
+ * makes the test's database and points ixdir at it. */
 static const char *engine_name(int i)
 {
 	ck_assert_ptr_nonnull(ckpt_engine_at((size_t)i));
+	if (ckpt_engine_at((size_t)i) == &ckpt_engine_postgres && !pg_where_made) {
+		tl_pg_new_db(ixdir, sizeof(ixdir));
+		pg_where_made = true;
+	}
 	return ckpt_engine_at((size_t)i)->name;
 }
 
@@ -107,6 +121,7 @@ START_TEST(test_registry)
 	ck_assert_uint_ge(n_engines(), 1);
 	ck_assert_str_eq(ckpt_engine_at(0)->name, CKPT_ENGINE_DEFAULT);
 	ck_assert_ptr_eq(ckpt_engine_find("rocksdb"), &ckpt_engine_rocksdb);
+	ck_assert_ptr_eq(ckpt_engine_find("postgresql"), &ckpt_engine_postgres);
 	ck_assert_ptr_null(ckpt_engine_find("nosuch"));
 	ck_assert_ptr_null(ckpt_engine_at(n_engines()));
 	for (size_t i = 0; i < n_engines(); i++)
@@ -350,10 +365,12 @@ END_TEST
  * without closing; the parent reopens. */
 START_TEST(test_commit_survives_crash)
 {
-	pid_t pid = fork();
+	pid_t pid;
 	int status;
 	ckpt_engine *e;
 
+	(void)engine_name(_i); /* ixdir before the fork: the child's is the parent's */
+	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		struct ckpt_engine_opts o = { .create = true };
@@ -751,6 +768,7 @@ static Suite *engine_suite(void)
 	suite_add_tcase(s, reg);
 
 	tl_tcase_dirs(each, "check_engine-");
+	tcase_add_unchecked_fixture(each, tl_pg_start, tl_pg_stop);
 	tcase_add_checked_fixture(each, setup, teardown);
 	tcase_set_timeout(each, 60);
 	tcase_add_loop_test(each, test_open_missing_no_create, 0, n);

@@ -45,17 +45,14 @@
  * engine, -EBUSY the engine is held by another writer (open), -ENOSPC,
  * -ENOMEM, -EIO anything else.  open() writes a reason to err.
  *
- * A second engine (issue 24: PostgreSQL, so that daemons on several nodes
- * share one store's metadata) implements the same ops: a transaction is one
- * SQL transaction (BEGIN ISOLATION LEVEL REPEATABLE READ or SERIALIZABLE);
- * FOR_UPDATE reads are SELECT ... FOR UPDATE; a conflict is a serialization
- * failure or deadlock (SQLSTATE 40001 / 40P01) mapped to -EAGAIN; a scan is
- * a keyset query over (key >= start AND key < prefix successor) ORDER BY
- * key, paged by a cursor; reads outside a transaction are autocommit
- * SELECTs; durable commits run with synchronous_commit on and non-durable
- * ones may set it off; sync and flush are no-ops (every commit reached the
- * server); "where" is a connection string and the table is (key bytea
- * primary key, value bytea).
+ * A second engine, "postgresql" (postgres.c), lets daemons on several nodes
+ * share one store's metadata (docs/cluster.md section 2): "where" is a libpq
+ * connection string; the keys and values are rows of one table; a
+ * transaction buffers its writes in the daemon and commits them in one SQL
+ * transaction that first locks and checks the rows of every key it read for
+ * update or wrote (optimistic, as this contract requires); durable commits
+ * run with synchronous_commit on.  Its calls wait for the server with a
+ * deadline and fail with -EIO past it, never hang.
  */
 #ifndef CKPT_ENGINE_H
 #define CKPT_ENGINE_H
@@ -196,5 +193,6 @@ struct ckpt_engine_ops {
 };
 
 extern const struct ckpt_engine_ops ckpt_engine_rocksdb;
+extern const struct ckpt_engine_ops ckpt_engine_postgres;
 
 #endif
