@@ -173,6 +173,9 @@ struct ckpt_scan {
  * returns what it returns; -ENOENT when absent (fn not called). */
 struct ckpt_engine_ops {
 	const char *name;
+	/* Several processes, on several nodes, may open it read-write at
+	 * once (a server engine); false: one writer process at a time. */
+	bool shared;
 	int (*open)(const char *where, const struct ckpt_engine_opts *o, ckpt_engine **ret,
 		    char *err, size_t errlen);
 	void (*close)(ckpt_engine *e);

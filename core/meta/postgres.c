@@ -1244,6 +1244,7 @@ static int pg_scan_next(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_klen
 
 const struct ckpt_engine_ops ckpt_engine_postgres = {
 	.name = "postgresql",
+	.shared = true,
 	.open = pg_open,
 	.close = pg_close,
 	.get = pg_get,

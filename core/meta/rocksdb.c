@@ -515,6 +515,7 @@ static int rdb_scan_next(ckpt_scan *sc, const uint8_t **ret_key, size_t *ret_kle
 
 const struct ckpt_engine_ops ckpt_engine_rocksdb = {
 	.name = "rocksdb",
+	.shared = false,
 	.open = rdb_open,
 	.close = rdb_close,
 	.get = rdb_get,
