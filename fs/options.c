@@ -36,6 +36,7 @@ struct raw_opts {
 	unsigned drop_behind;
 	char *direct_read;
 	unsigned view_cache;
+	char *meta;
 	int fsname_given;            /* -o fsname=... is on the command line */
 	int subtype_given;           /* -o subtype=... */
 };
@@ -61,6 +62,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("view_cache=%u", view_cache),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
+	OPT("meta=%s", meta),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
 	FUSE_OPT_END
@@ -143,6 +145,11 @@ static void usage(const char *prog)
 	       "                       cache (direct_io): view files (default), also\n"
 	       "                       stored files, or none; only where the kernel can\n"
 	       "                       still map such files shared (Linux 6.6 and later)\n"
+	       "  -o meta=CONNINFO     keep the metadata in PostgreSQL (a libpq connection\n"
+	       "                       string or URI, no password: use ~/.pgpass) so that\n"
+	       "                       daemons on several nodes share the store; STORE is\n"
+	       "                       then the chunk directory they share.  Implies\n"
+	       "                       nobackground (docs/cluster.md)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -198,6 +205,24 @@ out:
 	free(opt);
 	free(esc);
 	return r;
+}
+
+/* Whether a libpq connection string or URI holds a password (a command line
+ * is readable by every local user). */
+static bool conninfo_has_password(const char *s)
+{
+	const char *a, *at, *slash;
+
+	if (strcasestr(s, "password="))
+		return true;
+	if (strncmp(s, "postgresql://", 13) && strncmp(s, "postgres://", 11))
+		return false;
+	a = strstr(s, "://") + 3; /* [user[:password]@]host... */
+	at = strchr(a, '@');
+	slash = strchr(a, '/');
+	if (!at || (slash && slash < at))
+		return false;
+	return memchr(a, ':', (size_t)(at - a)) != NULL;
 }
 
 /* Check raw and turn it into ret; -1 with a message on a bad value. */
@@ -272,6 +297,23 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		}
 		ckpt_log_set_level((enum ckpt_log_level)i);
 	}
+	if (raw->meta) {
+		if (conninfo_has_password(raw->meta)) {
+			fprintf(stderr, "ckptfs: meta=: a password on the command line is readable "
+					"by every local user: put it in ~/.pgpass (or the file "
+					"PGPASSFILE names) instead\n");
+			return -1;
+		}
+		ret->meta = strdup(raw->meta);
+		if (!ret->meta) {
+			fprintf(stderr, "ckptfs: out of memory\n");
+			return -1;
+		}
+		so->meta_engine = "postgresql";
+		so->meta_where = ret->meta;
+		so->node = true;
+		so->bg = CKPT_BG_OFF; /* compaction would reclaim other nodes' packs */
+	}
 	ret->workers = raw->workers;
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
@@ -338,6 +380,7 @@ out:
 	free(raw.log_level);
 	free(raw.tp_rules);
 	free(raw.direct_read);
+	free(raw.meta);
 	return r;
 }
 
@@ -347,6 +390,8 @@ void options_free(struct ckptfs_opts *o)
 		return;
 	free(o->store);
 	free(o->tp_rules);
+	free(o->meta);
 	o->store = NULL;
 	o->tp_rules = NULL;
+	o->meta = NULL;
 }

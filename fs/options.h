@@ -33,6 +33,7 @@ struct ckptfs_opts {
 	bool drop_behind;
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */
+	char *meta;                  /* -o meta=CONNINFO (sopts.meta_where points here), or NULL */
 };
 
 /* Parse the command line into ret and cmd (cmd->mountpoint is malloc'd).
