@@ -20,6 +20,7 @@ static char bindir[512];    /* its binaries */
 static int guard_fd = -1;   /* write end of the watchdog's pipe */
 static pid_t guard_pid = -1;
 static unsigned ndb;        /* databases made by this process */
+static int server_up;       /* start_server succeeded (tl_pg_server_stop clears it) */
 
 /* Fail the suite (fixtures cannot use ck_assert outside a test). */
 static void die(const char *what)
@@ -96,6 +97,20 @@ static void watchdog(int fd)
 	_exit(0);
 }
 
+static int start_server(void)
+{
+	char args[1024];
+	int r;
+
+	snprintf(args, sizeof(args),
+		 "-D %s/data -l %s/server.log -w -t 60 -o \"-k %s -c listen_addresses= "
+		 "-c fsync=off -c max_connections=200\" start",
+		 pgdir, pgdir, pgdir);
+	r = run_pg("pg_ctl", "pg_ctl", args);
+	server_up = r == 0;
+	return r;
+}
+
 void tl_pg_start(void)
 {
 	char args[1024];
@@ -135,15 +150,31 @@ void tl_pg_start(void)
 		die("initdb failed (log above); is Debian's postgresql installed? (tools/setup.sh; "
 		    "or set CKPT_PG_BINDIR)");
 	}
-	snprintf(args, sizeof(args),
-		 "-D %s/data -l %s/server.log -w -t 60 -o \"-k %s -c listen_addresses= "
-		 "-c fsync=off -c max_connections=200\" start",
-		 pgdir, pgdir, pgdir);
-	if (run_pg("pg_ctl", "pg_ctl", args) != 0) {
+	if (start_server() != 0) {
 		show_log("pg_ctl");
 		show_log("server");
 		die("the PostgreSQL server did not start (logs above)");
 	}
+}
+
+void tl_pg_server_stop(void)
+{
+	char args[256];
+
+	ck_assert_msg(pgdir[0], "tl_pg_server_stop without tl_pg_start");
+	snprintf(args, sizeof(args), "-D %s/data -m fast -w -t 60 stop", pgdir);
+	ck_assert_msg(run_pg("pg_ctl", "pg_ctl", args) == 0, "pg_ctl stop failed");
+	server_up = 0;
+}
+
+void tl_pg_server_start(void)
+{
+	char admin[256];
+
+	ck_assert_msg(pgdir[0], "tl_pg_server_start without tl_pg_start");
+	snprintf(admin, sizeof(admin), "host=%s user=ckpt dbname=postgres", pgdir);
+	if (PQping(admin) != PQPING_OK) /* not server_up: a failed test's child may have stopped it */
+		ck_assert_msg(start_server() == 0, "the PostgreSQL server did not start again");
 }
 
 void tl_pg_stop(void)

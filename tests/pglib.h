@@ -34,5 +34,12 @@ void tl_pg_stop(void);
 void tl_pg_new_db(char *buf, size_t len);
 /* The server's directory (socket and data), "" when not started. */
 const char *tl_pg_dir(void);
+/* Stop the running server (fast shutdown: connections are closed) or
+ * start it again on the same directory; for tests of a database restart.
+ * tl_pg_server_start does nothing when the server answers (call it from
+ * the set-up of such tests: a failed test may have left it stopped); both
+ * fail the test on error. */
+void tl_pg_server_stop(void);
+void tl_pg_server_start(void);
 
 #endif

@@ -71,6 +71,9 @@ struct ckpt_engine_opts {
 	bool create;          /* create it if missing */
 	bool read_only;       /* no writes; do not take the writer's lock */
 	uint64_t cache_bytes; /* read cache, 0 for the engine's default */
+	uint32_t timeout_ms;  /* a server engine: how long one call waits for the
+			       * server (reconnecting) before it fails with -EIO;
+			       * 0 for the engine's default (30 s) */
 };
 
 /* ---- registry ---- */

@@ -40,7 +40,8 @@
  * Connections: a pool (lock); every call takes one for its duration, a
  * scan outside a transaction keeps one (in a REPEATABLE READ READ ONLY
  * transaction: its snapshot) until it is freed.  Every wait on the server
- * has a deadline (PG_TIMEOUT_MS per call): results are awaited with poll(2)
+ * has a deadline (ckpt_engine_opts.timeout_ms per call, 30 s by default):
+ * results are awaited with poll(2)
  * on the connection's socket.  A connection that breaks is dropped; the
  * call is retried on a new one, with a growing pause, until the deadline,
  * unless the failure came after a COMMIT was sent (its outcome is unknown:
@@ -66,7 +67,7 @@
 #define FORMAT_VERSION 1
 #define PREFIX_MAX 512
 #define POOL_KEEP 8          /* idle connections kept */
-#define PG_TIMEOUT_MS 30000  /* deadline of one engine call */
+#define PG_TIMEOUT_MS 30000  /* default deadline of one engine call */
 #define SCAN_PAGE 512        /* rows per scan query */
 #define BYTEA_OID 17
 #define BYTEA_ARRAY_OID 1001
@@ -76,6 +77,7 @@ struct pge {
 	char *conninfo; /* as given */
 	char *name;     /* for messages: conninfo, or its host and dbname when it holds a password */
 	bool read_only;
+	int64_t timeout_ms; /* deadline of one call */
 	pthread_mutex_t lock;
 	/* Protected by lock: */
 	PGconn *idle[POOL_KEEP];
@@ -430,7 +432,7 @@ static void pause_retry(unsigned *pause_ms)
 static int query(struct pge *x, const char *sql, int n, const Oid *types,
 		 const char *const *vals, const int *lens, const int *fmts, PGresult **ret)
 {
-	int64_t deadline = now_ms() + PG_TIMEOUT_MS;
+	int64_t deadline = now_ms() + x->timeout_ms;
 	unsigned pause_ms = 50;
 	PGconn *c;
 	int r;
@@ -509,7 +511,7 @@ static const char SQL_CREATE[] =
 /* Check (and with create, make) the schema. */
 static int check_schema(struct pge *x, PGconn *c, bool create, char *err, size_t errlen)
 {
-	int64_t deadline = now_ms() + PG_TIMEOUT_MS;
+	int64_t deadline = now_ms() + x->timeout_ms;
 	PGresult *res = NULL;
 	int r;
 
@@ -567,6 +569,7 @@ static int pg_open(const char *where, const struct ckpt_engine_opts *o, ckpt_eng
 	}
 	x->base.ops = &ckpt_engine_postgres;
 	x->read_only = o->read_only;
+	x->timeout_ms = o->timeout_ms ? o->timeout_ms : PG_TIMEOUT_MS;
 	pthread_mutex_init(&x->lock, NULL);
 	x->conninfo = strdup(where);
 	x->name = display_name(where);
@@ -584,7 +587,7 @@ static int pg_open(const char *where, const struct ckpt_engine_opts *o, ckpt_eng
 		return -EINVAL;
 	}
 	PQconninfoFree(opts);
-	c = take_conn(x, now_ms() + PG_TIMEOUT_MS, err, errlen);
+	c = take_conn(x, now_ms() + x->timeout_ms, err, errlen);
 	if (!c) {
 		pg_close(&x->base);
 		return -EIO;
@@ -978,7 +981,7 @@ static int pg_commit(ckpt_txn *t, bool durable)
 {
 	struct ptxn *tx = (struct ptxn *)t;
 	struct pge *x = (struct pge *)t->engine;
-	int64_t deadline = now_ms() + PG_TIMEOUT_MS;
+	int64_t deadline = now_ms() + x->timeout_ms;
 	unsigned pause_ms = 50;
 	PGconn *c;
 	int r = 0;
@@ -1038,7 +1041,7 @@ static void pg_scan_free(ckpt_scan *sc)
 	PQclear(s->page);
 	if (s->c) {
 		if (PQstatus(s->c) == CONNECTION_OK &&
-		    exec_simple(x, s->c, "COMMIT", now_ms() + PG_TIMEOUT_MS) == 0)
+		    exec_simple(x, s->c, "COMMIT", now_ms() + x->timeout_ms) == 0)
 			put_conn(x, s->c);
 		else
 			drop_conn(s->c);
@@ -1074,7 +1077,7 @@ static int next_page(struct pscan *s)
 		 first ? ">=" : ">", s->has_hi ? " AND k < $2" : "", SCAN_PAGE);
 	if (s->c) {
 		r = exec(x, s->c, sql, s->has_hi ? 2 : 1, types, vals, lens, fmts,
-			 now_ms() + PG_TIMEOUT_MS, &s->page);
+			 now_ms() + x->timeout_ms, &s->page);
 		r = to_errno_final(r); /* the snapshot cannot move to another connection */
 	} else {
 		r = query(x, sql, s->has_hi ? 2 : 1, types, vals, lens, fmts, &s->page);
@@ -1174,7 +1177,7 @@ static int pg_scan_new(ckpt_engine *e, ckpt_txn *t, const void *prefix, size_t p
 		qsort(s->bv, s->bn, sizeof(*s->bv), cmp_pent);
 	} else {
 		/* a snapshot of its own: taken by the first query, run now */
-		int64_t deadline = now_ms() + PG_TIMEOUT_MS;
+		int64_t deadline = now_ms() + x->timeout_ms;
 		s->c = take_conn(x, deadline, NULL, 0);
 		if (!s->c) {
 			free(s);
