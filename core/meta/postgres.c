@@ -67,6 +67,7 @@
 #define FORMAT_VERSION 1
 #define PREFIX_MAX 512
 #define POOL_KEEP 8          /* idle connections kept */
+#define POOL_WARM 4          /* connections made at open */
 #define PG_TIMEOUT_MS 30000  /* default deadline of one engine call */
 #define SCAN_PAGE 512        /* rows per scan query */
 #define BYTEA_OID 17
@@ -597,6 +598,15 @@ static int pg_open(const char *where, const struct ckpt_engine_opts *o, ckpt_eng
 	if (r < 0) {
 		pg_close(&x->base);
 		return r;
+	}
+	/* A new connection costs the server a process start and its caches a
+	 * warm-up (milliseconds each): have a few ready before the first burst
+	 * of requests (a mount's first listing opens several at once). */
+	for (unsigned i = 1; i < POOL_WARM; i++) {
+		c = new_conn(x, now_ms() + x->timeout_ms, NULL, 0);
+		if (!c)
+			break;
+		put_conn(x, c);
 	}
 	*ret = &x->base;
 	return 0;
