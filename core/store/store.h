@@ -117,7 +117,9 @@ struct ckpt_store_opts {
 				  * for every node to unmount); bg must be
 				  * CKPT_BG_OFF, because compaction would delete packs
 				  * holding other nodes' chunks not yet indexed
-				  * (docs/cluster.md section 11) */
+				  * (docs/cluster.md section 11).  A non-durable
+				  * ckpt_store_commit_file indexes the file at once
+				  * (close-to-open across nodes) */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80
