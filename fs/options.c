@@ -42,6 +42,7 @@ struct raw_opts {
 	char *direct_read;
 	unsigned view_cache;
 	char *view_mem;
+	char *meta;
 	int fsname_given;            /* -o fsname=... is on the command line */
 	int subtype_given;           /* -o subtype=... */
 };
@@ -71,6 +72,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("view_mem=%s", view_mem),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
+	OPT("meta=%s", meta),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
 	FUSE_OPT_END
@@ -161,6 +163,11 @@ static void usage(const char *prog)
 	       "                       cache (direct_io): view files (default), also\n"
 	       "                       stored files, or none; only where the kernel can\n"
 	       "                       still map such files shared (Linux 6.6 and later)\n"
+	       "  -o meta=CONNINFO     keep the metadata in PostgreSQL (a libpq connection\n"
+	       "                       string or URI, no password: use ~/.pgpass) so that\n"
+	       "                       daemons on several nodes share the store; STORE is\n"
+	       "                       then the chunk directory they share.  Implies\n"
+	       "                       nobackground (docs/cluster.md)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -222,6 +229,24 @@ out:
 	free(opt);
 	free(esc);
 	return r;
+}
+
+/* Whether a libpq connection string or URI holds a password (a command line
+ * is readable by every local user). */
+static bool conninfo_has_password(const char *s)
+{
+	const char *a, *at, *slash;
+
+	if (strcasestr(s, "password="))
+		return true;
+	if (strncmp(s, "postgresql://", 13) && strncmp(s, "postgres://", 11))
+		return false;
+	a = strstr(s, "://") + 3; /* [user[:password]@]host... */
+	at = strchr(a, '@');
+	slash = strchr(a, '/');
+	if (!at || (slash && slash < at))
+		return false;
+	return memchr(a, ':', (size_t)(at - a)) != NULL;
 }
 
 /* Check raw and turn it into ret; -1 with a message on a bad value. */
@@ -309,6 +334,23 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 	if (raw->log_file && absolute_path("log", raw->log_file, &ret->log_file) < 0)
 		return -1;
 	ret->syslog = raw->syslog != 0;
+	if (raw->meta) {
+		if (conninfo_has_password(raw->meta)) {
+			fprintf(stderr, "ckptfs: meta=: a password on the command line is readable "
+					"by every local user: put it in ~/.pgpass (or the file "
+					"PGPASSFILE names) instead\n");
+			return -1;
+		}
+		ret->meta = strdup(raw->meta);
+		if (!ret->meta) {
+			fprintf(stderr, "ckptfs: out of memory\n");
+			return -1;
+		}
+		so->meta_engine = "postgresql";
+		so->meta_where = ret->meta;
+		so->node = true;
+		so->bg = CKPT_BG_OFF; /* compaction would reclaim other nodes' packs */
+	}
 	ret->workers = raw->workers;
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
@@ -377,6 +419,7 @@ out:
 	free(raw.log_file);
 	free(raw.tp_rules);
 	free(raw.direct_read);
+	free(raw.meta);
 	return r;
 }
 
@@ -388,6 +431,8 @@ void options_free(struct ckptfs_opts *o)
 	free(o->tp_rules);
 	free(o->log_file);
 	o->log_file = NULL;
+	free(o->meta);
 	o->store = NULL;
 	o->tp_rules = NULL;
+	o->meta = NULL;
 }

@@ -36,6 +36,7 @@ struct ckptfs_opts {
 	bool direct_read_given;      /* -o direct_read was on the command line */
 	char *log_file;              /* -o log=FILE, absolute, or NULL */
 	bool syslog;                 /* -o syslog */
+	char *meta;                  /* -o meta=CONNINFO (sopts.meta_where points here), or NULL */
 };
 
 /* Parse the command line into ret and cmd (cmd->mountpoint is malloc'd).

@@ -433,10 +433,27 @@ int vfs_create(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, 
 {
 	struct tree *t = tree_of_name(v, parent, name);
 	int r = t->ops->mknode(t, parent, name, S_IFREG | mode, uid, gid, NULL, 0, ret_entry);
+	int oflags = flags | O_TRUNC; /* a new file: empty anyway */
 
+	if (r == -EEXIST && !(flags & O_EXCL) && t != v->views) {
+		/* The name was created since the kernel looked it up, by another
+		 * node sharing the store (on one node the kernel holds the
+		 * directory's lock from that lookup to this create).  Open that
+		 * file, as NFS does, if it is a regular file of the caller's own:
+		 * the kernel checked the directory, not that file, so another
+		 * user's file stays EEXIST. */
+		r = t->ops->lookup(t, parent, name, ret_entry);
+		if (r < 0)
+			return r == -ENOENT ? -EEXIST : r;
+		if (!S_ISREG(ret_entry->attr.mode) || (uid != 0 && ret_entry->attr.uid != uid)) {
+			t->ops->forget(t, ret_entry->attr.ino, 1);
+			return -EEXIST;
+		}
+		oflags = flags;
+	}
 	if (r < 0)
 		return logged(v, t, parent, name, "create", r);
-	r = t->ops->open(t, ret_entry->attr.ino, flags | O_TRUNC, ret);
+	r = t->ops->open(t, ret_entry->attr.ino, oflags, ret);
 	if (r < 0) {
 		t->ops->forget(t, ret_entry->attr.ino, 1); /* the kernel gets no entry */
 		return logged(v, t, parent, name, "open of the new file", r);

@@ -43,6 +43,10 @@ static double ratio(uint64_t a, uint64_t b)
 	return b ? (double)a / (double)b : 1.0;
 }
 
+/* --meta CONNINFO: the store's metadata is in PostgreSQL (docs/cluster.md);
+ * NULL: RocksDB in STORE/index. */
+static const char *meta_where;
+
 /* Open with the options in *o (mode and compaction threshold set by the
  * caller; no chunk cache). */
 static int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_store **ret)
@@ -51,6 +55,11 @@ static int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_sto
 	int r;
 
 	o->cache_size = 0;
+	if (meta_where) {
+		o->meta_engine = "postgresql";
+		o->meta_where = meta_where;
+		o->create = false;
+	}
 	/* A daemon that was just unmounted may still be flushing: give it a
 	 * few seconds to let go of the store before calling it busy. */
 	for (int tries = 0;; tries++) {
@@ -631,16 +640,22 @@ static int run_export(const struct command *c, const struct args *a)
 	"                    tensors whose split is neither stated nor inferable\n"      \
 	"                    (docs/views.md)\n"
 
+#define META_HELP                                                                  \
+	"  --meta CONNINFO   the store's metadata is in PostgreSQL: the connection\n"     \
+	"                    string its daemons were given (ckptfs -o meta=)\n"
+
 static const struct command commands[] = {
 	{ "stat", "STORE", { "STORE" },
 	  "files, logical and stored bytes, dedup and compression ratios",
 	  "Print the store's files, logical and stored bytes, dedup and compression\n"
-	  "ratios.  Works while the store is mounted.\n",
+	  "ratios.  Works while the store is mounted.\n"
+	  "\n" META_HELP,
 	  1, 1, 0, 0, run_stat },
 	{ "fsck", "STORE", { "STORE" },
 	  "verify every chunk and reference (store unmounted)",
 	  "Read and verify every chunk and reference; name each damaged file.  The\n"
-	  "store must be unmounted.  Exit status 1 if anything is damaged.\n",
+	  "store must be unmounted.  Exit status 1 if anything is damaged.\n"
+	  "\n" META_HELP,
 	  1, 1, 0, 0, run_fsck },
 	{ "gc", "STORE [--live N]", { "STORE" },
 	  "reclaim the space of unreferenced chunks (store unmounted)",
@@ -648,7 +663,7 @@ static const struct command commands[] = {
 	  "The store must be unmounted.  Safe to run again after a failure.\n"
 	  "\n"
 	  "  --live N          rewrite the packs whose live chunks fill less than N% of\n"
-	  "                    them (1-100, default 80; packs with none are deleted)\n",
+	  "                    them (1-100, default 80; packs with none are deleted)\n" META_HELP,
 	  1, 1, OPT_LIVE, 0, run_gc },
 	{ "repair", "STORE", { "STORE" },
 	  "rebuild a damaged index and list what it lost (store unmounted)",
@@ -669,7 +684,8 @@ static const struct command commands[] = {
 	  "tensor counts and the layout they were saved in.  Flags what it finds\n"
 	  "without reading tensor data: INCOMPLETE (pieces disagree on dtype, global\n"
 	  "shape or tp_dim) and NO SHARDING METADATA (files without ckptfs metadata\n"
-	  "hold one tensor with different shapes or bytes).  Works while mounted.\n",
+	  "hold one tensor with different shapes or bytes).  Works while mounted.\n"
+	  "\n" META_HELP,
 	  1, 2, 0, 0, run_ls },
 	{ "check", "STORE PATH [--tp-rules FILE]", { "STORE", "PATH" },
 	  "can every resharded view of PATH be served?",
@@ -677,7 +693,7 @@ static const struct command commands[] = {
 	  "serve (missing or inconsistent pieces, tensors that files without sharding\n"
 	  "metadata hold with different contents).  Works while mounted.  Exit status 1\n"
 	  "if there are any.\n"
-	  "\n" TP_RULES_HELP,
+	  "\n" TP_RULES_HELP META_HELP,
 	  2, 2, OPT_TP_RULES, 0, run_check },
 	{ "export", "STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE]",
 	  { "STORE", "PATH", "OUTDIR" },
@@ -685,7 +701,7 @@ static const struct command commands[] = {
 	  "Write the tpT_ppP view of PATH (and of its subdirectories) as plain files\n"
 	  "into the directory OUTDIR.  The store must be unmounted.\n"
 	  "\n"
-	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP,
+	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP META_HELP,
 	  3, 3, OPT_LAYOUT | OPT_TP_RULES, OPT_LAYOUT, run_export },
 };
 
@@ -800,6 +816,10 @@ static int run_command(const struct command *c, int argc, char **argv)
 				if (missing)
 					return usage_error(c, "option '--live' needs a value");
 				a.live = v;
+			} else if ((v = option_value(argc, argv, &i, "--meta", &missing)) || missing) {
+				if (missing)
+					return usage_error(c, "option '--meta' needs a value");
+				meta_where = v;
 			} else {
 				return usage_error(c, "unknown option '%s'", arg);
 			}

@@ -25,6 +25,9 @@ PKGS+=(go-md2man)
 # recommended by clang, so not installed with --no-install-recommends): the libFuzzer harnesses
 # (tests/fuzz, configure --enable-fuzzers).
 PKGS+=(clang libclang-rt-dev)
+# libpq-dev: the PostgreSQL metadata engine (core/meta/postgres.c, docs/cluster.md) links libpq;
+# postgresql: its tests start a server of their own (initdb, pg_ctl; tests/pglib.c).
+PKGS+=(libpq-dev postgresql)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -19,6 +19,7 @@
 
 static const struct ckpt_engine_ops *const engines[] = {
 	&ckpt_engine_rocksdb,
+	&ckpt_engine_postgres,
 };
 
 const struct ckpt_engine_ops *ckpt_engine_at(size_t i)

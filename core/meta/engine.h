@@ -45,17 +45,14 @@
  * engine, -EBUSY the engine is held by another writer (open), -ENOSPC,
  * -ENOMEM, -EIO anything else.  open() writes a reason to err.
  *
- * A second engine (issue 24: PostgreSQL, so that daemons on several nodes
- * share one store's metadata) implements the same ops: a transaction is one
- * SQL transaction (BEGIN ISOLATION LEVEL REPEATABLE READ or SERIALIZABLE);
- * FOR_UPDATE reads are SELECT ... FOR UPDATE; a conflict is a serialization
- * failure or deadlock (SQLSTATE 40001 / 40P01) mapped to -EAGAIN; a scan is
- * a keyset query over (key >= start AND key < prefix successor) ORDER BY
- * key, paged by a cursor; reads outside a transaction are autocommit
- * SELECTs; durable commits run with synchronous_commit on and non-durable
- * ones may set it off; sync and flush are no-ops (every commit reached the
- * server); "where" is a connection string and the table is (key bytea
- * primary key, value bytea).
+ * A second engine, "postgresql" (postgres.c), lets daemons on several nodes
+ * share one store's metadata (docs/cluster.md section 2): "where" is a libpq
+ * connection string; the keys and values are rows of one table; a
+ * transaction buffers its writes in the daemon and commits them in one SQL
+ * transaction that first locks and checks the rows of every key it read for
+ * update or wrote (optimistic, as this contract requires); durable commits
+ * run with synchronous_commit on.  Its calls wait for the server with a
+ * deadline and fail with -EIO past it, never hang.
  *
  * The metadata log (meta/mlog.h).  An engine opened read-write with
  * opts.log_dir keeps a second copy of its contents there: every commit's
@@ -92,6 +89,9 @@ struct ckpt_engine_opts {
 	uint64_t cache_bytes; /* read cache, 0 for the engine's default */
 	const char *log_dir;  /* the metadata log's directory (created if
 			       * missing); NULL: none.  Not with read_only. */
+	uint32_t timeout_ms;  /* a server engine: how long one call waits for the
+			       * server (reconnecting) before it fails with -EIO;
+			       * 0 for the engine's default (30 s) */
 };
 
 /* The logged commit the engine held at its last read-write open: key 'M'
@@ -223,6 +223,9 @@ struct ckpt_scan {
  * returns what it returns; -ENOENT when absent (fn not called). */
 struct ckpt_engine_ops {
 	const char *name;
+	/* Several processes, on several nodes, may open it read-write at
+	 * once (a server engine); false: one writer process at a time. */
+	bool shared;
 	int (*open)(const char *where, const struct ckpt_engine_opts *o, ckpt_engine **ret,
 		    char *err, size_t errlen);
 	void (*close)(ckpt_engine *e);
@@ -274,5 +277,6 @@ void ckpt_txn_base_free(ckpt_txn *t);
 void ckpt_txn_base_trim(ckpt_txn *t);
 
 extern const struct ckpt_engine_ops ckpt_engine_rocksdb;
+extern const struct ckpt_engine_ops ckpt_engine_postgres;
 
 #endif

@@ -909,6 +909,7 @@ static int rdb_salvage(const char *dir, char *errbuf, size_t errlen)
 
 const struct ckpt_engine_ops ckpt_engine_rocksdb = {
 	.name = "rocksdb",
+	.shared = false,
 	.open = rdb_open,
 	.close = rdb_close,
 	.get = rdb_get,

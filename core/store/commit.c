@@ -272,6 +272,27 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 		st_commit_free(c);
 		return r;
 	}
+	if (s->opts.node) {
+		/* A node of a shared store indexes at every close, so that an open
+		 * on another node sees the file (close-to-open across nodes,
+		 * docs/cluster.md section 3): the chunks are synced and the content
+		 * committed, not durably.  If that fails the entry goes to the
+		 * overlay as on one node, the flusher retries it, and other nodes
+		 * see the previous content until then. */
+		struct commit *prev;
+
+		pthread_mutex_lock(&s->commit_lock);
+		prev = st_overlay_take(s, ino); /* superseded by c either way */
+		r = commit_many(s, &c, 1, false);
+		pthread_mutex_unlock(&s->commit_lock);
+		st_commit_free(prev);
+		if (r == 0) {
+			st_commit_free(c);
+			return 0;
+		}
+		ckpt_warn("%s: cannot index closed file (inode %" PRIu64 ") at close: %s (will "
+			  "retry)", s->path, ino, strerror(-r));
+	}
 	pthread_mutex_lock(&s->overlay_lock);
 	old = overlay_take_locked(s, ino);
 	c->seq = ++s->overlay_seq;

@@ -264,6 +264,35 @@ static int reap_orphans(ckpt_store *s)
 	return r < 0 ? r : 0;
 }
 
+/* The metadata engine options that go together (store.h): a shared engine
+ * needs its connection string; node mode needs a shared engine, read-write
+ * use and no background work. */
+static int check_engine_opts(const char *path, const struct ckpt_store_opts *o, char *err,
+			     size_t errlen)
+{
+	const struct ckpt_engine_ops *ops =
+		ckpt_engine_find(o->meta_engine ? o->meta_engine : CKPT_ENGINE_DEFAULT);
+
+	if (!ops)
+		return 0; /* the engine's open names it */
+	if (ops->shared && !o->meta_where) {
+		snprintf(err, errlen, "%s: the metadata engine '%s' needs a connection string "
+			 "(--meta)", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node && (!ops->shared || o->mode != CKPT_STORE_RW)) {
+		snprintf(err, errlen, "%s: several nodes can share a store only read-write on a "
+			 "shared metadata engine (not '%s')", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node && o->bg != CKPT_BG_OFF) {
+		snprintf(err, errlen, "%s: background compaction is not safe with several nodes "
+			 "(it would reclaim packs other nodes still fill)", path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
 		    char *err, size_t errlen)
 {
@@ -284,6 +313,9 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 		r = -EINVAL;
 		goto fail;
 	}
+	r = check_engine_opts(path, o, err, errlen);
+	if (r < 0)
+		return r;
 	if (o->create && mkdir(path, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
@@ -342,7 +374,8 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 
 	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		if (s->lock_fd < 0 ||
+		    flock(s->lock_fd, (o->node ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 			snprintf(err, errlen, "%s: %s", path,
 				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
@@ -368,13 +401,28 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 			.create = fresh,
 			.read_only = o->mode == CKPT_STORE_RO_SHARED,
 			.cache_bytes = 64u << 20,
-			.log_dir = o->mode == CKPT_STORE_RO_SHARED ? NULL : logdir,
+			/* the metadata log is the local index's: a shared engine's
+			 * server keeps its own (docs/design.md section 15.5) */
+			.log_dir = o->mode == CKPT_STORE_RO_SHARED || o->meta_where ? NULL : logdir,
 		};
-		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
-		if (r == -EIO) {
+		r = ckpt_engine_open(o->meta_engine, o->meta_where ? o->meta_where : ixdir, &eo,
+				     &s->eng, err, errlen);
+		if (r == -EIO && !o->meta_where) {
 			size_t l = strlen(err);
 			snprintf(err + l, errlen - l,
 				 "; the index is damaged: `ckpt repair %s` rebuilds it", path);
+		}
+	}
+	if (r == 0 && fresh && o->meta_where) {
+		/* an empty data directory beside metadata that already holds a
+		 * store: that store's chunks are elsewhere */
+		uint8_t key[64];
+		r = ckpt_engine_has(s->eng, key, ckpt_key_meta(key, "format"));
+		if (r > 0) {
+			snprintf(err, errlen, "%s: the metadata at %s already holds a store, and "
+				 "this data directory is empty: give that store's data directory",
+				 path, o->meta_where);
+			r = -EEXIST;
 		}
 	}
 	if (r == 0)

@@ -87,7 +87,8 @@
 typedef struct ckpt_store ckpt_store;
 
 enum ckpt_store_mode {
-	CKPT_STORE_RW,       /* exclusive: flock + RocksDB lock; daemon, gc */
+	CKPT_STORE_RW,       /* exclusive: flock + RocksDB lock; daemon, gc (shared
+			      * with other nodes with ckpt_store_opts.node) */
 	CKPT_STORE_RO,       /* exclusive lock, read-only use; fsck */
 	CKPT_STORE_RO_SHARED /* no lock, RocksDB read-only: `ckpt stat` while mounted */
 };
@@ -129,6 +130,19 @@ struct ckpt_store_opts {
 	bool keep_unreferenced; /* background work never drops garbage chunks
 				 * (refcount 0, or pending and named by no closed
 				 * file): only `ckpt gc` reclaims them */
+	const char *meta_where;  /* where that engine keeps the metadata (its
+				  * connection string); NULL: STORE/index.  A
+				  * shared engine (ckpt_engine_ops.shared) needs it */
+	bool node;               /* CKPT_STORE_RW on a shared engine: one of several
+				  * daemons (nodes) that use the store at once.  The
+				  * store lock is taken shared (a RW open without it,
+				  * gc, and RO opens take it exclusively, so they wait
+				  * for every node to unmount); bg must be
+				  * CKPT_BG_OFF, because compaction would delete packs
+				  * holding other nodes' chunks not yet indexed
+				  * (docs/cluster.md section 11).  A non-durable
+				  * ckpt_store_commit_file indexes the file at once
+				  * (close-to-open across nodes) */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80

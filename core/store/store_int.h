@@ -142,6 +142,15 @@ struct ckpt_store {
 	pthread_mutex_t pin_lock;
 	struct pin *pins[PIN_BUCKETS]; /* protected by pin_lock */
 	bool pins_skipped; /* a drop left pinned garbage (pin_lock) */
+
+	/* Summary lines of background work (report.c): the background thread's
+	 * own, and ckpt_store_free's once that thread has stopped. */
+	struct st_bg_report {
+		struct ckpt_ratelimit rl;
+		struct ckpt_bg_stats logged, seen; /* at the last line, at the last call */
+		unsigned passes;                   /* passes that did work since that line */
+		int64_t since_ns;                  /* monotonic time of that line (or open) */
+	} bgrep;
 };
 
 struct pin {
@@ -158,14 +167,6 @@ struct drop_set {
 	uint8_t *state;
 	size_t n;
 	uint64_t epoch;
-	/* Summary lines of background work (report.c): the background thread's
-	 * own, and ckpt_store_free's once that thread has stopped. */
-	struct st_bg_report {
-		struct ckpt_ratelimit rl;
-		struct ckpt_bg_stats logged, seen; /* at the last line, at the last call */
-		unsigned passes;                   /* passes that did work since that line */
-		int64_t since_ns;                  /* monotonic time of that line (or open) */
-	} bgrep;
 };
 
 struct bg_item {
