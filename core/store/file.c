@@ -140,6 +140,8 @@ struct cutter {
 	ckpt_st_header *st;
 	uint64_t data_start; /* 8 + N */
 	size_t tensor;       /* cursor into the sorted tensor list */
+	size_t cdc_scanned;  /* uncut bytes the chunker already scanned without
+			      * a cut (ckpt_cdc_cut_resume); 0 after a cut */
 };
 
 enum wmode { W_STREAM, W_STAGED };
@@ -296,6 +298,7 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 	c->head += n;
 	c->len -= n;
 	c->start += n;
+	c->cdc_scanned = 0;
 	return 0;
 }
 
@@ -392,7 +395,9 @@ static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
 	}
 	if (c->len == 0)
 		return 0;
-	return ckpt_cdc_cut(&cdc_params, c->buf + c->head, c->len, eof);
+	/* small writes offer the same uncut bytes again and again: scan only
+	 * what is new */
+	return ckpt_cdc_cut_resume(&cdc_params, c->buf + c->head, c->len, eof, &c->cdc_scanned);
 }
 
 /* Cut as many chunks as possible.  Caller holds w->lock. */
@@ -440,6 +445,7 @@ static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_
 			c->start += want;
 			c->head = 0;
 			c->len = 0;
+			c->cdc_scanned = 0;
 			p += take;
 			n -= take;
 			continue;
