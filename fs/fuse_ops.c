@@ -192,13 +192,19 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_ASYNC_READ)
 		conn->want |= FUSE_CAP_ASYNC_READ;
-	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	/* The writeback cache gathers small writes into requests of up to
+	 * max_write; vfs.c decides which files may use it (vfs_set_writeback). */
+	if (d->writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	else
+		conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
 	/* libfuse 3.14 sizes its request buffers for at most 1 MiB. */
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
 	conn->max_background = 64;
 	wire_negotiate(conn, d->direct_read, d->direct_read_given, &views, &files);
 	vfs_set_direct(d->vfs, views, files);
+	vfs_set_writeback(d->vfs, (conn->want & FUSE_CAP_WRITEBACK_CACHE) != 0);
 	(void)wire_negotiate_killpriv(conn);
 }
 
@@ -445,6 +451,18 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		fuse_reply_write(req, size);
 }
 
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+			 struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (offset < 0 || length <= 0) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	reply_err(req, vfs_fallocate(vfs_of(req), file_of(fi), mode, (uint64_t)offset,
+				     (uint64_t)length));
+}
+
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -568,6 +586,7 @@ const struct fuse_lowlevel_ops fuse_ops = {
 	.create = op_create,
 	.read = op_read,
 	.write = op_write,
+	.fallocate = op_fallocate,
 	.flush = op_flush,
 	.fsync = op_fsync,
 	.release = op_release,

@@ -34,6 +34,7 @@ struct raw_opts {
 	unsigned readahead_kb;
 	unsigned ra_workers;
 	unsigned drop_behind;
+	unsigned writeback_cache;
 	char *direct_read;
 	unsigned view_cache;
 	int fsname_given;            /* -o fsname=... is on the command line */
@@ -60,6 +61,7 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("ra_workers=%u", ra_workers),
 	OPT("view_cache=%u", view_cache),
 	OPT("drop_behind=%u", drop_behind),
+	OPT("writeback_cache=%u", writeback_cache),
 	OPT("direct_read=%s", direct_read),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
@@ -138,6 +140,10 @@ static void usage(const char *prog)
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
+	       "  -o writeback_cache=0|1\n"
+	       "                       files open for writing go through the kernel's\n"
+	       "                       page cache, which gathers small writes into\n"
+	       "                       large ones (default 1; 0: direct_io)\n"
 	       "  -o direct_read=views|all|none\n"
 	       "                       read-only files that bypass the kernel's page\n"
 	       "                       cache (direct_io): view files (default), also\n"
@@ -276,6 +282,7 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
 	ret->drop_behind = raw->drop_behind != 0;
+	ret->writeback_cache = raw->writeback_cache != 0;
 	return 0;
 }
 
@@ -294,6 +301,7 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 	raw.ra_workers = UINT_MAX;   /* unset */
 	raw.view_cache = VTREE_VIEW_CACHE_DEFAULT;
 	raw.drop_behind = 1;
+	raw.writeback_cache = 1;
 	if (fuse_opt_parse(args, &raw, opt_spec, opt_proc) < 0)
 		goto out;
 	if (raw.store && absolute_store(raw.store, &ret->store) < 0)

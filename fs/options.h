@@ -31,6 +31,7 @@ struct ckptfs_opts {
 	unsigned readahead_kb;       /* the mount's read-ahead; 0: the kernel's */
 	unsigned view_cache;
 	bool drop_behind;
+	bool writeback_cache; /* -o writeback_cache */
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */
 };
