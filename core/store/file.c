@@ -1010,6 +1010,16 @@ void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns)
 	pthread_mutex_unlock(&w->lock);
 }
 
+bool ckpt_writer_staged(ckpt_writer *w)
+{
+	bool staged;
+
+	pthread_mutex_lock(&w->lock);
+	staged = w->mode == W_STAGED;
+	pthread_mutex_unlock(&w->lock);
+	return staged;
+}
+
 bool ckpt_writer_dirty(ckpt_writer *w)
 {
 	bool d;

@@ -80,6 +80,8 @@ int64_t ckpt_writer_mtime(ckpt_writer *w);
 /* utimens() on an open file: the mtime the next commit records (until a
  * later write sets it to that write's time). */
 void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns);
+/* Whether the writer went STAGED (for tests and messages). */
+bool ckpt_writer_staged(ckpt_writer *w);
 /* True when there are changes not yet committed. */
 bool ckpt_writer_dirty(ckpt_writer *w);
 /* Publish the current content (see store.h for durable). */
