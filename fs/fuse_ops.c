@@ -539,6 +539,51 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	free(buf);
 }
 
+/*
+ * readdirplus: each entry with its attributes, counted as a lookup, so that
+ * `ls -l` and `find` over a directory cost one request per buffer instead
+ * of one LOOKUP per name.  Entries of the view trees go without attributes
+ * (ino 0: the kernel looks them up when asked): the attributes of a view
+ * file need its plan, which is built only for files actually used.
+ */
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			   struct fuse_file_info *fi)
+{
+	struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+	struct vfs *v = vfs_of(req);
+	char *buf = malloc(size ? size : 1);
+	size_t used = 0;
+
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	for (size_t i = (size_t)off; i < d->n + 2; i++) {
+		struct fuse_entry_param e;
+		struct tree_entry te;
+		const char *name = i == 0 ? "." : i == 1 ? ".." : d->ents[i - 2].name;
+		size_t need = fuse_add_direntry_plus(req, NULL, 0, name, NULL, 0);
+
+		if (need > size - used)
+			break;
+		memset(&e, 0, sizeof(e));
+		if (i < 2) {
+			e.attr.st_ino = ino; /* the kernel skips . and .. */
+			e.attr.st_mode = S_IFDIR;
+		} else if (vtree_is_virtual(ino) || vtree_is_view_name(ino, name) ||
+			   vfs_lookup(v, ino, name, &te) < 0) {
+			/* no attributes: a view entry, or gone since opendir */
+			e.attr.st_ino = d->ents[i - 2].ino;
+			e.attr.st_mode = d->ents[i - 2].mode;
+		} else {
+			entry_param(&te, &e);
+		}
+		used += fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)(i + 1));
+	}
+	fuse_reply_buf(req, buf, used);
+	free(buf);
+}
+
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -592,6 +637,7 @@ const struct fuse_lowlevel_ops fuse_ops = {
 	.release = op_release,
 	.opendir = op_opendir,
 	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
 	.releasedir = op_releasedir,
 	.fsyncdir = op_fsyncdir,
 	.statfs = op_statfs,
