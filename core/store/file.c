@@ -495,7 +495,9 @@ static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_
 			continue;
 		}
 
-		if (c->head > 0 && (c->head + c->len == c->cap || c->head > c->cap / 2)) {
+		/* compact only when the write does not fit after the uncut bytes:
+		 * each byte then moves at most once per buffer's length written */
+		if (c->head > 0 && c->cap - c->head - c->len < n) {
 			memmove(c->buf, c->buf + c->head, c->len);
 			c->head = 0;
 		}
@@ -632,20 +634,13 @@ static uint64_t stream_size(const struct ckpt_writer *w)
 	return sz;
 }
 
-/* Park a write past the stream's end (W5).  Returns 1 if parked, 0 if it
- * cannot be (full, overlapping another), or -errno.  Caller holds lock. */
-static int park_add(struct ckpt_writer *w, const void *buf, size_t len, uint64_t off)
+/* Insert [off, off + len) of buf at index i of the park (no overlap).
+ * Caller holds lock. */
+static int park_insert(struct ckpt_writer *w, size_t i, const uint8_t *buf, size_t len,
+		       uint64_t off)
 {
-	size_t i;
 	uint8_t *copy;
 
-	if (w->park_bytes + len > PARK_MAX)
-		return w->park_waiters < PARK_WAITERS ? PARK_FULL : 0;
-	for (i = 0; i < w->npark && w->park[i].off < off; i++)
-		;
-	if ((i > 0 && w->park[i - 1].off + w->park[i - 1].len > off) ||
-	    (i < w->npark && off + len > w->park[i].off))
-		return 0;
 	if (w->npark == w->cap_park) {
 		size_t nc = w->cap_park ? w->cap_park * 2 : 16;
 		struct parked *np = realloc(w->park, nc * sizeof(*np));
@@ -662,6 +657,50 @@ static int park_add(struct ckpt_writer *w, const void *buf, size_t len, uint64_t
 	w->park[i] = (struct parked){ off, len, copy };
 	w->npark++;
 	w->park_bytes += len;
+	return 0;
+}
+
+/* Park a write past the stream's end (W5).  Bytes that parked writes
+ * already hold must be the same (a page sent again); the rest is parked.
+ * Returns 1 if parked, PARK_FULL (see park_wait), 0 if it cannot be (full,
+ * or different bytes over a parked write), or -errno.  Caller holds lock. */
+static int park_add(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
+{
+	size_t i = 0;
+	int r;
+
+	if (w->park_bytes + len > PARK_MAX)
+		return w->park_waiters < PARK_WAITERS ? PARK_FULL : 0;
+	/* check first, so that a refused write parks nothing */
+	for (size_t k = 0; k < w->npark; k++) {
+		const struct parked *pk = &w->park[k];
+		uint64_t lo = CKPT_MAX(off, pk->off), hi = CKPT_MIN(off + len, pk->off + pk->len);
+		if (lo < hi && memcmp(buf + (lo - off), pk->data + (lo - pk->off), hi - lo) != 0)
+			return 0;
+	}
+	while (len > 0) {
+		uint64_t stop;
+		size_t n;
+
+		while (i < w->npark && w->park[i].off + w->park[i].len <= off)
+			i++;
+		if (i < w->npark && w->park[i].off <= off) {
+			/* held already: skip it */
+			n = (size_t)CKPT_MIN((uint64_t)len, w->park[i].off + w->park[i].len - off);
+			buf += n;
+			len -= n;
+			off += n;
+			continue;
+		}
+		stop = i < w->npark ? CKPT_MIN(off + len, w->park[i].off) : off + len;
+		n = (size_t)(stop - off);
+		r = park_insert(w, i, buf, n, off);
+		if (r < 0)
+			return r;
+		buf += n;
+		len -= n;
+		off += n;
+	}
 	return 1;
 }
 
@@ -728,9 +767,17 @@ static int park_wait(struct ckpt_writer *w)
 static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
 {
 	struct cutter *c = &w->cs;
-	uint64_t end = c->start + c->len;
+	uint64_t end;
 	int r;
 
+	/* bytes sent again over chunks already cut are compared with those
+	 * chunks, whose digests queued jobs still fill in: wait for them
+	 * first, before looking at the state */
+	if (off < w->cs.start && w->inflight > 0)
+		wait_idle(w);
+	if (w->mode != W_STREAM || w->err)
+		return 0;
+	end = c->start + c->len;
 	if (off > end)
 		return park_add(w, buf, len, off);
 	if (off < end) {
@@ -741,8 +788,6 @@ static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, u
 		len -= old;
 		off += old;
 	}
-	if (len > 0 && w->npark > 0 && off + len > w->park[0].off)
-		return 0; /* it would overlap a parked write: rare, staged */
 	r = len > 0 ? feed(w, c, buf, len) : 0;
 	while (r == 0 && w->npark > 0 && w->park[0].off <= c->start + c->len) {
 		struct parked pk = w->park[0];
