@@ -359,6 +359,21 @@ static int st_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 	}
 	if (!set)
 		return 0;
+	if ((set & CKPT_SET_MTIME) && !(set & ~(CKPT_SET_MTIME | CKPT_SET_CTIME))) {
+		/* Times alone on a file with uncommitted writes: the writeback
+		 * cache sends the kernel's mtime and ctime with the written pages
+		 * of every file (before its FLUSH).  The writer's commit records
+		 * the mtime (and a ctime not before it): no transaction now. */
+		struct node *n;
+		bool held = false;
+		pthread_mutex_lock(&st->nodes_lock);
+		n = node_find_locked(st, ino);
+		if (n && n->writer)
+			held = ckpt_writer_set_mtime_if_dirty(n->writer, in->mtime_ns);
+		pthread_mutex_unlock(&st->nodes_lock);
+		if (held)
+			return 0;
+	}
 	r = changed(st, ckpt_store_setattr(st->s, ino, set, in, NULL));
 	if (r == 0 && (set & CKPT_SET_MTIME)) {
 		struct node *n;

@@ -1055,6 +1055,18 @@ void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns)
 	pthread_mutex_unlock(&w->lock);
 }
 
+bool ckpt_writer_set_mtime_if_dirty(ckpt_writer *w, int64_t mtime_ns)
+{
+	bool dirty;
+
+	pthread_mutex_lock(&w->lock);
+	dirty = w->dirty;
+	if (dirty)
+		w->mtime_ns = mtime_ns;
+	pthread_mutex_unlock(&w->lock);
+	return dirty;
+}
+
 bool ckpt_writer_staged(ckpt_writer *w)
 {
 	bool staged;

@@ -80,6 +80,9 @@ int64_t ckpt_writer_mtime(ckpt_writer *w);
 /* utimens() on an open file: the mtime the next commit records (until a
  * later write sets it to that write's time). */
 void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns);
+/* The same, only if the writer has changes to commit (whose commit then
+ * records the mtime); returns whether it had. */
+bool ckpt_writer_set_mtime_if_dirty(ckpt_writer *w, int64_t mtime_ns);
 /* Whether the writer went STAGED (for tests and messages). */
 bool ckpt_writer_staged(ckpt_writer *w);
 /* True when there are changes not yet committed. */
