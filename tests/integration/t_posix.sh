@@ -76,7 +76,7 @@ import ctypes, errno, os, platform, stat, sys, time
 from helpers import tap, expect_errno, MiB
 M = sys.argv[1]
 ONLY = sys.argv[2:]  # section names; all when empty
-WB = os.environ.get("CKPT_WRITEBACK", "1") == "1"  # the mount's -o writeback_cache
+WB = os.environ.get("CKPT_WRITEBACK", "0") == "1"  # the mount's -o writeback_cache
 j = lambda *p: os.path.join(M, *p)
 
 def wfile(p, data, mode=0o644):
@@ -606,10 +606,10 @@ remount || bail "remount"
 check "whole tree identical after remount (page cache dropped)" \
 	diff "$WORK/manifest.before" "$WORK/manifest.after"
 
-# ---------------------------------------------------------------- without the writeback cache
-remount -o writeback_cache=0 || bail "remount -o writeback_cache=0"
-mkdir -p "$M/nowb"
-CKPT_WRITEBACK=0 py_checks "visibility with -o writeback_cache=0" "$M/nowb" sec_vis \
+# ---------------------------------------------------------------- with the writeback cache
+remount -o writeback_cache=1 || bail "remount -o writeback_cache=1"
+mkdir -p "$M/wb"
+CKPT_WRITEBACK=1 py_checks "visibility with -o writeback_cache=1" "$M/wb" sec_vis sec_4 \
 	<"$WORK/posix.py"
 
 finish
