@@ -194,13 +194,19 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 		conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
 	if (conn->capable & FUSE_CAP_ASYNC_READ)
 		conn->want |= FUSE_CAP_ASYNC_READ;
-	conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	/* The writeback cache gathers small writes into requests of up to
+	 * max_write; vfs.c decides which files may use it (vfs_set_writeback). */
+	if (d->writeback_cache && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	else
+		conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
 	/* libfuse 3.14 sizes its request buffers for at most 1 MiB. */
 	conn->max_write = 1u << 20;
 	conn->max_readahead = 1u << 20;
 	conn->max_background = 64;
 	wire_negotiate(conn, d->direct_read, d->direct_read_given, &views, &files);
 	vfs_set_direct(d->vfs, views, files);
+	vfs_set_writeback(d->vfs, (conn->want & FUSE_CAP_WRITEBACK_CACHE) != 0);
 	(void)wire_negotiate_killpriv(conn);
 }
 
@@ -447,6 +453,18 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		fuse_reply_write(req, size);
 }
 
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t offset, off_t length,
+			 struct fuse_file_info *fi)
+{
+	(void)ino;
+	if (offset < 0 || length <= 0) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	reply_err(req, vfs_fallocate(vfs_of(req), file_of(fi), mode, (uint64_t)offset,
+				     (uint64_t)length));
+}
+
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -523,6 +541,51 @@ static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	free(buf);
 }
 
+/*
+ * readdirplus: each entry with its attributes, counted as a lookup, so that
+ * `ls -l` and `find` over a directory cost one request per buffer instead
+ * of one LOOKUP per name.  Entries of the view trees go without attributes
+ * (ino 0: the kernel looks them up when asked): the attributes of a view
+ * file need its plan, which is built only for files actually used.
+ */
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			   struct fuse_file_info *fi)
+{
+	struct dir_handle *d = (struct dir_handle *)(uintptr_t)fi->fh;
+	struct vfs *v = vfs_of(req);
+	char *buf = malloc(size ? size : 1);
+	size_t used = 0;
+
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	for (size_t i = (size_t)off; i < d->n + 2; i++) {
+		struct fuse_entry_param e;
+		struct tree_entry te;
+		const char *name = i == 0 ? "." : i == 1 ? ".." : d->ents[i - 2].name;
+		size_t need = fuse_add_direntry_plus(req, NULL, 0, name, NULL, 0);
+
+		if (need > size - used)
+			break;
+		memset(&e, 0, sizeof(e));
+		if (i < 2) {
+			e.attr.st_ino = ino; /* the kernel skips . and .. */
+			e.attr.st_mode = S_IFDIR;
+		} else if (vtree_is_virtual(ino) || vtree_is_view_name(ino, name) ||
+			   vfs_lookup(v, ino, name, &te) < 0) {
+			/* no attributes: a view entry, or gone since opendir */
+			e.attr.st_ino = d->ents[i - 2].ino;
+			e.attr.st_mode = d->ents[i - 2].mode;
+		} else {
+			entry_param(&te, &e);
+		}
+		used += fuse_add_direntry_plus(req, buf + used, size - used, name, &e, (off_t)(i + 1));
+	}
+	fuse_reply_buf(req, buf, used);
+	free(buf);
+}
+
 static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	(void)ino;
@@ -570,11 +633,13 @@ static const struct fuse_lowlevel_ops untimed_ops = {
 	.create = op_create,
 	.read = op_read,
 	.write = op_write,
+	.fallocate = op_fallocate,
 	.flush = op_flush,
 	.fsync = op_fsync,
 	.release = op_release,
 	.opendir = op_opendir,
 	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
 	.releasedir = op_releasedir,
 	.fsyncdir = op_fsyncdir,
 	.statfs = op_statfs,
@@ -630,6 +695,10 @@ TIMED(op_readdir, FOP_READDIR, (fuse_req_t req, fuse_ino_t i, size_t z, off_t o,
 TIMED(op_releasedir, FOP_RELEASEDIR, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
 TIMED(op_fsyncdir, FOP_FSYNCDIR, (fuse_req_t req, fuse_ino_t i, int d, FI), (req, i, d, fi))
 TIMED(op_statfs, FOP_STATFS, (fuse_req_t req, fuse_ino_t i), (req, i))
+TIMED(op_fallocate, FOP_FALLOCATE,
+      (fuse_req_t req, fuse_ino_t i, int m, off_t o, off_t l, FI), (req, i, m, o, l, fi))
+TIMED(op_readdirplus, FOP_READDIRPLUS, (fuse_req_t req, fuse_ino_t i, size_t z, off_t o, FI),
+      (req, i, z, o, fi))
 #undef FI
 #undef TIMED
 
@@ -663,5 +732,7 @@ const struct fuse_lowlevel_ops *fuse_ops_table(void)
 	t.releasedir = timed_op_releasedir;
 	t.fsyncdir = timed_op_fsyncdir;
 	t.statfs = timed_op_statfs;
+	t.fallocate = timed_op_fallocate;
+	t.readdirplus = timed_op_readdirplus;
 	return &t;
 }

@@ -21,6 +21,7 @@ struct fuse_ops_data {
 	struct vfs *vfs;
 	enum direct_read direct_read; /* -o direct_read */
 	bool direct_read_given;
+	bool writeback_cache; /* -o writeback_cache: asked of the kernel at INIT */
 };
 
 /* The ops table for fuse_session_new(): every handler timed and its errors

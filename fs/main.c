@@ -418,6 +418,7 @@ int main(int argc, char **argv)
 	data.vfs = v;
 	data.direct_read = o.direct_read;
 	data.direct_read_given = o.direct_read_given;
+	data.writeback_cache = o.writeback_cache;
 	se = fuse_session_new(&args, fuse_ops_table(), sizeof(struct fuse_lowlevel_ops), &data);
 	if (!se) {
 		report("ckptfs: cannot create FUSE session (bad -o option?)\n");

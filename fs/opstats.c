@@ -24,6 +24,7 @@ static const char *const names[FOP_COUNT] = {
 	[FOP_WRITE] = "write", [FOP_FLUSH] = "flush", [FOP_FSYNC] = "fsync",
 	[FOP_RELEASE] = "release", [FOP_OPENDIR] = "opendir", [FOP_READDIR] = "readdir",
 	[FOP_RELEASEDIR] = "releasedir", [FOP_FSYNCDIR] = "fsyncdir", [FOP_STATFS] = "statfs",
+	[FOP_FALLOCATE] = "fallocate", [FOP_READDIRPLUS] = "readdirplus",
 };
 
 /* Bucket bounds in ns: 10 us to 10 s, 1-2.5-5 per decade. */

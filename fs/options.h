@@ -32,6 +32,7 @@ struct ckptfs_opts {
 	unsigned view_cache;
 	uint64_t view_mem;           /* -o view_mem: ckpt_view_cache_set_budget */
 	bool drop_behind;
+	bool writeback_cache; /* -o writeback_cache */
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */
 	char *log_file;              /* -o log=FILE, absolute, or NULL */

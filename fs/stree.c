@@ -1,6 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * stree.c - the store tree (see stree.h).
+ *
+ * Page cache and writers.  The kernel keeps one page cache per inode.
+ * Read-only files read the committed snapshot (close-to-open: a reader
+ * never sees bytes a writer has not committed), and with the writeback
+ * cache a writable file's pages hold its uncommitted bytes, which the
+ * kernel writes back later; if both used the page cache at once, a reader
+ * would see the writer's pages, and the writer pages a reader filled from
+ * the older snapshot.  So per inode, under nodes_lock: a writable file may
+ * use the page cache (tree_file.cached_write) only while no read-only file
+ * counts as a page-cache reader and no writable file bypasses it; a
+ * read-only file opened while any file is open for writing bypasses it
+ * (tree_file.uncached_read, direct_io, served from the snapshot).  With the
+ * writeback cache the kernel keeps a regular file's size itself (it no
+ * longer takes a short read as the end of the file): so a reader that was
+ * already open when a writer changed the size reads the committed bytes
+ * with zeros up to the writer's size until the writer commits, and a
+ * shared mapping of a direct_io reader (FUSE_DIRECT_IO_ALLOW_MMAP) still
+ * goes through the page cache.  -o writeback_cache=0 keeps readers to the
+ * committed size and bytes in every case.
  */
 #include "stree.h"
 
@@ -27,6 +46,9 @@ struct node {
 	unsigned nopen;
 	unsigned nwriters;
 	uint64_t version;    /* bumped by every commit of new content */
+	unsigned ncached_readers; /* read-only files that may use the page cache */
+	unsigned ncached_writers; /* writable files that use it */
+	unsigned ndirect_writers; /* writable files that bypass it */
 	ckpt_writer *writer; /* non-NULL while nwriters > 0 */
 	/* The writer the last release detached, while st_release commits it
 	 * (outside the lock): getattr reads its size, opens wait until it is
@@ -55,6 +77,7 @@ struct stree {
 	pthread_mutex_t nodes_lock;
 	struct node *nodes[NODE_BUCKETS]; /* protected by nodes_lock */
 	pthread_cond_t closed_cond;       /* a node's `closing` went (nodes_lock) */
+	bool writeback; /* the kernel's writeback cache is on (set before opens) */
 };
 
 static const struct tree_ops stree_ops;
@@ -366,6 +389,21 @@ static int st_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 	}
 	if (!set)
 		return 0;
+	if ((set & CKPT_SET_MTIME) && !(set & ~(CKPT_SET_MTIME | CKPT_SET_CTIME))) {
+		/* Times alone on a file with uncommitted writes: the writeback
+		 * cache sends the kernel's mtime and ctime with the written pages
+		 * of every file (before its FLUSH).  The writer's commit records
+		 * the mtime (and a ctime not before it): no transaction now. */
+		struct node *n;
+		bool held = false;
+		pthread_mutex_lock(&st->nodes_lock);
+		n = node_find_locked(st, ino);
+		if (n && n->writer)
+			held = ckpt_writer_set_mtime_if_dirty(n->writer, in->mtime_ns);
+		pthread_mutex_unlock(&st->nodes_lock);
+		if (held)
+			return 0;
+	}
 	r = changed(st, ckpt_store_setattr(st->s, ino, set, in, NULL));
 	if (r == 0 && (set & CKPT_SET_MTIME)) {
 		struct node *n;
@@ -489,8 +527,19 @@ static int st_open(struct tree *t, uint64_t ino, int flags, struct tree_file **r
 	else if (r == 0 && trunc)
 		r = ckpt_writer_truncate(n->writer, 0);
 	if (r == 0) {
-		if (writable)
+		if (writable) {
 			n->nwriters++;
+			h->f.cached_write = st->writeback && n->ncached_readers == 0 &&
+					    n->ndirect_writers == 0;
+			if (h->f.cached_write)
+				n->ncached_writers++;
+			else
+				n->ndirect_writers++;
+		} else {
+			h->f.uncached_read = st->writeback && n->nwriters > 0;
+			if (!h->f.uncached_read)
+				n->ncached_readers++;
+		}
 		h->node = n;
 	} else {
 		n->nopen--;
@@ -613,6 +662,11 @@ static int st_write(struct tree_file *f, const void *buf, size_t len, uint64_t o
 	return ckpt_writer_write(sfile_of(f)->node->writer, buf, len, off);
 }
 
+static int st_fallocate(struct tree_file *f, int mode, uint64_t off, uint64_t len)
+{
+	return ckpt_writer_fallocate(sfile_of(f)->node->writer, mode, off, len);
+}
+
 static int st_commit(struct tree_file *f, bool durable)
 {
 	struct stree *st = stree_of(f->tree);
@@ -640,6 +694,12 @@ static void st_release(struct tree_file *f)
 	bool freed;
 
 	pthread_mutex_lock(&st->nodes_lock);
+	if (f->writable && f->cached_write)
+		n->ncached_writers--;
+	else if (f->writable)
+		n->ndirect_writers--;
+	else if (!f->uncached_read)
+		n->ncached_readers--;
 	if (f->writable && --n->nwriters == 0) {
 		w = n->writer;
 		n->writer = NULL;
@@ -686,6 +746,7 @@ static const struct tree_ops stree_ops = {
 	.chunks = st_chunks,
 	.shared = st_shared,
 	.write = st_write,
+	.fallocate = st_fallocate,
 	.commit = st_commit,
 	.release = st_release,
 };
@@ -705,6 +766,11 @@ int stree_new(ckpt_store *s, ckpt_pool *pool, const struct stree_hooks *hooks,
 	pthread_cond_init(&st->closed_cond, NULL);
 	*ret = &st->tree;
 	return 0;
+}
+
+void stree_set_writeback(struct tree *t, bool on)
+{
+	stree_of(t)->writeback = on;
 }
 
 void stree_commit_all(struct tree *t)

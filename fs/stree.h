@@ -43,6 +43,9 @@ struct stree_hooks {
 /* s, pool and hooks must outlive the tree. */
 int stree_new(ckpt_store *s, ckpt_pool *pool, const struct stree_hooks *hooks,
 	      struct tree **ret);
+/* The kernel's writeback cache is on: writable files may use the page
+ * cache (see "Page cache and writers" in stree.c).  Before the first open. */
+void stree_set_writeback(struct tree *t, bool on);
 /* Commit every writer still open (at unmount the kernel normally releases
  * every file first). */
 void stree_commit_all(struct tree *t);

@@ -53,6 +53,9 @@ struct tree_file {
 	uint64_t ino;              /* the mount's inode number */
 	bool writable;
 	bool direct;               /* opened with direct_io (set once at open) */
+	/* Set by the tree's open: a writable file may go through the page
+	 * cache (the writeback cache); a read-only one must not. */
+	bool cached_write, uncached_read;
 	struct ckpt_ra_window ra;  /* read-only files: read-ahead state */
 	uint64_t dropped;          /* drop-behind: kernel pages below this offset
 				    * were queued for dropping (atomic) */
@@ -114,6 +117,9 @@ struct tree_ops {
 	/* Whether another file of the same inode is open now. */
 	bool (*shared)(struct tree_file *f);
 	int (*write)(struct tree_file *f, const void *buf, size_t len, uint64_t off);
+	/* fallocate(2) on a file open for writing (mode as fallocate's).
+	 * NULL: the tree has no writable files. */
+	int (*fallocate)(struct tree_file *f, int mode, uint64_t off, uint64_t len);
 	/* flush (durable false) and fsync (true). */
 	int (*commit)(struct tree_file *f, bool durable);
 	void (*release)(struct tree_file *f);

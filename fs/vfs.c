@@ -187,6 +187,11 @@ void vfs_set_direct(struct vfs *v, bool views, bool files)
 	v->direct_files = files;
 }
 
+void vfs_set_writeback(struct vfs *v, bool on)
+{
+	stree_set_writeback(v->store, on);
+}
+
 void vfs_commit_all(struct vfs *v)
 {
 	stree_commit_all(v->store);
@@ -395,11 +400,16 @@ int vfs_statfs(struct vfs *v, struct statvfs *ret)
 /* --------------------------------------------------------------- files */
 
 /*
- * Files open for writing bypass the page cache (direct_io): uncommitted
- * bytes never enter the kernel's cache, where readers of the committed
- * snapshot would see them, and large writes reach the daemon without
- * page-cache copies.  The price: shared writable mmap of a file open for
- * writing is refused by the kernel (ENODEV).
+ * Files open for writing go through the page cache when the kernel's
+ * writeback cache is on (-o writeback_cache, the default), so that small
+ * writes reach the daemon gathered into requests of up to 1 MiB, and the
+ * store tree allows it for the file (tree_file.cached_write): only while no
+ * other file of the inode reads through the page cache, since those read
+ * the committed snapshot and the page cache then holds uncommitted bytes
+ * (stree.c, "Page cache and writers").  Otherwise they bypass it
+ * (direct_io), as with -o writeback_cache=0: uncommitted bytes never enter
+ * the kernel's cache, and the kernel refuses a shared writable mmap of a
+ * file open for writing (ENODEV).
  *
  * Read-only files of the view trees bypass it by default, those of the
  * store tree with -o direct_read=all, once the kernel maps such files
@@ -412,8 +422,12 @@ int vfs_statfs(struct vfs *v, struct statvfs *ret)
  */
 static void set_direct(struct vfs *v, struct tree_file *f)
 {
-	f->direct = f->writable || f->ops->generated ||
-		    ((f->ops->views ? v->direct_views : v->direct_files) && v->c.direct_granted());
+	if (f->writable)
+		f->direct = !f->cached_write;
+	else
+		f->direct = f->uncached_read || f->ops->generated ||
+			    ((f->ops->views ? v->direct_views : v->direct_files) &&
+			     v->c.direct_granted());
 	if (f->direct && !f->writable && !f->ops->generated)
 		__atomic_fetch_add(&v->ra_streams, 1, __ATOMIC_RELAXED);
 }
@@ -607,6 +621,26 @@ int vfs_write(struct vfs *v, struct tree_file *f, const void *buf, size_t len, u
 		char *path = f->ops->path(f->tree, f->ino);
 		ckpt_warn("%s: write of %zu bytes at offset %" PRIu64 " failed: %s",
 			  path ? path : "?", len, off, strerror(-r));
+		free(path);
+	}
+	return r;
+}
+
+int vfs_fallocate(struct vfs *v, struct tree_file *f, int mode, uint64_t off, uint64_t len)
+{
+	int r;
+
+	(void)v;
+	if (!f->writable)
+		return -EBADF;
+	if (!f->ops->fallocate)
+		return -EOPNOTSUPP;
+	r = f->ops->fallocate(f, mode, off, len);
+	if (r < 0 && r != -EOPNOTSUPP && r != -ENOSPC && r != -EINVAL && r != -EFBIG) {
+		char *path = f->ops->path(f->tree, f->ino);
+		ckpt_warn("%s: fallocate (mode %#x) of %" PRIu64 " bytes at offset %" PRIu64
+			  " failed: %s",
+			  path ? path : "?", (unsigned)mode, len, off, strerror(-r));
 		free(path);
 	}
 	return r;

@@ -59,6 +59,9 @@ void vfs_stop_inval(struct vfs *v);
 /* Read-only files of the view trees / of the store tree may bypass the
  * page cache (once c->direct_granted()). */
 void vfs_set_direct(struct vfs *v, bool views, bool files);
+/* The kernel's writeback cache is on: files open for writing may use the
+ * page cache (once, before the first open). */
+void vfs_set_writeback(struct vfs *v, bool on);
 /* At unmount: commit whatever is still open for writing. */
 void vfs_commit_all(struct vfs *v);
 void vfs_get_view_stats(struct vfs *v, struct vtree_stats *ret);
@@ -109,6 +112,10 @@ void vfs_read_done(struct vfs *v, struct ckpt_gather *g, bool gathered, uint8_t 
 		   size_t len);
 /* -EBADF unless f was opened for writing.  Failures are logged. */
 int vfs_write(struct vfs *v, struct tree_file *f, const void *buf, size_t len, uint64_t off);
+/* fallocate(2) (ckpt_writer_fallocate says which modes do what); -EBADF
+ * unless f was opened for writing.  Failures other than the refusals
+ * (-EOPNOTSUPP, -ENOSPC, -EINVAL, -EFBIG) are logged. */
+int vfs_fallocate(struct vfs *v, struct tree_file *f, int mode, uint64_t off, uint64_t len);
 /* flush (durable false) or fsync (true). */
 int vfs_commit(struct vfs *v, struct tree_file *f, bool durable);
 void vfs_release(struct vfs *v, struct tree_file *f);

@@ -13,6 +13,7 @@
 
 #define KIB 1024u
 #define MIB (1024u * 1024)
+#define CKPT_MIN_T(a, b) ((a) < (b) ? (a) : (b))
 
 static const struct ckpt_cdc_params defp = {
 	CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX
@@ -346,6 +347,50 @@ START_TEST(test_eof_and_max)
 }
 END_TEST
 
+/* Feeding a stream in pieces of various sizes through ckpt_cdc_cut_resume
+ * cuts exactly where the reference cuts the whole stream, for both
+ * parameter sets, random data and data with long zero runs (no cut until
+ * max_size). */
+START_TEST(test_resume_matches_oneshot)
+{
+	static const size_t steps[] = { 1, 7, 63, 64, 65, 4096, 10240, 131072 };
+	const struct ckpt_cdc_params *ps[] = { &defp, &smallp };
+	size_t len = 8 * MIB;
+	uint8_t *buf = random_buf(len, 99);
+
+	memset(buf + 3 * MIB, 0, 3 * MIB); /* forced max_size cuts */
+	for (size_t pi = 0; pi < 2; pi++) {
+		const struct ckpt_cdc_params *p = ps[pi];
+		size_t span = p == &smallp ? 64 * KIB : len;
+
+		for (size_t si = 0; si < sizeof(steps) / sizeof(steps[0]); si++) {
+			size_t start = 0, avail = 0, scanned = 0, nchunks = 0;
+
+			while (start < span) {
+				size_t cut;
+				bool eof;
+
+				avail = CKPT_MIN_T(avail + steps[si], span - start);
+				eof = start + avail == span;
+				cut = ckpt_cdc_cut_resume(p, buf + start, avail, eof, &scanned);
+				if (cut == 0) {
+					ck_assert(!eof);
+					ck_assert_uint_le(scanned, avail);
+					continue;
+				}
+				ck_assert_uint_eq(cut, ref_cut(p, buf + start, span - start, true));
+				ck_assert_uint_eq(scanned, 0);
+				start += cut;
+				avail -= cut;
+				nchunks++;
+			}
+			ck_assert_uint_gt(nchunks, 1);
+		}
+	}
+	free(buf);
+}
+END_TEST
+
 static Suite *chunker_suite(void)
 {
 	Suite *s = suite_create("chunker");
@@ -362,6 +407,7 @@ static Suite *chunker_suite(void)
 	tcase_add_test(tc, test_shift_resistance);
 	tcase_add_test(tc, test_need_more_data);
 	tcase_add_test(tc, test_eof_and_max);
+	tcase_add_test(tc, test_resume_matches_oneshot);
 	suite_add_tcase(s, tc);
 	return s;
 }

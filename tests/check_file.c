@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/falloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -825,6 +826,165 @@ START_TEST(test_concurrent_writers)
 }
 END_TEST
 
+/* Writes as the kernel's writeback cache sends them: out of order, with a
+ * partial page sent again once completed.  The writer stays STREAM and
+ * stores exactly the chunks of a sequential write. */
+START_TEST(test_writeback_order)
+{
+	const size_t len = 6 * MiB + 1000;
+	uint8_t *data = tl_random_buf(len, 21);
+	uint64_t ref = mkfile("ref"), f = mkfile("wb");
+	ckpt_writer *w = writer(ref, true);
+	struct ckpt_extent_list *a = NULL, *b = NULL;
+	/* (off, len): C and D ahead of the stream, A ends inside a page that B
+	 * sends again whole */
+	const uint64_t req[][2] = { { 3 * MiB, MiB },	       /* C: parked */
+				    { 0, MiB + 2000 },	       /* A */
+				    { 4 * MiB, len - 4 * MiB }, /* D: parked */
+				    { MiB, 2 * MiB },	       /* B: 2000 bytes again */
+				    { MiB, 4096 } };	       /* a page again, unchanged */
+
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+
+	w = writer(f, true);
+	for (size_t i = 0; i < sizeof(req) / sizeof(req[0]); i++) {
+		ck_assert_int_eq(ckpt_writer_write(w, data + req[i][0], req[i][1], req[i][0]), 0);
+		if (i == 0)
+			ck_assert_uint_eq(ckpt_writer_size(w), 4 * MiB);
+	}
+	ck_assert(!ckpt_writer_staged(w));
+	check_writer(w, data, len, MiB + 17);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ck_assert(!ckpt_writer_staged(w));
+	check_committed(f, data, len);
+	ck_assert_int_eq(ckpt_store_load_extents(st, ref, &a), 0);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &b), 0);
+	ck_assert_uint_eq(a->n, b->n);
+	for (size_t i = 0; i < a->n; i++) {
+		ck_assert_uint_eq(a->v[i].len, b->v[i].len);
+		ck_assert(memcmp(&a->v[i].digest, &b->v[i].digest, sizeof(ckpt_digest)) == 0);
+	}
+	ckpt_extent_list_free(a);
+	ckpt_extent_list_free(b);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+}
+END_TEST
+
+/* Bytes sent again that differ, or a parked write overwritten: STAGED, and
+ * the later write wins. */
+START_TEST(test_writeback_overwrite)
+{
+	const size_t len = 3 * MiB;
+	uint8_t *data = tl_random_buf(len, 22), *want = malloc(len), *other = tl_random_buf(len, 23);
+	uint64_t f = mkfile("ow");
+	ckpt_writer *w = writer(f, true);
+
+	ck_assert_ptr_nonnull(want);
+	memcpy(want, data, len);
+	ck_assert_int_eq(ckpt_writer_write(w, data + 2 * MiB, MiB, 2 * MiB), 0); /* parked */
+	ck_assert_int_eq(ckpt_writer_write(w, data, MiB, 0), 0);
+	ck_assert(!ckpt_writer_staged(w));
+	/* different bytes over the stream's last 100 bytes, then up to the park */
+	ck_assert_int_eq(ckpt_writer_write(w, other + MiB - 100, MiB + 100, MiB - 100), 0);
+	memcpy(want + MiB - 100, other + MiB - 100, MiB + 100);
+	ck_assert(ckpt_writer_staged(w));
+	check_writer(w, want, len, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, len);
+	ckpt_writer_free(w);
+
+	/* a parked write, then an earlier one running into it with other bytes */
+	f = mkfile("ow2");
+	w = writer(f, true);
+	memcpy(want, data, len);
+	ck_assert_int_eq(ckpt_writer_write(w, data + MiB, MiB, MiB), 0); /* parked */
+	ck_assert_int_eq(ckpt_writer_write(w, other, MiB + 10, 0), 0);
+	memcpy(want, other, MiB + 10);
+	ck_assert_int_eq(ckpt_writer_write(w, data + 2 * MiB, MiB, 2 * MiB), 0);
+	check_writer(w, want, len, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, len);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+	free(other);
+	free(want);
+}
+END_TEST
+
+/* A write past the end that never gets its gap filled: committed STAGED,
+ * with zeros in the gap. */
+START_TEST(test_writeback_gap)
+{
+	uint8_t *data = tl_random_buf(MiB, 24), *want = calloc(1, 3 * MiB);
+	uint64_t f = mkfile("gap");
+	ckpt_writer *w = writer(f, true);
+
+	ck_assert_ptr_nonnull(want);
+	ck_assert_int_eq(ckpt_writer_write(w, data, MiB, 2 * MiB), 0);
+	memcpy(want + 2 * MiB, data, MiB);
+	ck_assert_uint_eq(ckpt_writer_size(w), 3 * MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, 3 * MiB);
+	ckpt_writer_free(w);
+	free(data);
+	free(want);
+}
+END_TEST
+
+/* fallocate: reserve keeps a writer streaming; punch and zero go STAGED;
+ * other modes are refused. */
+START_TEST(test_fallocate)
+{
+	const size_t len = 4 * MiB;
+	uint8_t *data = tl_random_buf(len, 25), *want = calloc(1, 8 * MiB);
+	uint64_t f = mkfile("fa");
+	ckpt_writer *w = writer(f, true);
+
+	ck_assert_ptr_nonnull(want);
+	ck_assert_int_eq(ckpt_writer_fallocate(w, 0, 0, 6 * MiB), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), 6 * MiB);
+	ck_assert_int_eq(ckpt_writer_fallocate(w, FALLOC_FL_KEEP_SIZE, 0, 8 * MiB), 0);
+	ck_assert_uint_eq(ckpt_writer_size(w), 6 * MiB);
+	write_pieces(w, data, 2 * MiB, 0, 4096);
+	memcpy(want, data, 2 * MiB);
+	ck_assert(!ckpt_writer_staged(w));
+	check_writer(w, want, 6 * MiB, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, 6 * MiB);
+	/* the stream goes on at its end after the commit */
+	write_pieces(w, data + 2 * MiB, 2 * MiB, 2 * MiB, 10240);
+	memcpy(want + 2 * MiB, data + 2 * MiB, 2 * MiB);
+	ck_assert(!ckpt_writer_staged(w));
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, 6 * MiB);
+	/* refused, nothing changed */
+	ck_assert_int_eq(ckpt_writer_fallocate(w, FALLOC_FL_COLLAPSE_RANGE, 0, MiB), -EOPNOTSUPP);
+	ck_assert_int_eq(ckpt_writer_fallocate(w, 0, 0, 0), -EINVAL);
+	ck_assert_int_eq(ckpt_writer_fallocate(w, 0, 0, 1ull << 49), -ENOSPC);
+	ck_assert_uint_eq(ckpt_writer_size(w), 6 * MiB);
+	ck_assert(!ckpt_writer_staged(w));
+	/* punch a hole, zero a range past the end */
+	ck_assert_int_eq(ckpt_writer_fallocate(w, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, MiB,
+					       MiB),
+			 0);
+	memset(want + MiB, 0, MiB);
+	ck_assert(ckpt_writer_staged(w));
+	ck_assert_int_eq(ckpt_writer_fallocate(w, FALLOC_FL_ZERO_RANGE, 5 * MiB, 3 * MiB), 0);
+	check_writer(w, want, 8 * MiB, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, want, 8 * MiB);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+	free(want);
+}
+END_TEST
+
 static Suite *file_suite(void)
 {
 	Suite *s = suite_create("file");
@@ -850,6 +1010,10 @@ static Suite *file_suite(void)
 	tcase_add_test(tc, test_safetensors_staged);
 	tcase_add_test(tc, test_safetensors_incomplete);
 	tcase_add_test(tc, test_concurrent_writers);
+	tcase_add_test(tc, test_writeback_order);
+	tcase_add_test(tc, test_writeback_overwrite);
+	tcase_add_test(tc, test_writeback_gap);
+	tcase_add_test(tc, test_fallocate);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -122,11 +122,29 @@ static inline uint64_t cdc_mask(unsigned n)
 
 size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len, bool eof)
 {
+	size_t scanned = 0;
+
+	return ckpt_cdc_cut_resume(p, buf, len, eof, &scanned);
+}
+
+/*
+ * Resuming: the hash at position i is the sum of gear[buf[k]] << (i - k)
+ * over k = min_size..i, mod 2^64, so terms older than 64 bytes have been
+ * shifted out.  Restarting with h = 0 at from = *scanned - 64 (when that is
+ * past min_size) and feeding the bytes up to *scanned without testing gives
+ * exactly the hash the full scan had there; positions below *scanned had
+ * no cut, so testing starts at *scanned.
+ */
+#define CDC_WINDOW 64
+
+size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len,
+			   bool eof, size_t *scanned)
+{
 	uint64_t h = 0, mask_s, mask_l;
-	size_t end, normal, i;
+	size_t end, normal, i, from;
 	unsigned bits;
 
-	if (ckpt_cdc_params_check(p) || !buf || !len)
+	if (ckpt_cdc_params_check(p) || !buf || !len || !scanned)
 		return 0;
 	end = CKPT_MIN(len, p->max_size);
 	if (end > p->min_size) {
@@ -134,18 +152,35 @@ size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t 
 		mask_s = cdc_mask(bits + 2);
 		mask_l = cdc_mask(bits - 2);
 		normal = CKPT_MIN(p->avg_size, end);
-		for (i = p->min_size; i < normal; i++) {
+		i = p->min_size;
+		from = CKPT_MIN(*scanned, end);
+		if (from > p->min_size + CDC_WINDOW)
+			i = from - CDC_WINDOW;
+		for (; i < from && i < end; i++)
 			h = (h << 1) + gear[buf[i]];
-			if (!(h & mask_s))
+		for (i = CKPT_MAX(i, p->min_size); i < normal; i++) {
+			h = (h << 1) + gear[buf[i]];
+			if (!(h & mask_s)) {
+				*scanned = 0;
 				return i + 1;
+			}
 		}
 		for (; i < end; i++) {
 			h = (h << 1) + gear[buf[i]];
-			if (!(h & mask_l))
+			if (!(h & mask_l)) {
+				*scanned = 0;
 				return i + 1;
+			}
 		}
 	}
-	if (len >= p->max_size)
+	*scanned = end;
+	if (len >= p->max_size) {
+		*scanned = 0;
 		return p->max_size;
-	return eof ? len : 0;
+	}
+	if (eof) {
+		*scanned = 0;
+		return len;
+	}
+	return 0;
 }

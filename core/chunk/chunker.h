@@ -82,5 +82,17 @@ int ckpt_cdc_params_check(const struct ckpt_cdc_params *p);
  * to eof) always yields a cut.
  */
 size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len, bool eof);
+/*
+ * ckpt_cdc_cut() for a caller that offers the same chunk's bytes again and
+ * again as more arrive (a writer fed small writes): *scanned says how many
+ * bytes of buf earlier calls already scanned without finding a cut (0 for
+ * a new chunk), and only the bytes after them are tested, so feeding a
+ * chunk in small pieces costs one scan of it instead of one per piece.
+ * The result is exactly ckpt_cdc_cut()'s.  On return *scanned is updated:
+ * 0 when a cut was returned (the next chunk starts at it), else the
+ * bytes scanned so far.  buf must hold the same bytes as before.
+ */
+size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len,
+			   bool eof, size_t *scanned);
 
 #endif

@@ -10,11 +10,28 @@
  *      at an extent while w->inflight > 0 (they wait first).
  *  W2. STAGED: the content is the scratch file w->fd, size w->size.
  *  W3. w->err != 0 => every write and commit fails with it.
+ *  W4. STREAM: w->zero_to is 0 or past cs.start + cs.len, and the content
+ *      ends in zeros up to it (a file extended by truncate or fallocate
+ *      while it streams: writes at the stream's end keep streaming).
+ *  W5. STREAM: w->park holds writes that arrived past the stream's end,
+ *      sorted by offset, not overlapping, all past cs.start + cs.len, at
+ *      most PARK_MAX bytes; they are fed in order once the stream reaches
+ *      them.  The content is W1's, then W4's zeros, with the parked bytes
+ *      written over them.
+ *
+ * Why parking and re-sent bytes: the kernel's writeback cache sends a file
+ * written in small pieces as page-aligned writes of up to 1 MiB, several in
+ * flight at once, which the daemon's threads may handle out of order, and
+ * a partial last page is sent again once the rest of it is written.  A
+ * write past the stream's end is parked until the gap is filled, and a
+ * write over bytes the stream already has is accepted when it carries the
+ * same bytes; only a real overwrite goes to STAGED.
  */
 #include "store/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -140,9 +157,32 @@ struct cutter {
 	ckpt_st_header *st;
 	uint64_t data_start; /* 8 + N */
 	size_t tensor;       /* cursor into the sorted tensor list */
+	size_t cdc_scanned;  /* uncut bytes the chunker already scanned without
+			      * a cut (ckpt_cdc_cut_resume); 0 after a cut */
 };
 
 enum wmode { W_STREAM, W_STAGED };
+
+/* A write parked past the stream's end (W5). */
+struct parked {
+	uint64_t off;
+	size_t len;
+	uint8_t *data;
+};
+
+/* Parked bytes of one writer.  A page still being written back when the
+ * rest of it is written is skipped by the next writeback pass and sent by
+ * a later one, so a gap can stay open while a pass sends what follows it
+ * (the kernel's dirty limit of a FUSE mount bounds that). */
+#define PARK_MAX (128u << 20)
+/* Re-sent bytes compared against the stream's content, at most. */
+#define RESEND_MAX (4u << 20)
+/* With PARK_MAX bytes parked, up to PARK_WAITERS writes ahead of the
+ * stream wait up to PARK_WAIT_NS for it to catch up (FUSE has a few
+ * threads: waiting writes must not hold them all), then go STAGED. */
+#define PARK_FULL 2
+#define PARK_WAITERS 3
+#define PARK_WAIT_NS 1000000000ll
 
 struct ckpt_writer {
 	ckpt_store *s;
@@ -159,6 +199,10 @@ struct ckpt_writer {
 	struct cutter cs; /* STREAM */
 	int fd;           /* STAGED scratch file */
 	uint64_t size;    /* STAGED */
+	uint64_t zero_to; /* STREAM: zeros up to here (W4) */
+	struct parked *park; /* STREAM: writes ahead of the stream (W5) */
+	size_t npark, cap_park, park_bytes;
+	unsigned park_waiters; /* writes waiting in park_wait() */
 	unsigned inflight;
 	size_t inflight_bytes;
 	int err;
@@ -168,6 +212,8 @@ struct ckpt_writer {
 	int64_t mtime_ns;
 	uint32_t flags; /* CKPT_INODE_F_* of the last cut pass */
 };
+
+static void park_clear(struct ckpt_writer *w);
 
 static const struct ckpt_cdc_params cdc_params = {
 	CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX
@@ -300,6 +346,7 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 	c->head += n;
 	c->len -= n;
 	c->start += n;
+	c->cdc_scanned = 0;
 	return 0;
 }
 
@@ -396,7 +443,9 @@ static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
 	}
 	if (c->len == 0)
 		return 0;
-	return ckpt_cdc_cut(&cdc_params, c->buf + c->head, c->len, eof);
+	/* small writes offer the same uncut bytes again and again: scan only
+	 * what is new */
+	return ckpt_cdc_cut_resume(&cdc_params, c->buf + c->head, c->len, eof, &c->cdc_scanned);
 }
 
 /* Cut as many chunks as possible.  Caller holds w->lock. */
@@ -444,12 +493,15 @@ static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_
 			c->start += want;
 			c->head = 0;
 			c->len = 0;
+			c->cdc_scanned = 0;
 			p += take;
 			n -= take;
 			continue;
 		}
 
-		if (c->head > 0 && (c->head + c->len == c->cap || c->head > c->cap / 2)) {
+		/* compact only when the write does not fit after the uncut bytes:
+		 * each byte then moves at most once per buffer's length written */
+		if (c->head > 0 && c->cap - c->head - c->len < n) {
 			memmove(c->buf, c->buf + c->head, c->len);
 			c->head = 0;
 		}
@@ -475,9 +527,10 @@ static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_
 	return 0;
 }
 
-static uint32_t cutter_flags(const struct cutter *c)
+/* size: the file's size (the cut bytes and any zeros after them). */
+static uint32_t cutter_flags(const struct cutter *c, uint64_t size)
 {
-	if (c->st_state == ST_YES && ckpt_st_check_file_size(c->st, c->start + c->len) == 0)
+	if (c->st_state == ST_YES && ckpt_st_check_file_size(c->st, size) == 0)
 		return CKPT_INODE_F_SAFETENSORS;
 	return 0;
 }
@@ -540,6 +593,8 @@ void ckpt_writer_free(ckpt_writer *w)
 	wait_idle(w);
 	pthread_mutex_unlock(&w->lock);
 	cutter_reset(&w->cs);
+	park_clear(w);
+	free(w->park);
 	if (w->fd >= 0)
 		close(w->fd);
 	ckpt_hold_free(w->hold);
@@ -567,6 +622,201 @@ static int open_scratch(struct ckpt_writer *w)
 	}
 	free(dir);
 	return fd < 0 ? -errno : fd;
+}
+
+static void park_clear(struct ckpt_writer *w)
+{
+	for (size_t i = 0; i < w->npark; i++)
+		free(w->park[i].data);
+	w->npark = 0;
+	w->park_bytes = 0;
+}
+
+/* The end of the STREAM content: cut and uncut bytes, zeros, parked bytes. */
+static uint64_t stream_size(const struct ckpt_writer *w)
+{
+	uint64_t sz = CKPT_MAX(w->cs.start + w->cs.len, w->zero_to);
+
+	if (w->npark > 0)
+		sz = CKPT_MAX(sz, w->park[w->npark - 1].off + w->park[w->npark - 1].len);
+	return sz;
+}
+
+/* Insert [off, off + len) of buf at index i of the park (no overlap).
+ * Caller holds lock. */
+static int park_insert(struct ckpt_writer *w, size_t i, const uint8_t *buf, size_t len,
+		       uint64_t off)
+{
+	uint8_t *copy;
+
+	if (w->npark == w->cap_park) {
+		size_t nc = w->cap_park ? w->cap_park * 2 : 16;
+		struct parked *np = realloc(w->park, nc * sizeof(*np));
+		if (!np)
+			return -ENOMEM;
+		w->park = np;
+		w->cap_park = nc;
+	}
+	copy = malloc(len);
+	if (!copy)
+		return -ENOMEM;
+	memcpy(copy, buf, len);
+	memmove(&w->park[i + 1], &w->park[i], (w->npark - i) * sizeof(*w->park));
+	w->park[i] = (struct parked){ off, len, copy };
+	w->npark++;
+	w->park_bytes += len;
+	return 0;
+}
+
+/* Park a write past the stream's end (W5).  Bytes that parked writes
+ * already hold must be the same (a page sent again); the rest is parked.
+ * Returns 1 if parked, PARK_FULL (see park_wait), 0 if it cannot be (full,
+ * or different bytes over a parked write), or -errno.  Caller holds lock. */
+static int park_add(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
+{
+	size_t i = 0;
+	int r;
+
+	if (w->park_bytes + len > PARK_MAX)
+		return w->park_waiters < PARK_WAITERS ? PARK_FULL : 0;
+	/* check first, so that a refused write parks nothing */
+	for (size_t k = 0; k < w->npark; k++) {
+		const struct parked *pk = &w->park[k];
+		uint64_t lo = CKPT_MAX(off, pk->off), hi = CKPT_MIN(off + len, pk->off + pk->len);
+		if (lo < hi && memcmp(buf + (lo - off), pk->data + (lo - pk->off), hi - lo) != 0)
+			return 0;
+	}
+	while (len > 0) {
+		uint64_t stop;
+		size_t n;
+
+		while (i < w->npark && w->park[i].off + w->park[i].len <= off)
+			i++;
+		if (i < w->npark && w->park[i].off <= off) {
+			/* held already: skip it */
+			n = (size_t)CKPT_MIN((uint64_t)len, w->park[i].off + w->park[i].len - off);
+			buf += n;
+			len -= n;
+			off += n;
+			continue;
+		}
+		stop = i < w->npark ? CKPT_MIN(off + len, w->park[i].off) : off + len;
+		n = (size_t)(stop - off);
+		r = park_insert(w, i, buf, n, off);
+		if (r < 0)
+			return r;
+		buf += n;
+		len -= n;
+		off += n;
+	}
+	return 1;
+}
+
+/* Whether buf holds exactly the STREAM content's bytes at
+ * [off, off + len), all below the stream's end (a re-sent page).  Caller
+ * holds w->lock. */
+static bool same_as_stream(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
+{
+	struct cutter *c = &w->cs;
+	uint8_t *tmp;
+	bool same;
+	ssize_t r;
+
+	if (len > RESEND_MAX)
+		return false;
+	if (off >= c->start)
+		return memcmp(buf, c->buf + c->head + (off - c->start), len) == 0;
+	/* partly in chunks already cut: read them back, unless chunk jobs are
+	 * still filling in their digests (waiting would release w->lock under
+	 * the caller) */
+	if (w->inflight > 0 || w->err)
+		return false;
+	tmp = malloc(len);
+	if (!tmp)
+		return false;
+	r = ckpt_store_read_extents(w->s, c->list, tmp,
+				    (size_t)CKPT_MIN((uint64_t)len, c->start - off), off);
+	same = r >= 0 && (size_t)r == CKPT_MIN((uint64_t)len, c->start - off) &&
+	       memcmp(buf, tmp, (size_t)r) == 0;
+	if (same && off + len > c->start)
+		same = memcmp(buf + (c->start - off), c->buf + c->head,
+			      (size_t)(off + len - c->start)) == 0;
+	free(tmp);
+	return same;
+}
+
+/* Wait (releasing w->lock) until the stream moves or PARK_WAIT_NS pass.
+ * Returns 0 to try again, or -EAGAIN after a wait in which the stream did
+ * not move (the caller then takes the STAGED path). */
+static int park_wait(struct ckpt_writer *w)
+{
+	uint64_t end = w->cs.start + w->cs.len;
+	struct timespec ts;
+	int64_t ns;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ns = (int64_t)ts.tv_nsec + PARK_WAIT_NS;
+	ts.tv_sec += (time_t)(ns / 1000000000);
+	ts.tv_nsec = (long)(ns % 1000000000);
+	w->park_waiters++;
+	while (w->mode == W_STREAM && w->cs.start + w->cs.len == end && !w->err &&
+	       pthread_cond_timedwait(&w->cond, &w->lock, &ts) == 0)
+		;
+	w->park_waiters--;
+	if (w->mode == W_STREAM && w->cs.start + w->cs.len == end && !w->err)
+		return -EAGAIN;
+	return 0;
+}
+
+/* A STREAM write at off (W5): feed what continues the stream, accept bytes
+ * re-sent unchanged, park what lies ahead, feed parked writes the stream
+ * has reached.  Returns 1 when done, 0 when the write needs the STAGED
+ * path, or -errno.  Caller holds w->lock. */
+static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
+{
+	struct cutter *c = &w->cs;
+	uint64_t end;
+	int r;
+
+	/* bytes sent again over chunks already cut are compared with those
+	 * chunks, whose digests queued jobs still fill in: wait for them
+	 * first, before looking at the state */
+	if (off < w->cs.start && w->inflight > 0)
+		wait_idle(w);
+	if (w->mode != W_STREAM || w->err)
+		return 0;
+	end = c->start + c->len;
+	if (off > end)
+		return park_add(w, buf, len, off);
+	if (off < end) {
+		size_t old = (size_t)CKPT_MIN((uint64_t)len, end - off);
+		if (!same_as_stream(w, buf, old, off))
+			return 0;
+		buf += old;
+		len -= old;
+		off += old;
+	}
+	r = len > 0 ? feed(w, c, buf, len) : 0;
+	while (r == 0 && w->npark > 0 && w->park[0].off <= c->start + c->len) {
+		struct parked pk = w->park[0];
+		uint64_t at = c->start + c->len;
+		size_t skip = (size_t)(at - pk.off);
+
+		if (skip > pk.len)
+			skip = pk.len;
+		if (skip > 0 && !same_as_stream(w, pk.data, skip, pk.off))
+			return 0; /* parked bytes differ from what came since */
+		memmove(&w->park[0], &w->park[1], (w->npark - 1) * sizeof(*w->park));
+		w->npark--;
+		w->park_bytes -= pk.len;
+		r = feed(w, c, pk.data + skip, pk.len - skip);
+		free(pk.data);
+	}
+	if (r == 0 && w->zero_to <= c->start + c->len)
+		w->zero_to = 0;
+	if (w->park_waiters > 0)
+		pthread_cond_broadcast(&w->cond);
+	return r < 0 ? r : 1;
 }
 
 /* Switch STREAM -> STAGED: copy the current content into a scratch file.
@@ -611,15 +861,24 @@ static int to_staged(struct ckpt_writer *w)
 		if (r < 0)
 			goto fail;
 	}
-	w->size = c->start + c->len;
+	w->size = CKPT_MAX(c->start + c->len, w->zero_to);
+	for (size_t i = 0; i < w->npark; i++) {
+		struct parked *pk = &w->park[i];
+		r = ckpt_pwrite_full(fd, pk->data, pk->len, pk->off);
+		if (r < 0)
+			goto fail;
+		w->size = CKPT_MAX(w->size, pk->off + pk->len);
+	}
 	if (ftruncate(fd, (off_t)w->size) < 0) {
 		r = -errno;
 		goto fail;
 	}
 	free(buf);
 	cutter_reset(c);
+	park_clear(w);
 	w->fd = fd;
 	w->mode = W_STAGED;
+	w->zero_to = 0;
 	return 0;
 fail:
 	free(buf);
@@ -641,10 +900,25 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 		r = w->err;
 		goto out;
 	}
-	if (w->mode == W_STREAM && off == w->cs.start + w->cs.len) {
-		/* the common case: sequential, chunked as it arrives */
-		r = feed(w, &w->cs, buf, len);
-	} else {
+	while (w->mode == W_STREAM) {
+		r = stream_write(w, buf, len, off); /* the common case: chunked as it arrives */
+		if (r != PARK_FULL)
+			break;
+		/* the write that fills the gap is late (waiting for this lock,
+		 * or for a thread): let it in, for a while */
+		r = park_wait(w);
+		if (r == -EAGAIN) {
+			r = 0; /* the stream did not move: STAGED */
+			break;
+		}
+		if (w->err) {
+			r = w->err;
+			goto out;
+		}
+	}
+	if (r == 1) {
+		r = 0;
+	} else if (r == 0) {
 		if (w->mode == W_STREAM)
 			r = to_staged(w);
 		if (r == 0)
@@ -669,6 +943,12 @@ ssize_t ckpt_writer_read(ckpt_writer *w, void *buf, size_t len, uint64_t off)
 	ssize_t r;
 
 	pthread_mutex_lock(&w->lock);
+	if (w->mode == W_STREAM && w->npark > 0) {
+		/* a read between out-of-order writes (rare): serve it staged */
+		r = to_staged(w);
+		if (r < 0)
+			goto out;
+	}
 	if (w->mode == W_STAGED) {
 		r = 0;
 		if (off < w->size) {
@@ -698,6 +978,11 @@ ssize_t ckpt_writer_read(ckpt_writer *w, void *buf, size_t len, uint64_t off)
 			memcpy((uint8_t *)buf + done, c->buf + c->head + in, n);
 			done += n;
 		}
+		if (done < len && off + done >= c->start + c->len && off + done < w->zero_to) {
+			size_t n = (size_t)CKPT_MIN((uint64_t)(len - done), w->zero_to - (off + done));
+			memset((uint8_t *)buf + done, 0, n);
+			done += n;
+		}
 		r = (ssize_t)done;
 	}
 out:
@@ -716,17 +1001,23 @@ int ckpt_writer_truncate(ckpt_writer *w, uint64_t size)
 		/* Start over: drop everything, including a sticky error. */
 		wait_idle(w);
 		cutter_reset(&w->cs);
+		park_clear(w);
 		r = cutter_init(&w->cs);
 		if (w->fd >= 0)
 			close(w->fd);
 		w->fd = -1;
 		w->size = 0;
+		w->zero_to = 0;
 		w->mode = W_STREAM;
 		w->err = 0;
 	} else if (w->err) {
 		r = w->err;
-	} else if (w->mode == W_STREAM && size == w->cs.start + w->cs.len) {
-		goto out; /* no change */
+	} else if (w->mode == W_STREAM && w->npark == 0 && size >= w->cs.start + w->cs.len) {
+		/* growing (or back to the stream's end): zeros after the stream */
+		uint64_t zero_to = size == w->cs.start + w->cs.len ? 0 : size;
+		if (zero_to == w->zero_to)
+			goto out; /* no change */
+		w->zero_to = zero_to;
 	} else {
 		if (w->mode == W_STREAM)
 			r = to_staged(w);
@@ -750,7 +1041,7 @@ uint64_t ckpt_writer_size(ckpt_writer *w)
 	uint64_t sz;
 
 	pthread_mutex_lock(&w->lock);
-	sz = w->mode == W_STAGED ? w->size : w->cs.start + w->cs.len;
+	sz = w->mode == W_STAGED ? w->size : stream_size(w);
 	pthread_mutex_unlock(&w->lock);
 	return sz;
 }
@@ -772,6 +1063,28 @@ void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns)
 	pthread_mutex_unlock(&w->lock);
 }
 
+bool ckpt_writer_set_mtime_if_dirty(ckpt_writer *w, int64_t mtime_ns)
+{
+	bool dirty;
+
+	pthread_mutex_lock(&w->lock);
+	dirty = w->dirty;
+	if (dirty)
+		w->mtime_ns = mtime_ns;
+	pthread_mutex_unlock(&w->lock);
+	return dirty;
+}
+
+bool ckpt_writer_staged(ckpt_writer *w)
+{
+	bool staged;
+
+	pthread_mutex_lock(&w->lock);
+	staged = w->mode == W_STAGED;
+	pthread_mutex_unlock(&w->lock);
+	return staged;
+}
+
 bool ckpt_writer_dirty(ckpt_writer *w)
 {
 	bool d;
@@ -782,7 +1095,6 @@ bool ckpt_writer_dirty(ckpt_writer *w)
 	return d;
 }
 
-/* Chunk the scratch file into a fresh extent list.  Caller holds w->lock. */
 /* Append a run of zeros (a hole of the scratch file) without reading it.
  * Caller holds w->lock; the uncut buffer must be empty. */
 static int skip_hole(struct cutter *c, uint64_t len)
@@ -867,7 +1179,11 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 			r = ckpt_store_sync_file(w->s, w->ino);
 		goto out;
 	}
-	if (w->mode == W_STAGED) {
+	if (w->mode == W_STREAM && w->npark > 0)
+		r = to_staged(w); /* a gap never filled: a sparse write */
+	if (r < 0) {
+		/* nothing */
+	} else if (w->mode == W_STAGED) {
 		r = cutter_init(&tmp);
 		if (r < 0)
 			goto out;
@@ -879,8 +1195,20 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 	wait_idle(w);
 	if (r == 0 && w->err)
 		r = w->err;
-	if (r == 0) {
-		w->flags = cutter_flags(c);
+	if (r == 0 && c == &w->cs && w->zero_to > c->start) {
+		/* W4: the zeros after the stream, committed as zero extents and
+		 * taken off again, so that appends keep streaming */
+		uint64_t end = c->start;
+		r = skip_hole(c, w->zero_to - end);
+		if (r == 0) {
+			w->flags = cutter_flags(c, c->start);
+			r = ckpt_store_commit_file(w->s, w->ino, c->list, w->flags, w->mtime_ns,
+						   durable);
+		}
+		ckpt_extent_list_truncate(c->list, end);
+		c->start = end;
+	} else if (r == 0) {
+		w->flags = cutter_flags(c, c == &w->cs ? c->start + c->len : w->size);
 		r = ckpt_store_commit_file(w->s, w->ino, c->list, w->flags, w->mtime_ns, durable);
 	}
 	if (r == 0) {
@@ -892,6 +1220,75 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 	}
 	if (c == &tmp)
 		cutter_reset(&tmp);
+out:
+	pthread_mutex_unlock(&w->lock);
+	return r;
+}
+
+/* What ext4 accepts and ckptfs implements: reserving (mode 0, with or
+ * without KEEP_SIZE), punching holes and zeroing ranges. */
+#define FALLOC_KNOWN (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)
+
+int ckpt_writer_fallocate(ckpt_writer *w, int mode, uint64_t off, uint64_t len)
+{
+	uint64_t end = off + len, size;
+	bool keep = mode & FALLOC_FL_KEEP_SIZE;
+	int r = 0;
+
+	if (mode & ~FALLOC_KNOWN)
+		return -EOPNOTSUPP; /* collapse, insert, unshare */
+	if (len == 0)
+		return -EINVAL;
+	if (end < off || end > (1ull << 50))
+		return -EFBIG;
+	pthread_mutex_lock(&w->lock);
+	if (w->err) {
+		r = w->err;
+		goto out;
+	}
+	size = w->mode == W_STAGED ? w->size : stream_size(w);
+	if (!(mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE))) {
+		/* Reserve: chunks are stored as they are written (deduplicated,
+		 * compressed), so nothing can be set aside; the range reads as
+		 * zeros and stores nothing until written.  Refusing a range the
+		 * backend's free space cannot hold at all keeps the promise for
+		 * the tools that preallocate to fail early. */
+		struct statvfs st;
+		if (ckpt_store_statfs(w->s, &st) == 0 &&
+		    len / st.f_frsize > (uint64_t)st.f_bavail) {
+			r = -ENOSPC;
+			goto out;
+		}
+		if (keep || end <= size)
+			goto out; /* no change to the content */
+		if (w->mode == W_STREAM) {
+			w->zero_to = end;
+		} else if (ftruncate(w->fd, (off_t)end) < 0) {
+			r = -errno;
+			goto out;
+		} else {
+			w->size = end;
+		}
+	} else {
+		/* Punch a hole / zero a range: in the scratch file, whose holes
+		 * become zero extents at commit. */
+		if (off >= size && (keep || (mode & FALLOC_FL_PUNCH_HOLE)))
+			goto out; /* nothing there */
+		if (w->mode == W_STREAM) {
+			r = to_staged(w);
+			if (r < 0)
+				goto out;
+		}
+		if (fallocate(w->fd, mode, (off_t)off, (off_t)len) < 0) {
+			r = -errno;
+			goto out;
+		}
+		if (!keep && end > w->size)
+			w->size = end;
+	}
+	w->dirty = true;
+	w->gen++;
+	w->mtime_ns = ckpt_now_ns();
 out:
 	pthread_mutex_unlock(&w->lock);
 	return r;

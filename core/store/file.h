@@ -67,11 +67,24 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 /* Read the writer's current content.  Returns bytes read or -errno. */
 ssize_t ckpt_writer_read(ckpt_writer *w, void *buf, size_t len, uint64_t off);
 int ckpt_writer_truncate(ckpt_writer *w, uint64_t size);
+/* fallocate(2) on the writer's content.  mode 0 (reserve), with or without
+ * FALLOC_FL_KEEP_SIZE: the size grows to off + len if it was smaller, the
+ * new range reads as zeros and stores nothing until written (a writer
+ * streaming at its end keeps streaming); -ENOSPC when the chunk backend's
+ * free space is under len, nothing changed.  FALLOC_FL_PUNCH_HOLE (with
+ * KEEP_SIZE) and FALLOC_FL_ZERO_RANGE: the range becomes zeros (through the
+ * staged path).  Other modes: -EOPNOTSUPP.  Errors are not sticky. */
+int ckpt_writer_fallocate(ckpt_writer *w, int mode, uint64_t off, uint64_t len);
 uint64_t ckpt_writer_size(ckpt_writer *w);
 int64_t ckpt_writer_mtime(ckpt_writer *w);
 /* utimens() on an open file: the mtime the next commit records (until a
  * later write sets it to that write's time). */
 void ckpt_writer_set_mtime(ckpt_writer *w, int64_t mtime_ns);
+/* The same, only if the writer has changes to commit (whose commit then
+ * records the mtime); returns whether it had. */
+bool ckpt_writer_set_mtime_if_dirty(ckpt_writer *w, int64_t mtime_ns);
+/* Whether the writer went STAGED (for tests and messages). */
+bool ckpt_writer_staged(ckpt_writer *w);
 /* True when there are changes not yet committed. */
 bool ckpt_writer_dirty(ckpt_writer *w);
 /* Publish the current content (see store.h for durable). */
