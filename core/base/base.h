@@ -14,6 +14,8 @@
  *             checksums of stored bytes
  *   jalloc.h  scoped arena allocation for jansson's objects (safetensors
  *             headers), per thread
+ *   progress.h  the progress callback of long operations (fsck, gc,
+ *             verify): core reports, its caller draws
  *
  * Ownership: objects come from _new and go with _free (NULL-safe);
  * everything else works on memory the caller owns.
@@ -30,6 +32,7 @@
 
 #include "base/hash.h"
 #include "base/jalloc.h"
+#include "base/progress.h"
 #include "base/util.h"
 
 #endif
