@@ -15,8 +15,8 @@
  * newest with --keep-last N, those whose number is a multiple of K with
  * --keep-every K.  The rest are deleted with their contents, through the
  * file system: on a ckptfs mount the daemon unlinks the files, and the
- * chunks no other file uses become unreferenced, their space reclaimed as
- * docs/user-guide.md section 6.5 says (`ckpt gc`).
+ * chunks no other file uses are reclaimed as for any deleted file
+ * (docs/user-guide.md section 6.5).
  */
 #include "config.h"
 
@@ -207,8 +207,8 @@ int cmd_prune(const char *dir, uint64_t keep_last, uint64_t keep_every, bool dry
 		printf("%s: %zu step(s) kept, %zu would be deleted (dry run)\n", dir, kept, n - kept);
 	else
 		printf("%s: %zu step(s) kept, %zu deleted%s\n", dir, kept, deleted,
-		       deleted ? "; the chunks only they used are now unreferenced (ckpt stat: "
-				 "unreferenced_bytes), reclaimed by ckpt gc (user guide, 6.5)" :
+		       deleted ? "; the space of the chunks only they used is reclaimed as "
+				 "for any deleted file (user guide, 6.5)" :
 				 "");
 	for (size_t i = 0; i < n; i++)
 		free(v[i].name);
