@@ -35,6 +35,7 @@
 #include <sys/stat.h>
 
 #include "base/util.h"
+#include "opstats.h"
 #include "wire.h"
 
 static struct vfs *vfs_of(fuse_req_t req)
@@ -98,6 +99,7 @@ static void dir_handle_free(struct dir_handle *d)
 /* The one place where a negative errno from below becomes a FUSE reply. */
 static void reply_err(fuse_req_t req, int r)
 {
+	opstats_error(r < 0 ? -r : r);
 	fuse_reply_err(req, r < 0 ? -r : r);
 }
 
@@ -548,7 +550,7 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 		fuse_reply_statfs(req, &st);
 }
 
-const struct fuse_lowlevel_ops fuse_ops = {
+static const struct fuse_lowlevel_ops untimed_ops = {
 	.init = op_init,
 	.destroy = op_destroy,
 	.lookup = op_lookup,
@@ -577,3 +579,89 @@ const struct fuse_lowlevel_ops fuse_ops = {
 	.fsyncdir = op_fsyncdir,
 	.statfs = op_statfs,
 };
+
+/* ------------------------------------------------------------ op timing */
+
+/* Each handler below runs between opstats_begin and opstats_end (opstats.h);
+ * fuse_ops_table() is untimed_ops with these wrappers in place. */
+#define TIMED(fn, op, params, args)                                                  \
+	static void timed_##fn params                                                \
+	{                                                                            \
+		int64_t t0 = opstats_begin(op);                                      \
+		fn args;                                                             \
+		opstats_end(op, t0);                                                 \
+	}
+#define FI struct fuse_file_info *fi
+TIMED(op_lookup, FOP_LOOKUP, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))
+TIMED(op_forget, FOP_FORGET, (fuse_req_t req, fuse_ino_t i, uint64_t n), (req, i, n))
+TIMED(op_forget_multi, FOP_FORGET, (fuse_req_t req, size_t c, struct fuse_forget_data *f),
+      (req, c, f))
+TIMED(op_getattr, FOP_GETATTR, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_setattr, FOP_SETATTR, (fuse_req_t req, fuse_ino_t i, struct stat *a, int s, FI),
+      (req, i, a, s, fi))
+TIMED(op_readlink, FOP_READLINK, (fuse_req_t req, fuse_ino_t i), (req, i))
+TIMED(op_mknod, FOP_MKNOD, (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m, dev_t d),
+      (req, p, n, m, d))
+TIMED(op_mkdir, FOP_MKDIR, (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m),
+      (req, p, n, m))
+TIMED(op_symlink, FOP_SYMLINK, (fuse_req_t req, const char *l, fuse_ino_t p, const char *n),
+      (req, l, p, n))
+TIMED(op_link, FOP_LINK, (fuse_req_t req, fuse_ino_t i, fuse_ino_t np, const char *nn),
+      (req, i, np, nn))
+TIMED(op_unlink, FOP_UNLINK, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))
+TIMED(op_rmdir, FOP_RMDIR, (fuse_req_t req, fuse_ino_t p, const char *n), (req, p, n))
+TIMED(op_rename, FOP_RENAME,
+      (fuse_req_t req, fuse_ino_t p, const char *n, fuse_ino_t np, const char *nn,
+       unsigned int f), (req, p, n, np, nn, f))
+TIMED(op_open, FOP_OPEN, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_create, FOP_CREATE, (fuse_req_t req, fuse_ino_t p, const char *n, mode_t m, FI),
+      (req, p, n, m, fi))
+TIMED(op_read, FOP_READ, (fuse_req_t req, fuse_ino_t i, size_t z, off_t o, FI),
+      (req, i, z, o, fi))
+TIMED(op_write, FOP_WRITE,
+      (fuse_req_t req, fuse_ino_t i, const char *b, size_t z, off_t o, FI),
+      (req, i, b, z, o, fi))
+TIMED(op_flush, FOP_FLUSH, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_fsync, FOP_FSYNC, (fuse_req_t req, fuse_ino_t i, int d, FI), (req, i, d, fi))
+TIMED(op_release, FOP_RELEASE, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_opendir, FOP_OPENDIR, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_readdir, FOP_READDIR, (fuse_req_t req, fuse_ino_t i, size_t z, off_t o, FI),
+      (req, i, z, o, fi))
+TIMED(op_releasedir, FOP_RELEASEDIR, (fuse_req_t req, fuse_ino_t i, FI), (req, i, fi))
+TIMED(op_fsyncdir, FOP_FSYNCDIR, (fuse_req_t req, fuse_ino_t i, int d, FI), (req, i, d, fi))
+TIMED(op_statfs, FOP_STATFS, (fuse_req_t req, fuse_ino_t i), (req, i))
+#undef FI
+#undef TIMED
+
+const struct fuse_lowlevel_ops *fuse_ops_table(void)
+{
+	static struct fuse_lowlevel_ops t;
+
+	t = untimed_ops;
+	t.lookup = timed_op_lookup;
+	t.forget = timed_op_forget;
+	t.forget_multi = timed_op_forget_multi;
+	t.getattr = timed_op_getattr;
+	t.setattr = timed_op_setattr;
+	t.readlink = timed_op_readlink;
+	t.mknod = timed_op_mknod;
+	t.mkdir = timed_op_mkdir;
+	t.symlink = timed_op_symlink;
+	t.link = timed_op_link;
+	t.unlink = timed_op_unlink;
+	t.rmdir = timed_op_rmdir;
+	t.rename = timed_op_rename;
+	t.open = timed_op_open;
+	t.create = timed_op_create;
+	t.read = timed_op_read;
+	t.write = timed_op_write;
+	t.flush = timed_op_flush;
+	t.fsync = timed_op_fsync;
+	t.release = timed_op_release;
+	t.opendir = timed_op_opendir;
+	t.readdir = timed_op_readdir;
+	t.releasedir = timed_op_releasedir;
+	t.fsyncdir = timed_op_fsyncdir;
+	t.statfs = timed_op_statfs;
+	return &t;
+}

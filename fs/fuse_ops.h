@@ -23,7 +23,9 @@ struct fuse_ops_data {
 	bool direct_read_given;
 };
 
-extern const struct fuse_lowlevel_ops fuse_ops;
+/* The ops table for fuse_session_new(): every handler timed and its errors
+ * counted (opstats.h).  Call once, from main, before the session starts. */
+const struct fuse_lowlevel_ops *fuse_ops_table(void);
 
 /* A vfs_inval_fn over fuse_lowlevel_notify_inval_inode; ctx: the
  * struct fuse_session. */

@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,9 +28,11 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include "base/metrics.h"
 #include "base/util.h"
 #include "store/readahead.h"
 #include "fuse_ops.h"
+#include "opstats.h"
 #include "options.h"
 #include "store/file.h"
 #include "store/store.h"
@@ -148,8 +151,13 @@ static void report(const char *fmt, ...)
 	}
 }
 
-/* The mount is ready: log to STORE/ckptfs.log and let the parent exit. */
-static void detach_done(const char *store, const char *mountpoint)
+/*
+ * The mount is ready: the log's final place (the -o log file, syslog, or
+ * by default STORE/ckptfs.log), stdout and stderr into the log file (what
+ * libfuse prints lands there) or /dev/null with syslog, and let the parent
+ * exit.
+ */
+static void detach_done(const struct ckptfs_opts *o)
 {
 	char *path;
 	int fd;
@@ -157,9 +165,15 @@ static void detach_done(const char *store, const char *mountpoint)
 	if (chdir("/") < 0) {
 		/* not fatal */
 	}
-	if (asprintf(&path, "%s/ckptfs.log", store) >= 0) {
-		fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (!o->log_file && !o->syslog && asprintf(&path, "%s/ckptfs.log", o->store) >= 0) {
+		if (ckpt_log_to_file(path) < 0)
+			ckpt_log_to_syslog("ckptfs"); /* stderr is about to go */
 		free(path);
+	}
+	if (ckpt_log_capture_stderr() == 0) {
+		dup2(STDERR_FILENO, STDOUT_FILENO);
+	} else {
+		fd = open("/dev/null", O_WRONLY);
 		if (fd >= 0) {
 			dup2(fd, STDOUT_FILENO);
 			dup2(fd, STDERR_FILENO);
@@ -171,12 +185,97 @@ static void detach_done(const char *store, const char *mountpoint)
 		dup2(fd, STDIN_FILENO);
 		close(fd);
 	}
-	ckpt_info("mounted %s on %s", store, mountpoint);
 	if (write(status_fd, "0", 1) < 0) {
 		/* parent gone */
 	}
 	close(status_fd);
 	status_fd = -1;
+}
+
+/* ------------------------------------------------------------- logging */
+
+/* Where lines go from the start: the -o log file, syslog, or stderr (a
+ * detached daemon moves to STORE/ckptfs.log in detach_done). */
+static int log_setup(const struct ckptfs_opts *o)
+{
+	int r;
+
+	if (o->log_file) {
+		r = ckpt_log_to_file(o->log_file);
+		if (r < 0) {
+			fprintf(stderr, "ckptfs: cannot open log file %s: %s\n", o->log_file,
+				strerror(-r));
+			return r;
+		}
+	} else if (o->syslog) {
+		ckpt_log_to_syslog("ckptfs");
+	} else {
+		ckpt_log_to_stderr(true);
+	}
+	return 0;
+}
+
+/* SIGHUP reopens the log file (logrotate renamed it); it does not end the
+ * session, as libfuse's handler (installed before this one) would. */
+static void on_sighup(int sig)
+{
+	(void)sig;
+	(void)ckpt_log_reopen(); /* async-signal-safe */
+}
+
+static int install_sighup(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_sighup;
+	sigemptyset(&sa.sa_mask);
+	sa.sa_flags = SA_RESTART;
+	return sigaction(SIGHUP, &sa, NULL);
+}
+
+static const char *bg_mode(enum ckpt_bg_mode m)
+{
+	return m == CKPT_BG_OFF ? "off" : m == CKPT_BG_COMPACT ? "compaction only" :
+	       "compression and compaction";
+}
+
+static void log_mount(const struct ckptfs_opts *o, const char *mountpoint)
+{
+	ckpt_info("mounted %s on %s: ckptfs %s, pid %ld, zstd level %d, chunk cache %" PRIu64
+		  " MiB, background work: %s; metrics in %s/.ckptfs/metrics",
+		  o->store, mountpoint, PACKAGE_VERSION, (long)getpid(),
+		  o->sopts.compress_level, o->sopts.cache_size >> 20, bg_mode(o->sopts.bg),
+		  mountpoint);
+}
+
+static double ratio(uint64_t a, uint64_t b)
+{
+	return b ? (double)a / (double)b : 1.0;
+}
+
+/* The session summary at unmount: the process's counters since start. */
+static void log_unmount(ckpt_store *s, const char *store, const char *mountpoint,
+			int64_t start_ns)
+{
+	struct ckpt_bg_stats bg;
+	uint64_t bn = ckpt_metric_get(CKPT_M_CHUNK_BYTES_NEW);
+	uint64_t bd = ckpt_metric_get(CKPT_M_CHUNK_BYTES_DEDUP);
+	uint64_t cin, cout;
+
+	ckpt_store_bg_stats(s, &bg);
+	cin = ckpt_metric_get(CKPT_M_COMPRESS_IN_INLINE) + bg.compressed_in;
+	cout = ckpt_metric_get(CKPT_M_COMPRESS_OUT_INLINE) + bg.compressed_out;
+	ckpt_info("unmounted %s from %s after %.1f s: wrote %" PRIu64 " bytes, read %" PRIu64
+		  " bytes, %" PRIu64 " files committed; chunks: %" PRIu64 " stored (%" PRIu64
+		  " bytes), %" PRIu64 " deduplicated (%" PRIu64
+		  " bytes not stored again; dedup ratio %.2f); compressed %" PRIu64 " bytes to %"
+		  PRIu64 " (ratio %.2f); %" PRIu64 " chunks still wait for compression",
+		  store, mountpoint, (double)(ckpt_mono_ns() - start_ns) / 1e9,
+		  ckpt_metric_get(CKPT_M_WRITE_BYTES), ckpt_metric_get(CKPT_M_READ_BYTES),
+		  ckpt_metric_get(CKPT_M_FILES_COMMITTED), ckpt_metric_get(CKPT_M_CHUNKS_NEW), bn,
+		  ckpt_metric_get(CKPT_M_CHUNKS_DEDUP), bd, ratio(bn + bd, bn), cin, cout,
+		  ratio(cin, cout), bg.queued);
 }
 
 /* ---------------------------------------------------------------- stats */
@@ -234,6 +333,8 @@ int main(int argc, char **argv)
 	ckpt_tp_rules *rules = NULL;
 	struct vfs *v = NULL;
 	char err[512];
+	int64_t start_ns = ckpt_mono_ns();
+	bool mounted = false, opstats = false;
 	int ret = 1, r;
 
 	/* Chunk and request buffers are 128 KiB..4 MiB: by default glibc serves
@@ -251,6 +352,8 @@ int main(int argc, char **argv)
 		ret = r > 0 ? 0 : 1;
 		goto out;
 	}
+	if (log_setup(&o) < 0)
+		goto out;
 	r = ckpt_tp_rules_new(o.tp_rules, &rules, err, sizeof(err));
 	if (r < 0) {
 		fprintf(stderr, "ckptfs: tp_rules: %s\n", err);
@@ -273,6 +376,14 @@ int main(int argc, char **argv)
 		report("ckptfs: %s\n", err);
 		goto out;
 	}
+	r = ckpt_store_metrics_register(store);
+	if (r == 0)
+		r = opstats_init();
+	if (r < 0) {
+		report("ckptfs: cannot set up metrics: %s\n", strerror(-r));
+		goto out;
+	}
+	opstats = true;
 	r = ckpt_pool_new(o.workers, &pool);
 	if (r < 0) {
 		report("ckptfs: cannot start workers: %s\n", strerror(-r));
@@ -296,6 +407,7 @@ int main(int argc, char **argv)
 	vc.ra = ra;
 	vc.rules = rules;
 	vc.view_cache = o.view_cache;
+	ckpt_view_cache_set_budget((size_t)o.view_mem);
 	vc.drop_behind = o.drop_behind;
 	vc.direct_granted = wire_granted;
 	r = vfs_new(&vc, &v);
@@ -306,12 +418,12 @@ int main(int argc, char **argv)
 	data.vfs = v;
 	data.direct_read = o.direct_read;
 	data.direct_read_given = o.direct_read_given;
-	se = fuse_session_new(&args, &fuse_ops, sizeof(fuse_ops), &data);
+	se = fuse_session_new(&args, fuse_ops_table(), sizeof(struct fuse_lowlevel_ops), &data);
 	if (!se) {
 		report("ckptfs: cannot create FUSE session (bad -o option?)\n");
 		goto out;
 	}
-	if (fuse_set_signal_handlers(se) != 0) {
+	if (fuse_set_signal_handlers(se) != 0 || install_sighup() != 0) {
 		report("ckptfs: cannot install signal handlers\n");
 		goto out;
 	}
@@ -325,7 +437,9 @@ int main(int argc, char **argv)
 		goto out_unmount;
 	}
 	if (!cmd.foreground)
-		detach_done(o.store, cmd.mountpoint);
+		detach_done(&o);
+	mounted = true;
+	log_mount(&o, cmd.mountpoint);
 	if (o.readahead_kb)
 		start_raise_readahead(cmd.mountpoint, o.readahead_kb);
 	lcfg = fuse_loop_cfg_create();
@@ -347,6 +461,12 @@ out:
 	if (se)
 		fuse_session_destroy(se);
 	fuse_loop_cfg_destroy(lcfg);
+	if (store && mounted) {
+		/* closed files reach the index before the summary counts them */
+		if (ckpt_store_flush(store) < 0)
+			ckpt_err("%s: cannot commit closed files to the index at unmount", o.store);
+		log_unmount(store, o.store, cmd.mountpoint, start_ns);
+	}
 	if (store)
 		log_stats(store, ra, v);
 	ckpt_readahead_free(ra);
@@ -355,6 +475,8 @@ out:
 	if (store)
 		ckpt_view_forget_store(store);
 	ckpt_store_free(store);
+	if (opstats)
+		opstats_free();
 	ckpt_tp_rules_free(rules);
 	options_free(&o);
 	free(cmd.mountpoint);

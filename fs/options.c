@@ -6,6 +6,8 @@
 
 #include "options.h"
 
+#include "views/view.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
@@ -27,8 +29,11 @@ struct raw_opts {
 	int verify_dedup;
 	int inline_compress;
 	int nobackground;
+	int keep_unreferenced;
 	unsigned compact_live;
 	char *log_level;
+	char *log_file;
+	int syslog;
 	char *tp_rules;
 	unsigned workers;
 	unsigned readahead_kb;
@@ -36,6 +41,8 @@ struct raw_opts {
 	unsigned drop_behind;
 	char *direct_read;
 	unsigned view_cache;
+	char *view_mem;
+	char *meta;
 	int fsname_given;            /* -o fsname=... is on the command line */
 	int subtype_given;           /* -o subtype=... */
 };
@@ -52,15 +59,20 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("verify_dedup", verify_dedup),
 	OPT("inline_compress", inline_compress),
 	OPT("nobackground", nobackground),
+	OPT("keep_unreferenced", keep_unreferenced),
 	OPT("compact_live=%u", compact_live),
 	OPT("log_level=%s", log_level),
+	OPT("log=%s", log_file),
+	OPT("syslog", syslog),
 	OPT("workers=%u", workers),
 	OPT("tp_rules=%s", tp_rules),
 	OPT("readahead_kb=%u", readahead_kb),
 	OPT("ra_workers=%u", ra_workers),
 	OPT("view_cache=%u", view_cache),
+	OPT("view_mem=%s", view_mem),
 	OPT("drop_behind=%u", drop_behind),
 	OPT("direct_read=%s", direct_read),
+	OPT("meta=%s", meta),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
 	FUSE_OPT_END
@@ -125,7 +137,12 @@ static void usage(const char *prog)
 	       "                       80, as `ckpt gc`)\n"
 	       "  -o pack_max=SIZE     start a new pack file once the current one is\n"
 	       "                       past SIZE (at least 1M; default 1G)\n"
-	       "  -o log_level=LEVEL   error|warn|info|debug (default warn)\n"
+	       "  -o keep_unreferenced background work keeps the chunks of deleted and\n"
+	       "                       rewritten data (only `ckpt gc` reclaims them)\n"
+	       "  -o log_level=LEVEL   error|warn|info|debug (default info: mount, unmount\n"
+	       "                       with a session summary, background work, errors)\n"
+	       "  -o log=FILE          log to FILE (appended; reopened on SIGHUP)\n"
+	       "  -o syslog            log to syslog (journald), facility daemon\n"
 	       "  -o workers=N         chunk worker threads (default: one per CPU)\n"
 	       "  -o tp_rules=FILE     extra tensor-parallel rules for views: lines \"REGEX DIM\"\n"
 	       "  -o readahead_kb=N    read-ahead of the mount in KiB (default 1024; 0 keeps\n"
@@ -135,6 +152,9 @@ static void usage(const char *prog)
 	       "                       chunk read-ahead off)\n"
 	       "  -o view_cache=N      resharded views kept built, most recently used\n"
 	       "                       (1-4096, default 8)\n"
+	       "  -o view_mem=SIZE     memory for the parsed headers and view models that\n"
+	       "                       view builds share (default 256M; 0: 16 models,\n"
+	       "                       64 headers, whatever their size)\n"
 	       "  -o drop_behind=0|1   drop the kernel's cached pages of a file 32 MiB\n"
 	       "                       behind a sequential reader that has it open alone\n"
 	       "                       (default 1)\n"
@@ -143,27 +163,38 @@ static void usage(const char *prog)
 	       "                       cache (direct_io): view files (default), also\n"
 	       "                       stored files, or none; only where the kernel can\n"
 	       "                       still map such files shared (Linux 6.6 and later)\n"
+	       "  -o meta=CONNINFO     keep the metadata in PostgreSQL (a libpq connection\n"
+	       "                       string or URI, no password: use ~/.pgpass) so that\n"
+	       "                       daemons on several nodes share the store; STORE is\n"
+	       "                       then the chunk directory they share.  Implies\n"
+	       "                       nobackground (docs/cluster.md)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
 	       "Without -f the daemon detaches once the mount is ready and logs to\n"
-	       "STORE/ckptfs.log.  Unmount with: fusermount3 -u MOUNTPOINT\n\n",
+	       "STORE/ckptfs.log unless -o log or -o syslog is given.  Metrics:\n"
+	       "MOUNTPOINT/.ckptfs/metrics (Prometheus text format).\n"
+	       "Unmount with: fusermount3 -u MOUNTPOINT\n\n",
 	       prog);
 	fuse_cmdline_help();
 	fuse_lowlevel_help();
 }
 
-/* The store's path made absolute: the daemon changes to / once detached. */
-static int absolute_store(const char *store, char **ret)
+/* A path made absolute (the store's, the log's): the daemon changes to /
+ * once detached. */
+static int absolute_path(const char *what, const char *path, char **ret)
 {
 	char cwd[PATH_MAX];
 
-	if (store[0] == '/') {
-		*ret = strdup(store);
-	} else if (!getcwd(cwd, sizeof(cwd)) || asprintf(ret, "%s/%s", cwd, store) < 0) {
-		fprintf(stderr, "ckptfs: cannot resolve %s: %s\n", store, strerror(errno));
+	if (path[0] == '/') {
+		*ret = strdup(path);
+	} else if (!getcwd(cwd, sizeof(cwd)) || asprintf(ret, "%s/%s", cwd, path) < 0) {
+		fprintf(stderr, "ckptfs: cannot resolve %s %s: %s\n", what, path, strerror(errno));
+		*ret = NULL;
 		return -1;
 	}
+	if (!*ret)
+		fprintf(stderr, "ckptfs: out of memory\n");
 	return *ret ? 0 : -1;
 }
 
@@ -200,6 +231,24 @@ out:
 	return r;
 }
 
+/* Whether a libpq connection string or URI holds a password (a command line
+ * is readable by every local user). */
+static bool conninfo_has_password(const char *s)
+{
+	const char *a, *at, *slash;
+
+	if (strcasestr(s, "password="))
+		return true;
+	if (strncmp(s, "postgresql://", 13) && strncmp(s, "postgres://", 11))
+		return false;
+	a = strstr(s, "://") + 3; /* [user[:password]@]host... */
+	at = strchr(a, '@');
+	slash = strchr(a, '/');
+	if (!at || (slash && slash < at))
+		return false;
+	return memchr(a, ':', (size_t)(at - a)) != NULL;
+}
+
 /* Check raw and turn it into ret; -1 with a message on a bad value. */
 static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 {
@@ -224,6 +273,7 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		return -1;
 	}
 	so->compact_live = raw->compact_live;
+	so->keep_unreferenced = raw->keep_unreferenced;
 	if (raw->cache_size && parse_size(raw->cache_size, &so->cache_size) < 0) {
 		fprintf(stderr, "ckptfs: invalid cache_size '%s'\n", raw->cache_size);
 		return -1;
@@ -245,6 +295,11 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		return -1;
 	}
 	ret->view_cache = raw->view_cache;
+	ret->view_mem = CKPT_VIEW_CACHE_MEM_DEFAULT;
+	if (raw->view_mem && parse_size(raw->view_mem, &ret->view_mem) < 0) {
+		fprintf(stderr, "ckptfs: invalid view_mem '%s'\n", raw->view_mem);
+		return -1;
+	}
 	ret->direct_read = DIRECT_READ_VIEWS;
 	if (raw->direct_read) {
 		ret->direct_read_given = true;
@@ -272,6 +327,30 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		}
 		ckpt_log_set_level((enum ckpt_log_level)i);
 	}
+	if (raw->log_file && raw->syslog) {
+		fprintf(stderr, "ckptfs: -o log and -o syslog exclude each other\n");
+		return -1;
+	}
+	if (raw->log_file && absolute_path("log", raw->log_file, &ret->log_file) < 0)
+		return -1;
+	ret->syslog = raw->syslog != 0;
+	if (raw->meta) {
+		if (conninfo_has_password(raw->meta)) {
+			fprintf(stderr, "ckptfs: meta=: a password on the command line is readable "
+					"by every local user: put it in ~/.pgpass (or the file "
+					"PGPASSFILE names) instead\n");
+			return -1;
+		}
+		ret->meta = strdup(raw->meta);
+		if (!ret->meta) {
+			fprintf(stderr, "ckptfs: out of memory\n");
+			return -1;
+		}
+		so->meta_engine = "postgresql";
+		so->meta_where = ret->meta;
+		so->node = true;
+		so->bg = CKPT_BG_OFF; /* compaction would reclaim other nodes' packs */
+	}
 	ret->workers = raw->workers;
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
@@ -296,7 +375,7 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 	raw.drop_behind = 1;
 	if (fuse_opt_parse(args, &raw, opt_spec, opt_proc) < 0)
 		goto out;
-	if (raw.store && absolute_store(raw.store, &ret->store) < 0)
+	if (raw.store && absolute_path("store", raw.store, &ret->store) < 0)
 		goto out;
 	if (ret->store && add_mount_names(args, &raw, ret->store) < 0)
 		goto out;
@@ -323,8 +402,8 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 			prog);
 		goto out;
 	}
-	if (cmd->debug)
-		ckpt_log_set_level(CKPT_LOG_DEBUG);
+	/* the daemon's default: mount, unmount, background summaries, errors */
+	ckpt_log_set_level(cmd->debug ? CKPT_LOG_DEBUG : CKPT_LOG_INFO);
 	if (convert(&raw, ret) < 0)
 		goto out;
 	ret->tp_rules = raw.tp_rules;
@@ -333,11 +412,14 @@ int options_parse(struct fuse_args *args, struct fuse_cmdline_opts *cmd,
 out:
 	free((char *)raw.store);
 	free(raw.cache_size);
+	free(raw.view_mem);
 	free(raw.buf_reserve);
 	free(raw.pack_max);
 	free(raw.log_level);
+	free(raw.log_file);
 	free(raw.tp_rules);
 	free(raw.direct_read);
+	free(raw.meta);
 	return r;
 }
 
@@ -347,6 +429,10 @@ void options_free(struct ckptfs_opts *o)
 		return;
 	free(o->store);
 	free(o->tp_rules);
+	free(o->log_file);
+	o->log_file = NULL;
+	free(o->meta);
 	o->store = NULL;
 	o->tp_rules = NULL;
+	o->meta = NULL;
 }

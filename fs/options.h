@@ -30,9 +30,13 @@ struct ckptfs_opts {
 	unsigned ra_workers;         /* UINT_MAX: default; 0: read-ahead off */
 	unsigned readahead_kb;       /* the mount's read-ahead; 0: the kernel's */
 	unsigned view_cache;
+	uint64_t view_mem;           /* -o view_mem: ckpt_view_cache_set_budget */
 	bool drop_behind;
 	enum direct_read direct_read;
 	bool direct_read_given;      /* -o direct_read was on the command line */
+	char *log_file;              /* -o log=FILE, absolute, or NULL */
+	bool syslog;                 /* -o syslog */
+	char *meta;                  /* -o meta=CONNINFO (sopts.meta_where points here), or NULL */
 };
 
 /* Parse the command line into ret and cmd (cmd->mountpoint is malloc'd).

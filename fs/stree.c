@@ -28,6 +28,11 @@ struct node {
 	unsigned nwriters;
 	uint64_t version;    /* bumped by every commit of new content */
 	ckpt_writer *writer; /* non-NULL while nwriters > 0 */
+	/* The writer the last release detached, while st_release commits it
+	 * (outside the lock): getattr reads its size, opens wait until it is
+	 * committed (closed_cond), so that nothing sees or builds on the
+	 * content from before that commit. */
+	ckpt_writer *closing;
 	uint64_t parent;     /* last name the kernel looked this inode up by, */
 	char *name;          /* for messages only (may be stale after rename) */
 };
@@ -49,6 +54,7 @@ struct stree {
 	struct stree_hooks hooks;
 	pthread_mutex_t nodes_lock;
 	struct node *nodes[NODE_BUCKETS]; /* protected by nodes_lock */
+	pthread_cond_t closed_cond;       /* a node's `closing` went (nodes_lock) */
 };
 
 static const struct tree_ops stree_ops;
@@ -120,6 +126,27 @@ static void node_release_maybe_reap(struct stree *st, uint64_t ino, bool freed)
 	}
 }
 
+/* Wait until no release of ino is committing its writer (node.closing), so
+ * that a change of ino's attributes or size is not based on, or undone by,
+ * the content from before that commit. */
+static void wait_closed(struct stree *st, uint64_t ino)
+{
+	struct node *n;
+	bool freed = false;
+
+	pthread_mutex_lock(&st->nodes_lock);
+	n = node_find_locked(st, ino);
+	if (n && n->closing) {
+		n->nopen++; /* keeps n while waiting */
+		while (n->closing)
+			pthread_cond_wait(&st->closed_cond, &st->nodes_lock);
+		n->nopen--;
+		freed = node_put_locked(st, n);
+	}
+	pthread_mutex_unlock(&st->nodes_lock);
+	node_release_maybe_reap(st, ino, freed);
+}
+
 /* "DIR/NAME" of ino for messages (malloc'd). */
 static char *node_path(struct stree *st, uint64_t ino)
 {
@@ -189,9 +216,10 @@ static int get_attr(struct stree *st, uint64_t ino, struct ckpt_inode *in)
 		return r;
 	pthread_mutex_lock(&st->nodes_lock);
 	n = node_find_locked(st, ino);
-	if (n && n->writer) {
-		in->size = ckpt_writer_size(n->writer);
-		in->mtime_ns = ckpt_writer_mtime(n->writer);
+	if (n && (n->writer || n->closing)) {
+		ckpt_writer *w = n->writer ? n->writer : n->closing;
+		in->size = ckpt_writer_size(w);
+		in->mtime_ns = ckpt_writer_mtime(w);
 		if (in->ctime_ns < in->mtime_ns)
 			in->ctime_ns = in->mtime_ns;
 	}
@@ -216,9 +244,10 @@ static int make_entry(struct stree *st, uint64_t parent, const char *name,
 			n->name = strdup(name);
 			n->parent = parent;
 		}
-		if (n->writer) {
-			e->attr.size = ckpt_writer_size(n->writer);
-			e->attr.mtime_ns = ckpt_writer_mtime(n->writer);
+		if (n->writer || n->closing) {
+			ckpt_writer *w = n->writer ? n->writer : n->closing;
+			e->attr.size = ckpt_writer_size(w);
+			e->attr.mtime_ns = ckpt_writer_mtime(w);
 		}
 	}
 	pthread_mutex_unlock(&st->nodes_lock);
@@ -313,6 +342,7 @@ static int st_setattr(struct tree *t, uint64_t ino, unsigned what, const struct 
 	unsigned set = what & ~TREE_SET_SIZE;
 	int r = 0;
 
+	wait_closed(st, ino);
 	if (what & TREE_SET_SIZE) {
 		r = ckpt_store_getattr(st->s, ino, &cur);
 		if (r == 0 && S_ISDIR(cur.mode))
@@ -435,31 +465,35 @@ static int st_open(struct tree *t, uint64_t ino, int flags, struct tree_file **r
 		return -ENOMEM;
 	pthread_rwlock_init(&h->snap_lock, NULL);
 	pthread_mutex_lock(&st->nodes_lock);
-	n = node_find_locked(st, ino);
-	h->version = n ? n->version : 0;
+	n = node_get_locked(st, ino);
+	if (!n) {
+		pthread_mutex_unlock(&st->nodes_lock);
+		r = -ENOMEM;
+		goto out;
+	}
+	n->nopen++; /* keeps n while this open waits and reads */
+	while (n->closing)
+		pthread_cond_wait(&st->closed_cond, &st->nodes_lock);
+	h->version = n->version;
 	pthread_mutex_unlock(&st->nodes_lock);
 	r = ckpt_store_getattr(st->s, ino, &in);
 	if (r == 0 && S_ISDIR(in.mode))
 		r = -EISDIR;
 	if (r == 0 && !writable)
 		r = ckpt_store_load_extents(st->s, ino, &h->snap);
-	if (r < 0)
-		goto out;
 	pthread_mutex_lock(&st->nodes_lock);
-	n = node_get_locked(st, ino);
-	if (!n) {
-		r = -ENOMEM;
-	} else if (writable && !n->writer) {
+	while (r == 0 && writable && n->closing)
+		pthread_cond_wait(&st->closed_cond, &st->nodes_lock);
+	if (r == 0 && writable && !n->writer)
 		r = ckpt_writer_new(st->s, st->pool, ino, trunc, &n->writer);
-	} else if (trunc) {
+	else if (r == 0 && trunc)
 		r = ckpt_writer_truncate(n->writer, 0);
-	}
 	if (r == 0) {
-		n->nopen++;
 		if (writable)
 			n->nwriters++;
 		h->node = n;
-	} else if (n) {
+	} else {
+		n->nopen--;
 		node_put_locked(st, n);
 	}
 	pthread_mutex_unlock(&st->nodes_lock);
@@ -517,10 +551,27 @@ static ssize_t st_read(struct tree_file *f, void *buf, size_t len, uint64_t off,
 
 	if (f->writable)
 		return ckpt_writer_read(h->node->writer, buf, len, off);
-	pthread_rwlock_rdlock(&h->snap_lock);
-	r = ckpt_store_read_extents_gather(stree_of(f->tree)->s, h->snap, buf, len, off, g);
-	pthread_rwlock_unlock(&h->snap_lock);
-	return r;
+	for (int tries = 0;; tries++) {
+		uint64_t version;
+
+		pthread_rwlock_rdlock(&h->snap_lock);
+		version = h->version;
+		r = ckpt_store_read_extents_gather(stree_of(f->tree)->s, h->snap, buf, len, off,
+						   g);
+		pthread_rwlock_unlock(&h->snap_lock);
+		/* A read-only file reads the latest committed content and
+		 * keeps no hold (store.h): a chunk of a version replaced since
+		 * its refresh may be gone (EIO); read the new version then. */
+		if (r != -EIO || tries > 0 || st_refresh(f) < 0)
+			return r;
+		pthread_rwlock_rdlock(&h->snap_lock);
+		r = h->version == version;
+		pthread_rwlock_unlock(&h->snap_lock);
+		if (r)
+			return -EIO;
+		if (g)
+			ckpt_store_gather_done(stree_of(f->tree)->s, g); /* start over */
+	}
 }
 
 static uint64_t st_size(struct tree_file *f)
@@ -592,9 +643,8 @@ static void st_release(struct tree_file *f)
 	if (f->writable && --n->nwriters == 0) {
 		w = n->writer;
 		n->writer = NULL;
+		n->closing = w;
 	}
-	n->nopen--;
-	freed = node_put_locked(st, n);
 	pthread_mutex_unlock(&st->nodes_lock);
 	if (w) {
 		/* flush already committed; this catches writes after it */
@@ -602,8 +652,16 @@ static void st_release(struct tree_file *f)
 		if (r < 0)
 			ckpt_err("inode %" PRIu64 ": changes after close lost: %s", ino,
 				 strerror(-r));
-		ckpt_writer_free(w);
 	}
+	pthread_mutex_lock(&st->nodes_lock);
+	if (w) {
+		n->closing = NULL;
+		pthread_cond_broadcast(&st->closed_cond);
+	}
+	n->nopen--;
+	freed = node_put_locked(st, n);
+	pthread_mutex_unlock(&st->nodes_lock);
+	ckpt_writer_free(w);
 	node_release_maybe_reap(st, ino, freed);
 	sfile_free(h);
 }
@@ -644,6 +702,7 @@ int stree_new(ckpt_store *s, ckpt_pool *pool, const struct stree_hooks *hooks,
 	st->pool = pool;
 	st->hooks = *hooks;
 	pthread_mutex_init(&st->nodes_lock, NULL);
+	pthread_cond_init(&st->closed_cond, NULL);
 	*ret = &st->tree;
 	return 0;
 }
@@ -684,5 +743,6 @@ void stree_free(struct tree *t)
 		}
 	}
 	pthread_mutex_destroy(&st->nodes_lock);
+	pthread_cond_destroy(&st->closed_cond);
 	free(st);
 }

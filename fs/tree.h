@@ -3,11 +3,13 @@
  * tree.h - the namespace trees the mount is made of, and the one ops table
  * through which the VFS layer (vfs.c) dispatches to them.
  *
- * Two trees share the mount's inode space: the store tree (stree.c: the
- * store's own files, read-write) and the view trees (vtree.c: /tpT_ppP/,
- * read-only, their inode numbers from VTREE_INO_BASE up).  vfs.c picks the
- * tree of a request from its inode, or for a name from (parent, name): a
- * view root "tpT_ppP" under the store's root belongs to the view trees.
+ * Three trees share the mount's inode space: the store tree (stree.c: the
+ * store's own files, read-write), the view trees (vtree.c: /tpT_ppP/,
+ * read-only, their inode numbers from VTREE_INO_BASE up) and the control
+ * tree (ctltree.c: /.ckptfs/, read-only, from CTL_INO_BASE up).  vfs.c
+ * picks the tree of a request from its inode, or for a name from (parent,
+ * name): a view root "tpT_ppP" under the store's root belongs to the view
+ * trees, ".ckptfs" there to the control tree.
  * Requests on an open file go to the tree that opened it.
  *
  * The contract of fs/ (main.c has the module map):
@@ -60,6 +62,10 @@ struct tree_ops {
 	/* Its read-only files are view files: -o direct_read=views covers
 	 * them (else only direct_read=all). */
 	bool views;
+	/* Its files' content is made at open (the control tree): they are
+	 * always opened with direct_io (stat shows size 0), without
+	 * read-ahead. */
+	bool generated;
 
 	/* Namespace.  lookup counts one kernel reference in trees that count
 	 * them (forget drops nlookup of them). */

@@ -19,7 +19,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/metrics.h"
 #include "base/util.h"
+#include "ctltree.h"
 #include "stree.h"
 
 /* A kernel cache invalidation (see vfs_inval_fn). */
@@ -33,6 +35,7 @@ struct vfs {
 	struct tree *store;  /* the store tree */
 	struct vtree *vt;    /* the view trees */
 	struct tree *views;  /* vtree_tree(vt) */
+	struct tree *ctl;    /* the control tree, /.ckptfs */
 	/* Set by vfs_set_direct before the first open. */
 	bool direct_views, direct_files;
 	unsigned ra_streams; /* open direct_io read-only files (atomic) */
@@ -153,6 +156,8 @@ int vfs_new(const struct vfs_config *c, struct vfs **ret)
 	r = vtree_new(c->store, c->rules, c->view_cache, &v->vt);
 	if (r == 0)
 		r = stree_new(c->store, c->pool, &hooks, &v->store);
+	if (r == 0)
+		r = ctltree_new(c->store, &v->ctl);
 	if (r < 0) {
 		vfs_free(v);
 		return r;
@@ -169,6 +174,7 @@ void vfs_free(struct vfs *v)
 	vfs_stop_inval(v);
 	stree_free(v->store);
 	vtree_free(v->vt);
+	ctltree_free(v->ctl);
 	free(v->inval);
 	pthread_cond_destroy(&v->inval_cond);
 	pthread_mutex_destroy(&v->inval_lock);
@@ -195,25 +201,71 @@ void vfs_get_view_stats(struct vfs *v, struct vtree_stats *ret)
 
 static struct tree *tree_of_ino(struct vfs *v, uint64_t ino)
 {
+	if (ctl_is_ino(ino))
+		return v->ctl;
 	return vtree_is_virtual(ino) ? v->views : v->store;
 }
 
 static struct tree *tree_of_name(struct vfs *v, uint64_t parent, const char *name)
 {
+	if (ctl_is_name(parent, name))
+		return v->ctl;
 	return vtree_is_virtual(parent) || vtree_is_view_name(parent, name) ? v->views : v->store;
 }
 
 /* The tree of a change touching two places (see the top of this file). */
 static struct tree *tree_of_both(struct vfs *v, struct tree *a, struct tree *b)
 {
+	if (a == v->ctl || b == v->ctl)
+		return v->ctl;
 	return a == v->views ? a : b;
+}
+
+/*
+ * Failures of the store tree are logged here, naming the file and the
+ * reason: those of the file system itself (I/O, space, memory, the index).
+ * Answers a caller has to expect (no such name, it exists, not empty,
+ * read-only, not permitted, ...) are not logged: tools make them by the
+ * thousand; the metrics count them (ckptfs_fuse_errors_total).  The view
+ * trees log their own failures (vtree.c); reads and writes are logged
+ * where they are made (below).
+ */
+static bool is_failure(int r)
+{
+	switch (-r) {
+	case ENOENT: case EEXIST: case ENOTEMPTY: case ENOTDIR: case EISDIR: case EROFS:
+	case EPERM: case EACCES: case EXDEV: case EINVAL: case ENAMETOOLONG: case ELOOP:
+	case EBADF: case EMLINK: case ENODATA: case EOPNOTSUPP: case ENOSYS: case EINTR:
+		return false;
+	default:
+		return r < 0;
+	}
+}
+
+/* r, logged if is_failure(r): "PATH[/NAME]: WHAT failed: REASON". */
+static int logged(struct vfs *v, struct tree *t, uint64_t ino, const char *name,
+		  const char *what, int r)
+{
+	char *path;
+	const char *p;
+
+	if (t != v->store || !is_failure(r))
+		return r;
+	path = t->ops->path(t, ino);
+	p = path ? path : "?";
+	if (name)
+		ckpt_err("%s/%s: %s failed: %s", strcmp(p, "/") ? p : "", name, what, strerror(-r));
+	else
+		ckpt_err("%s: %s failed: %s", p, what, strerror(-r));
+	free(path);
+	return r;
 }
 
 int vfs_lookup(struct vfs *v, uint64_t parent, const char *name, struct tree_entry *ret)
 {
 	struct tree *t = tree_of_name(v, parent, name);
 
-	return t->ops->lookup(t, parent, name, ret);
+	return logged(v, t, parent, name, "lookup", t->ops->lookup(t, parent, name, ret));
 }
 
 void vfs_forget(struct vfs *v, uint64_t ino, uint64_t nlookup)
@@ -227,7 +279,7 @@ int vfs_getattr(struct vfs *v, uint64_t ino, struct ckpt_inode *ret, double *ret
 {
 	struct tree *t = tree_of_ino(v, ino);
 
-	return t->ops->getattr(t, ino, ret, ret_timeout);
+	return logged(v, t, ino, NULL, "getattr", t->ops->getattr(t, ino, ret, ret_timeout));
 }
 
 int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_inode *in,
@@ -236,7 +288,9 @@ int vfs_setattr(struct vfs *v, uint64_t ino, unsigned what, const struct ckpt_in
 	struct tree *t = tree_of_ino(v, ino);
 	int r = t->ops->setattr(t, ino, what, in);
 
-	return r < 0 ? r : t->ops->getattr(t, ino, ret, ret_timeout);
+	if (r == 0)
+		r = t->ops->getattr(t, ino, ret, ret_timeout);
+	return logged(v, t, ino, NULL, "setattr", r);
 }
 
 /* The kernel caches attributes (and refreshes them after a write or a
@@ -277,14 +331,14 @@ int vfs_readlink(struct vfs *v, uint64_t ino, char **ret_target)
 {
 	struct tree *t = tree_of_ino(v, ino);
 
-	return t->ops->readlink(t, ino, ret_target);
+	return logged(v, t, ino, NULL, "readlink", t->ops->readlink(t, ino, ret_target));
 }
 
 int vfs_readdir(struct vfs *v, uint64_t ino, struct ckpt_dirent **ret_ents, size_t *ret_n)
 {
 	struct tree *t = tree_of_ino(v, ino);
 
-	return t->ops->readdir(t, ino, ret_ents, ret_n);
+	return logged(v, t, ino, NULL, "readdir", t->ops->readdir(t, ino, ret_ents, ret_n));
 }
 
 int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
@@ -292,7 +346,8 @@ int vfs_mknode(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, 
 {
 	struct tree *t = tree_of_name(v, parent, name);
 
-	return t->ops->mknode(t, parent, name, mode, uid, gid, target, rdev, ret);
+	return logged(v, t, parent, name, "create",
+		      t->ops->mknode(t, parent, name, mode, uid, gid, target, rdev, ret));
 }
 
 int vfs_link(struct vfs *v, uint64_t ino, uint64_t newparent, const char *newname,
@@ -300,14 +355,16 @@ int vfs_link(struct vfs *v, uint64_t ino, uint64_t newparent, const char *newnam
 {
 	struct tree *t = tree_of_both(v, tree_of_ino(v, ino), tree_of_name(v, newparent, newname));
 
-	return t->ops->link(t, ino, newparent, newname, ret);
+	return logged(v, t, newparent, newname, "link",
+		      t->ops->link(t, ino, newparent, newname, ret));
 }
 
 int vfs_unlink(struct vfs *v, uint64_t parent, const char *name, bool dir)
 {
 	struct tree *t = tree_of_name(v, parent, name);
 
-	return t->ops->unlink(t, parent, name, dir);
+	return logged(v, t, parent, name, dir ? "rmdir" : "unlink",
+		      t->ops->unlink(t, parent, name, dir));
 }
 
 int vfs_rename(struct vfs *v, uint64_t parent, const char *name, uint64_t newparent,
@@ -316,19 +373,23 @@ int vfs_rename(struct vfs *v, uint64_t parent, const char *name, uint64_t newpar
 	struct tree *t = tree_of_both(v, tree_of_name(v, parent, name),
 				      tree_of_name(v, newparent, newname));
 
-	return t->ops->rename(t, parent, name, newparent, newname, flags);
+	return logged(v, t, parent, name, "rename",
+		      t->ops->rename(t, parent, name, newparent, newname, flags));
 }
 
 int vfs_sync(struct vfs *v)
 {
 	int r = ckpt_store_flush(v->c.store);
 
-	return r < 0 ? r : ckpt_store_sync_meta(v->c.store);
+	if (r == 0)
+		r = ckpt_store_sync_meta(v->c.store);
+	return logged(v, v->store, CKPT_ROOT_INO, NULL, "sync", r);
 }
 
 int vfs_statfs(struct vfs *v, struct statvfs *ret)
 {
-	return ckpt_store_statfs(v->c.store, ret);
+	return logged(v, v->store, CKPT_ROOT_INO, NULL, "statfs",
+		      ckpt_store_statfs(v->c.store, ret));
 }
 
 /* --------------------------------------------------------------- files */
@@ -351,9 +412,9 @@ int vfs_statfs(struct vfs *v, struct statvfs *ret)
  */
 static void set_direct(struct vfs *v, struct tree_file *f)
 {
-	f->direct = f->writable || ((f->ops->views ? v->direct_views : v->direct_files) &&
-				    v->c.direct_granted());
-	if (f->direct && !f->writable)
+	f->direct = f->writable || f->ops->generated ||
+		    ((f->ops->views ? v->direct_views : v->direct_files) && v->c.direct_granted());
+	if (f->direct && !f->writable && !f->ops->generated)
 		__atomic_fetch_add(&v->ra_streams, 1, __ATOMIC_RELAXED);
 }
 
@@ -364,7 +425,7 @@ int vfs_open(struct vfs *v, uint64_t ino, int flags, struct tree_file **ret)
 
 	if (r == 0)
 		set_direct(v, *ret);
-	return r;
+	return logged(v, t, ino, NULL, "open", r);
 }
 
 int vfs_create(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
@@ -372,13 +433,30 @@ int vfs_create(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, 
 {
 	struct tree *t = tree_of_name(v, parent, name);
 	int r = t->ops->mknode(t, parent, name, S_IFREG | mode, uid, gid, NULL, 0, ret_entry);
+	int oflags = flags | O_TRUNC; /* a new file: empty anyway */
 
+	if (r == -EEXIST && !(flags & O_EXCL) && t != v->views) {
+		/* The name was created since the kernel looked it up, by another
+		 * node sharing the store (on one node the kernel holds the
+		 * directory's lock from that lookup to this create).  Open that
+		 * file, as NFS does, if it is a regular file of the caller's own:
+		 * the kernel checked the directory, not that file, so another
+		 * user's file stays EEXIST. */
+		r = t->ops->lookup(t, parent, name, ret_entry);
+		if (r < 0)
+			return r == -ENOENT ? -EEXIST : r;
+		if (!S_ISREG(ret_entry->attr.mode) || (uid != 0 && ret_entry->attr.uid != uid)) {
+			t->ops->forget(t, ret_entry->attr.ino, 1);
+			return -EEXIST;
+		}
+		oflags = flags;
+	}
 	if (r < 0)
-		return r;
-	r = t->ops->open(t, ret_entry->attr.ino, flags | O_TRUNC, ret);
+		return logged(v, t, parent, name, "create", r);
+	r = t->ops->open(t, ret_entry->attr.ino, oflags, ret);
 	if (r < 0) {
 		t->ops->forget(t, ret_entry->attr.ino, 1); /* the kernel gets no entry */
-		return r;
+		return logged(v, t, parent, name, "open of the new file", r);
 	}
 	set_direct(v, *ret);
 	return 0;
@@ -386,7 +464,7 @@ int vfs_create(struct vfs *v, uint64_t parent, const char *name, uint32_t mode, 
 
 void vfs_release(struct vfs *v, struct tree_file *f)
 {
-	if (f->direct && !f->writable)
+	if (f->direct && !f->writable && !f->ops->generated)
 		__atomic_fetch_sub(&v->ra_streams, 1, __ATOMIC_RELAXED);
 	f->ops->release(f);
 }
@@ -481,7 +559,7 @@ ssize_t vfs_read(struct vfs *v, struct tree_file *f, void *buf, size_t len, uint
 	} else {
 		r = ops->refresh ? ops->refresh(f) : 0;
 		if (r == 0) {
-			g->stream = read_ahead(v, f, len, off);
+			g->stream = !ops->generated && read_ahead(v, f, len, off);
 			r = ops->read(f, buf, len, off, g);
 			*ret_gathered = true;
 		}
@@ -492,7 +570,10 @@ ssize_t vfs_read(struct vfs *v, struct tree_file *f, void *buf, size_t len, uint
 			 path ? path : "?", len, off, strerror((int)-r),
 			 r == -EIO ? " (damaged chunk, see above; run `ckpt fsck`)" : "");
 		free(path);
-	} else if (*ret_gathered && g->stream) {
+	} else if (!ops->generated) {
+		ckpt_metric_add(CKPT_M_READ_BYTES, (uint64_t)r);
+	}
+	if (r >= 0 && *ret_gathered && g->stream) {
 		/* Before the reply: once it is out, the reader may close the
 		 * file and its release free f on another thread. */
 		drop_behind(v, f, len, off);
@@ -520,6 +601,8 @@ int vfs_write(struct vfs *v, struct tree_file *f, const void *buf, size_t len, u
 	if (!f->writable)
 		return -EBADF;
 	r = f->ops->write(f, buf, len, off);
+	if (r >= 0)
+		ckpt_metric_add(CKPT_M_WRITE_BYTES, len);
 	if (r < 0) {
 		char *path = f->ops->path(f->tree, f->ino);
 		ckpt_warn("%s: write of %zu bytes at offset %" PRIu64 " failed: %s",

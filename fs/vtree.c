@@ -94,6 +94,9 @@ struct vtree_file {
 	struct vnode *n;               /* lives until vtree_free() */
 	ckpt_vfile *vf;                /* view file, or */
 	struct ckpt_extent_list *snap; /* passthrough file */
+	ckpt_hold *hold; /* keeps the chunks of the version it reads (store.h):
+			  * taken before them, then narrowed to their pins;
+			  * freed at release */
 };
 
 void vtree_changed(struct vtree *vt)
@@ -115,8 +118,13 @@ static void *pf_main(void *arg)
 		}
 		{
 			uint64_t ino = vt->pf[--vt->npf];
+			ckpt_hold *h = NULL;
+
 			pthread_mutex_unlock(&vt->lock);
-			ckpt_view_prefetch(vt->s, ino); /* best effort */
+			/* best effort; the hold keeps the chunks it reads (store.h) */
+			if (ckpt_hold_new(vt->s, &h) == 0)
+				ckpt_view_prefetch(vt->s, ino);
+			ckpt_hold_free(h);
 			pthread_mutex_lock(&vt->lock);
 		}
 	}
@@ -414,7 +422,16 @@ static int get_view(struct vtree *vt, const struct ckpt_layout *l, uint64_t dir,
 		*ret = v;
 		return 0;
 	}
-	r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
+	{
+		/* the build reads the headers of the extent lists it loads */
+		ckpt_hold *h;
+
+		r = ckpt_hold_new(vt->s, &h);
+		if (r < 0)
+			return r;
+		r = ckpt_view_build(vt->s, dir, l, vt->rules, &v, err, sizeof(err));
+		ckpt_hold_free(h);
+	}
 	if (r < 0) {
 		char lname[CKPT_LAYOUT_NAME_MAX + 1];
 		char *path = ckpt_store_path_of(vt->s, dir);
@@ -832,8 +849,14 @@ static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
+	r = ckpt_hold_new(vt->s, &f->hold);
+	if (r < 0)
+		goto out;
 	if (n->kind == V_PASS) {
 		r = ckpt_store_load_extents(vt->s, n->ino, &f->snap);
+		/* keep only its chunks from now on (store.h, holds) */
+		if (r == 0 && ckpt_hold_pin(f->hold, f->snap) == 0)
+			ckpt_hold_narrow(f->hold);
 		goto out;
 	}
 	r = get_view(vt, &n->layout, n->ino, &v);
@@ -846,6 +869,16 @@ static int vt_open(struct tree *t, uint64_t vino, int flags, struct tree_file **
 	}
 	err[0] = '\0';
 	r = ckpt_vfile_open(v, (size_t)i, &f->vf, err, sizeof(err));
+	if (r == 0) {
+		/* keep only the chunks of its sources from now on (store.h,
+		 * holds); without memory for the pins, the hold keeps more */
+		int rp = 0;
+
+		for (size_t k = 0; k < ckpt_view_nsources(v) && rp == 0; k++)
+			rp = ckpt_hold_pin(f->hold, ckpt_view_source_extents(v, k));
+		if (rp == 0)
+			ckpt_hold_narrow(f->hold);
+	}
 	if (r < 0) {
 		char *path = vnode_path(vt, n);
 		ckpt_err("%s: cannot be served: %s", path ? path : "?",
@@ -856,6 +889,7 @@ out:
 	ckpt_view_unref(v);
 	if (r < 0) {
 		ckpt_extent_list_free(f->snap);
+		ckpt_hold_free(f->hold);
 		free(f);
 		return r;
 	}
@@ -924,6 +958,7 @@ static void vt_release(struct tree_file *tf)
 	pthread_mutex_unlock(&vt->lock);
 	ckpt_vfile_free(f->vf);
 	ckpt_extent_list_free(f->snap);
+	ckpt_hold_free(f->hold);
 	free(f);
 }
 

@@ -160,10 +160,10 @@ static ssize_t wire_writev(int fd, struct iovec *iov, int count, void *userdata)
 	n = writev(fd, v, 2);
 	if (n >= 0 && mmap_set) {
 		atomic_store(&wire.granted, true);
-		ckpt_info("INIT reply: FUSE_DIRECT_IO_ALLOW_MMAP set");
+		ckpt_debug("INIT reply: FUSE_DIRECT_IO_ALLOW_MMAP set");
 	}
 	if (n >= 0 && atomic_load(&wire.want_killpriv))
-		ckpt_info("INIT reply: FUSE_HANDLE_KILLPRIV_V2 set");
+		ckpt_debug("INIT reply: FUSE_HANDLE_KILLPRIV_V2 set");
 	return n;
 }
 

@@ -4,8 +4,14 @@
  * run over every registered engine (loop tests: _i is the engine's index in
  * the table): get/put/delete, transactions and their conflicts, durable and
  * non-durable commits, scans (committed snapshot and in a transaction),
- * read-only opens.  The last test case holds what only the RocksDB engine
- * promises (its write-ahead logs, its single-writer lock).
+ * read-only opens.  Two test cases hold what only one engine promises:
+ * PostgreSQL (processes committing at once, a server that stops and comes
+ * back, what it refuses to open) and RocksDB (its write-ahead logs, its
+ * single-writer lock).
+ *
+ * Each test opens its engine at ixdir: a directory for RocksDB, the
+ * connection string of a new database for PostgreSQL, on a server this
+ * suite starts (pglib.h) and stops.
  */
 #include <check.h>
 #include <dirent.h>
@@ -16,20 +22,26 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#include <libpq-fe.h>
 
 #include "meta/engine.h"
 #include "meta/records.h"
+#include "pglib.h"
 #include "testlib.h"
 #include "base/util.h"
 
 static char tdir[96]; /* per test, inside the test case's base directory */
-static char ixdir[128];
+static char ixdir[256];  /* where the test's engine lives (see the top) */
+
+static bool pg_where_made; /* ixdir names this test's PostgreSQL database */
 
 static void setup(void)
 {
 	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(ixdir, sizeof(ixdir), "%s/ix", tdir);
+	pg_where_made = false;
 }
 
 static void teardown(void)
@@ -46,9 +58,15 @@ static size_t n_engines(void)
 	return n;
 }
 
+/* The name of engine i; for PostgreSQL, the first call of a test also
+ * makes the test's database and points ixdir at it. */
 static const char *engine_name(int i)
 {
 	ck_assert_ptr_nonnull(ckpt_engine_at((size_t)i));
+	if (ckpt_engine_at((size_t)i) == &ckpt_engine_postgres && !pg_where_made) {
+		tl_pg_new_db(ixdir, sizeof(ixdir));
+		pg_where_made = true;
+	}
 	return ckpt_engine_at((size_t)i)->name;
 }
 
@@ -107,6 +125,7 @@ START_TEST(test_registry)
 	ck_assert_uint_ge(n_engines(), 1);
 	ck_assert_str_eq(ckpt_engine_at(0)->name, CKPT_ENGINE_DEFAULT);
 	ck_assert_ptr_eq(ckpt_engine_find("rocksdb"), &ckpt_engine_rocksdb);
+	ck_assert_ptr_eq(ckpt_engine_find("postgresql"), &ckpt_engine_postgres);
 	ck_assert_ptr_null(ckpt_engine_find("nosuch"));
 	ck_assert_ptr_null(ckpt_engine_at(n_engines()));
 	for (size_t i = 0; i < n_engines(); i++)
@@ -350,10 +369,12 @@ END_TEST
  * without closing; the parent reopens. */
 START_TEST(test_commit_survives_crash)
 {
-	pid_t pid = fork();
+	pid_t pid;
 	int status;
 	ckpt_engine *e;
 
+	(void)engine_name(_i); /* ixdir before the fork: the child's is the parent's */
+	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		struct ckpt_engine_opts o = { .create = true };
@@ -664,6 +685,178 @@ START_TEST(test_records_through_engine)
 }
 END_TEST
 
+/* ------------------------------------------------------ PostgreSQL only */
+
+static int pg_index(void)
+{
+	for (int i = 0; ckpt_engine_at((size_t)i); i++)
+		if (ckpt_engine_at((size_t)i) == &ckpt_engine_postgres)
+			return i;
+	ck_abort_msg("postgresql engine not registered");
+	return -1;
+}
+
+struct incr_arg {
+	int child, n;
+};
+
+/* Increment "ctr" and add a "log" key naming this increment, in one
+ * transaction. */
+static int incr_txn(ckpt_txn *t, void *arg)
+{
+	struct incr_arg *a = arg;
+	uint8_t buf[8];
+	char key[32];
+	int r = ckpt_txn_get_fixed(t, "ctr", 3, CKPT_TXN_FOR_UPDATE, buf, 8);
+
+	if (r < 0)
+		return r;
+	ckpt_put_le64(buf, ckpt_get_le64(buf) + 1);
+	ckpt_txn_put(t, "ctr", 3, buf, 8);
+	snprintf(key, sizeof(key), "log-%d-%04d", a->child, a->n);
+	return ckpt_txn_put(t, key, strlen(key), "", 0);
+}
+
+/* Processes sharing the engine (as daemons on several nodes do) increment
+ * one counter at once: conflicts are retried, none is lost and every
+ * commit is whole (the counter equals the number of log keys). */
+START_TEST(test_pg_processes_conflict)
+{
+	enum { PROCS = 4, EACH = 60 };
+	int pi = pg_index();
+	ckpt_engine *e = open_e(pi);
+	pid_t pids[PROCS];
+	uint8_t buf[8];
+	const uint8_t *k, *v;
+	size_t kl, vl;
+	ckpt_scan *sc;
+	int status, nlog = 0;
+
+	ckpt_put_le64(buf, 0);
+	tl_engine_put(e, "ctr", 3, buf, 8);
+	for (int c = 0; c < PROCS; c++) {
+		pids[c] = fork();
+		ck_assert_int_ge(pids[c], 0);
+		if (pids[c] == 0) {
+			ckpt_engine *ce = NULL;
+			struct ckpt_engine_opts o = { 0 };
+			char err[256];
+			if (ckpt_engine_open("postgresql", ixdir, &o, &ce, err, sizeof(err)) < 0)
+				_exit(2);
+			for (int n = 0; n < EACH; n++) {
+				struct incr_arg a = { c, n };
+				if (ckpt_txn_run(ce, incr_txn, &a, false) < 0)
+					_exit(3);
+			}
+			ckpt_engine_close(ce);
+			_exit(0);
+		}
+	}
+	for (int c = 0; c < PROCS; c++) {
+		ck_assert_int_eq(waitpid(pids[c], &status, 0), pids[c]);
+		ck_assert(WIFEXITED(status));
+		ck_assert_int_eq(WEXITSTATUS(status), 0);
+	}
+	ck_assert_int_eq(ckpt_engine_get_fixed(e, "ctr", 3, buf, 8), 0);
+	ck_assert_uint_eq(ckpt_get_le64(buf), PROCS * EACH);
+	ck_assert_int_eq(ckpt_scan_new(e, NULL, "log-", 4, NULL, 0, &sc), 0);
+	while (ckpt_scan_next(sc, &k, &kl, &v, &vl) == 1)
+		nlog++;
+	ckpt_scan_free(sc);
+	ck_assert_int_eq(nlog, PROCS * EACH);
+	ckpt_engine_close(e);
+}
+END_TEST
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The server stops: calls fail with -EIO once their deadline has passed
+ * (they do not hang); it starts again: the same engine reconnects by
+ * itself and sees what was committed before. */
+START_TEST(test_pg_server_down_then_back)
+{
+	struct ckpt_engine_opts o = { .create = true, .timeout_ms = 1500 };
+	ckpt_engine *e = NULL;
+	ckpt_txn *t;
+	uint8_t *v = NULL;
+	size_t vl;
+	char err[256];
+	double t0, dt;
+
+	ck_assert_msg(ckpt_engine_open(engine_name(pg_index()), ixdir, &o, &e, err, sizeof(err)) ==
+			      0,
+		      "%s", err);
+	tl_engine_put(e, "before", 6, "b", 1);
+	tl_pg_server_stop();
+	t0 = now_s();
+	ck_assert_int_eq(ckpt_engine_get(e, "before", 6, &v, &vl), -EIO);
+	dt = now_s() - t0;
+	/* it retried for most of its deadline, and gave up well before a hang */
+	ck_assert_msg(dt >= 0.5 && dt < 10.0, "a get with the server down took %.2f s", dt);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	t0 = now_s();
+	{ /* a write of a key not read first asks the server for its snapshot */
+		int r = ckpt_txn_put(t, "during", 6, "d", 1);
+		ck_assert_msg(r == 0 || r == -EIO, "put: %d", r);
+	}
+	ck_assert_int_eq(ckpt_txn_commit(t, true), -EIO);
+	ck_assert_double_lt(now_s() - t0, 10.0);
+	tl_pg_server_start();
+	expect_val(e, "before", "b");
+	expect_val(e, "during", NULL);
+	tl_engine_put(e, "after", 5, "a", 1);
+	expect_val(e, "after", "a");
+	ckpt_engine_close(e);
+}
+END_TEST
+
+/* What the engine refuses to open: metadata of another format version
+ * (named), and a connection string's password never appears in a
+ * message. */
+START_TEST(test_pg_refusals)
+{
+	struct ckpt_engine_opts o = { .create = false };
+	ckpt_engine *e = open_e(pg_index()), *e2 = NULL;
+	char err[512] = "", where[400];
+	PGconn *c;
+	PGresult *res;
+
+	ckpt_engine_close(e);
+	c = PQconnectdb(ixdir);
+	ck_assert_int_eq(PQstatus(c), CONNECTION_OK);
+	res = PQexec(c, "UPDATE ckptfs_format SET version = 7");
+	ck_assert_int_eq(PQresultStatus(res), PGRES_COMMAND_OK);
+	PQclear(res);
+	PQfinish(c);
+	ck_assert_int_eq(ckpt_engine_open("postgresql", ixdir, &o, &e2, err, sizeof(err)),
+			 -EPROTONOSUPPORT);
+	ck_assert_ptr_null(e2);
+	ck_assert_msg(strstr(err, "version 7") != NULL, "%s", err);
+	/* trust authentication ignores the password; the message must not show it */
+	snprintf(where, sizeof(where), "%s password=sekrit-word", ixdir);
+	ck_assert_int_lt(ckpt_engine_open("postgresql", where, &o, &e2, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "sekrit") == NULL, "%s", err);
+	ck_assert_msg(strstr(err, "password not shown") != NULL, "%s", err);
+	ck_assert_int_eq(ckpt_engine_open("postgresql", "host=/nonexistent dbname=x connect_timeout=2",
+					  &(struct ckpt_engine_opts){ .timeout_ms = 500 }, &e2,
+					  err, sizeof(err)),
+			 -EIO);
+	ck_assert_msg(strstr(err, "cannot connect") != NULL, "%s", err);
+}
+END_TEST
+
+static void pg_setup(void)
+{
+	tl_pg_server_start(); /* if a failed test left it stopped */
+	setup();
+}
+
 /* ------------------------------------------------------ RocksDB only */
 
 /* Write-ahead logs in ixdir. */
@@ -741,6 +934,7 @@ static Suite *engine_suite(void)
 	Suite *s = suite_create("engine");
 	TCase *reg = tcase_create("registry");
 	TCase *each = tcase_create("each engine");
+	TCase *pg = tcase_create("postgresql");
 	TCase *rdb = tcase_create("rocksdb");
 	int n = (int)n_engines();
 
@@ -751,6 +945,7 @@ static Suite *engine_suite(void)
 	suite_add_tcase(s, reg);
 
 	tl_tcase_dirs(each, "check_engine-");
+	tcase_add_unchecked_fixture(each, tl_pg_start, tl_pg_stop);
 	tcase_add_checked_fixture(each, setup, teardown);
 	tcase_set_timeout(each, 60);
 	tcase_add_loop_test(each, test_open_missing_no_create, 0, n);
@@ -765,6 +960,15 @@ static Suite *engine_suite(void)
 	tcase_add_loop_test(each, test_scan_in_txn, 0, n);
 	tcase_add_loop_test(each, test_records_through_engine, 0, n);
 	suite_add_tcase(s, each);
+
+	tl_tcase_dirs(pg, "check_engine-");
+	tcase_add_unchecked_fixture(pg, tl_pg_start, tl_pg_stop);
+	tcase_add_checked_fixture(pg, pg_setup, teardown);
+	tcase_set_timeout(pg, 60);
+	tcase_add_test(pg, test_pg_processes_conflict);
+	tcase_add_test(pg, test_pg_server_down_then_back);
+	tcase_add_test(pg, test_pg_refusals);
+	suite_add_tcase(s, pg);
 
 	tl_tcase_dirs(rdb, "check_engine-");
 	tcase_add_checked_fixture(rdb, setup, teardown);

@@ -5,8 +5,10 @@
  * engine (meta/engine.h), chosen through the store options: create, write
  * files (with a duplicate), commit, rename, overwrite, unlink, reopen,
  * fsck, gc, and a read-only open that sees the same tree.  Each table has
- * one implementation today; a new backend or engine is covered here by
- * registering it.  The loop index _i is backend * n_engines + engine.
+ * a new backend or engine is covered here by registering it.  The loop
+ * index _i is backend * n_engines + engine.  A shared engine (PostgreSQL)
+ * keeps the metadata in a new database of the suite's own server
+ * (pglib.h), made once per test.
  */
 #include <check.h>
 #include <errno.h>
@@ -21,15 +23,18 @@
 #include "meta/engine.h"
 #include "store/file.h"
 #include "store/store.h"
+#include "pglib.h"
 #include "testlib.h"
 
 static char tdir[96]; /* per test, inside the test case's base directory */
 static char spath[128];
+static char where[256]; /* a shared engine's database, "" until made */
 
 static void setup(void)
 {
 	tl_test_dir(tdir, sizeof(tdir));
 	snprintf(spath, sizeof(spath), "%s/store", tdir);
+	where[0] = 0;
 }
 
 static void teardown(void)
@@ -61,6 +66,11 @@ static struct ckpt_store_opts pair_opts(int i, enum ckpt_store_mode mode)
 	o.create = mode == CKPT_STORE_RW;
 	o.chunk_backend = ckpt_chunk_backends[i / ne]->name;
 	o.meta_engine = ckpt_engine_at((size_t)(i % ne))->name;
+	if (ckpt_engine_at((size_t)(i % ne))->shared) {
+		if (!where[0])
+			tl_pg_new_db(where, sizeof(where));
+		o.meta_where = where;
+	}
 	return o;
 }
 
@@ -201,6 +211,7 @@ static Suite *seams_suite(void)
 	TCase *tc = tcase_create("backend x engine");
 
 	tl_tcase_dirs(tc, "check_seams-");
+	tcase_add_unchecked_fixture(tc, tl_pg_start, tl_pg_stop);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_loop_test(tc, test_store_scenario, 0, count(true) * count(false));

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1693,6 +1694,75 @@ START_TEST(test_overlay)
 }
 END_TEST
 
+/* getattr and load_extents racing with the flusher and with durable
+ * commits never show content older than the last commit that returned:
+ * one thread commits growing sizes (non-durable, every 5th durable, and
+ * indexes the overlay every 3rd), two threads read the size and the
+ * extents and compare them with the last size committed before the read.
+ * Reading the index before the overlay failed this (a flush between the
+ * two reads gave the size before the close). */
+struct race_arg {
+	ckpt_store *s;
+	uint64_t ino;
+	atomic_uint_fast64_t done;  /* the largest size whose commit returned */
+	atomic_bool stop;
+	atomic_uint_fast64_t stale; /* reads that saw an older size */
+	atomic_uint_fast64_t reads;
+};
+
+static void *race_reader(void *arg)
+{
+	struct race_arg *a = arg;
+
+	while (!atomic_load(&a->stop)) {
+		uint64_t want = atomic_load(&a->done);
+		struct ckpt_inode in;
+		struct ckpt_extent_list *l = NULL;
+
+		ck_assert_int_eq(ckpt_store_getattr(a->s, a->ino, &in), 0);
+		if (in.size < want)
+			atomic_fetch_add(&a->stale, 1);
+		ck_assert_int_eq(ckpt_store_load_extents(a->s, a->ino, &l), 0);
+		if (l->size < want)
+			atomic_fetch_add(&a->stale, 1);
+		ckpt_extent_list_free(l);
+		atomic_fetch_add(&a->reads, 1);
+	}
+	return NULL;
+}
+
+START_TEST(test_getattr_never_older_than_commit)
+{
+	ckpt_store *s = open_rw();
+	struct race_arg a = { .s = s };
+	pthread_t th[2];
+
+	a.ino = mkfile(s, CKPT_ROOT_INO, "f");
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(pthread_create(&th[i], NULL, race_reader, &a), 0);
+	for (uint64_t i = 1; i <= 3000; i++) {
+		struct ckpt_extent_list *l = ckpt_extent_list_new();
+
+		ck_assert_ptr_nonnull(l);
+		ck_assert_int_eq(ckpt_extent_list_append(l, (uint32_t)(i * 10), CKPT_EXT_ZERO,
+							 NULL), 0);
+		ck_assert_int_eq(ckpt_store_commit_file(s, a.ino, l, 0, (int64_t)i, i % 5 == 0),
+				 0);
+		atomic_store(&a.done, i * 10);
+		if (i % 3 == 0)
+			ck_assert_int_eq(ckpt_store_flush(s), 0);
+		ckpt_extent_list_free(l);
+	}
+	atomic_store(&a.stop, true);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	ck_assert_uint_gt(atomic_load(&a.reads), 0);
+	ck_assert_msg(atomic_load(&a.stale) == 0, "%" PRIu64 " of %" PRIu64 " reads were stale",
+		      (uint64_t)atomic_load(&a.stale), (uint64_t)atomic_load(&a.reads));
+	ckpt_store_free(s);
+}
+END_TEST
+
 /* A durable commit that fails must leave the content published by the
  * previous (successful, non-durable) commit in place. */
 START_TEST(test_failed_durable_commit_keeps_overlay)
@@ -2487,6 +2557,7 @@ static Suite *store_suite(void)
 	tcase_add_test(ch, test_commit_load_read);
 	tcase_add_test(ch, test_overlay);
 	tcase_add_test(ch, test_failed_durable_commit_keeps_overlay);
+	tcase_add_test(ch, test_getattr_never_older_than_commit);
 	tcase_add_test(ch, test_flush_isolates_damaged_file);
 	tcase_add_test(ch, test_refcounts_overwrite_reap);
 	tcase_add_test(ch, test_orphan_reaped_at_open);

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -664,6 +665,178 @@ START_TEST(test_log)
 }
 END_TEST
 
+/* The stamped line: ISO 8601 UTC with milliseconds, pid/tid, level. */
+START_TEST(test_log_format)
+{
+	struct tm tm = { .tm_year = 2026 - 1900, .tm_mon = 11, .tm_mday = 2,
+			 .tm_hour = 6, .tm_min = 30, .tm_sec = 1 };
+	int64_t ns = (int64_t)timegm(&tm) * 1000000000 + 123456789;
+	char line[128], msg[300];
+	size_t n;
+
+	n = ckpt_log_format(line, sizeof(line), ns, 1234, 1240, CKPT_LOG_INFO, "mounted x");
+	ck_assert_str_eq(line, "2026-12-02T06:30:01.123Z ckptfs[1234/1240] info: mounted x\n");
+	ck_assert_uint_eq(n, strlen(line));
+	n = ckpt_log_format(line, sizeof(line), ns + 876000000, 1, 2, CKPT_LOG_ERR, "e");
+	ck_assert_str_eq(line, "2026-12-02T06:30:01.999Z ckptfs[1/2] error: e\n");
+	n = ckpt_log_format(line, sizeof(line), ns, 1, 2, CKPT_LOG_WARN, "w");
+	ck_assert_str_eq(line, "2026-12-02T06:30:01.123Z ckptfs[1/2] warning: w\n");
+	n = ckpt_log_format(line, sizeof(line), ns, 1, 2, CKPT_LOG_DEBUG, "d");
+	ck_assert_str_eq(line, "2026-12-02T06:30:01.123Z ckptfs[1/2] debug: d\n");
+	/* cut to fit: still one line with its newline */
+	memset(msg, 'z', sizeof(msg) - 1);
+	msg[sizeof(msg) - 1] = '\0';
+	n = ckpt_log_format(line, sizeof(line), ns, 1, 2, CKPT_LOG_INFO, msg);
+	ck_assert_uint_eq(n, sizeof(line) - 1);
+	ck_assert_int_eq(line[n - 1], '\n');
+	ck_assert_ptr_eq(strchr(line, '\n'), line + n - 1);
+	ck_assert_str_eq(ckpt_log_level_name(CKPT_LOG_WARN), "warning");
+}
+END_TEST
+
+static char *slurp(const char *path)
+{
+	static char buf[8192];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	ssize_t n;
+
+	ck_assert_msg(fd >= 0, "open %s: %s", path, strerror(errno));
+	n = read(fd, buf, sizeof(buf) - 1);
+	ck_assert_int_ge(n, 0);
+	buf[n] = '\0';
+	close(fd);
+	return buf;
+}
+
+static void *log_from_thread(void *arg)
+{
+	*(long *)arg = ckpt_gettid();
+	ckpt_warn("from a thread");
+	return NULL;
+}
+
+/* A line of the file sink, parsed: its pid, tid and time. */
+static void parse_line(const char *line, const char *want_rest, long *ret_pid, long *ret_tid,
+		       time_t *ret_t)
+{
+	struct tm tm;
+	int ms, used = 0;
+	char rest[256];
+
+	memset(&tm, 0, sizeof(tm));
+	ck_assert_msg(sscanf(line, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ ckptfs[%ld/%ld] %n", &tm.tm_year,
+			     &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, &ms,
+			     ret_pid, ret_tid, &used) == 9 && used > 0,
+		      "not a stamped line: %s", line);
+	snprintf(rest, sizeof(rest), "%.*s", (int)strcspn(line + used, "\n"), line + used);
+	ck_assert_str_eq(rest, want_rest);
+	tm.tm_year -= 1900;
+	tm.tm_mon -= 1;
+	*ret_t = timegm(&tm);
+}
+
+/* The file sink: stamped lines, the level, lines of other threads, and the
+ * reopen after logrotate renamed the file; stderr captured into it. */
+START_TEST(test_log_file)
+{
+	char path[PATH_MAX], old[PATH_MAX + 8], *text, *nl;
+	long pid, tid, other = 0;
+	time_t t;
+	pthread_t th;
+
+	snprintf(path, sizeof(path), "%s/daemon.log", tdir);
+	snprintf(old, sizeof(old), "%s.1", path);
+	ck_assert_int_eq(ckpt_log_to_file("/nonexistent-dir/x.log"), -ENOENT);
+	ck_assert_int_eq(ckpt_log_to_file(path), 0);
+	ckpt_log_set_level(CKPT_LOG_INFO);
+	ck_assert_int_eq(ckpt_log_get_level(), CKPT_LOG_INFO);
+	ckpt_info("first %d", 1);
+	ckpt_debug("not written");
+	ck_assert_int_eq(__real_pthread_create(&th, NULL, log_from_thread, &other), 0);
+	pthread_join(th, NULL);
+	text = slurp(path);
+	parse_line(text, "info: first 1", &pid, &tid, &t);
+	ck_assert_int_eq(pid, getpid());
+	ck_assert_int_eq(tid, ckpt_gettid());
+	ck_assert_int_le(llabs((long long)(t - time(NULL))), 5);
+	nl = strchr(text, '\n');
+	ck_assert_ptr_nonnull(nl);
+	parse_line(nl + 1, "warning: from a thread", &pid, &tid, &t);
+	ck_assert_int_eq(tid, other);
+	ck_assert_int_ne(other, ckpt_gettid());
+	ck_assert_ptr_null(strchr(strchr(nl + 1, '\n') + 1, '\n'));
+
+	/* stderr captured: what a library prints there lands in the log */
+	ck_assert_int_eq(ckpt_log_capture_stderr(), 0);
+	ck_assert_int_gt(dprintf(2, "raw stderr line\n"), 0);
+	ck_assert_ptr_nonnull(strstr(slurp(path), "raw stderr line\n"));
+
+	/* logrotate: rename, then reopen; the next lines go to a new file */
+	ck_assert_int_eq(rename(path, old), 0);
+	ckpt_info("still to the renamed file");
+	ck_assert_int_eq(ckpt_log_reopen(), 0);
+	ck_assert_int_eq(access(path, F_OK), 0);
+	ckpt_err("after reopen");
+	ck_assert_int_gt(dprintf(2, "stderr after reopen\n"), 0);
+	text = slurp(path);
+	parse_line(text, "error: after reopen", &pid, &tid, &t);
+	ck_assert_ptr_nonnull(strstr(text, "\nstderr after reopen\n"));
+	text = slurp(old);
+	ck_assert_ptr_nonnull(strstr(text, "] info: still to the renamed file\n"));
+	ck_assert_ptr_null(strstr(text, "after reopen"));
+	/* a reopen that cannot open the file keeps the one in use */
+	ck_assert_int_eq(rename(path, old), 0);
+	ck_assert_int_eq(mkdir(path, 0700), 0);
+	ck_assert_int_eq(ckpt_log_reopen(), -EISDIR);
+	ckpt_err("kept");
+	ck_assert_ptr_nonnull(strstr(slurp(old), "] error: kept\n"));
+	ck_assert_int_eq(rmdir(path), 0);
+}
+END_TEST
+
+START_TEST(test_log_reopen_other_sinks)
+{
+	/* not a file sink: nothing to reopen */
+	ckpt_log_to_stderr(true);
+	ck_assert_int_eq(ckpt_log_reopen(), 0);
+	ck_assert_int_eq(ckpt_log_capture_stderr(), -EINVAL);
+}
+END_TEST
+
+/* Stamped lines on stderr. */
+static void log_stamped(void)
+{
+	ckpt_log_to_stderr(true);
+	ckpt_warn("stamped %s", "line");
+	ckpt_log_to_stderr(false);
+	ckpt_warn("plain line");
+}
+
+START_TEST(test_log_stderr_stamped)
+{
+	static char out[1024];
+	long pid, tid;
+	time_t t;
+
+	log_capture(log_stamped, out, sizeof(out));
+	parse_line(out, "warning: stamped line", &pid, &tid, &t);
+	ck_assert_ptr_nonnull(strstr(out, "\nckptfs: warning: plain line\n"));
+}
+END_TEST
+
+START_TEST(test_ratelimit)
+{
+	struct ckpt_ratelimit rl = { .interval_ns = 1000 };
+
+	ck_assert(ckpt_ratelimit_ok(&rl, 5000)); /* the first time */
+	ck_assert(!ckpt_ratelimit_ok(&rl, 5001));
+	ck_assert(!ckpt_ratelimit_ok(&rl, 5999));
+	ck_assert(ckpt_ratelimit_ok(&rl, 6000));
+	ck_assert(!ckpt_ratelimit_ok(&rl, 6500));
+	ck_assert(ckpt_ratelimit_ok(&rl, 9000));
+}
+END_TEST
+
 /* ---- worker threads --------------------------------------------------- */
 
 struct workers {
@@ -871,6 +1044,11 @@ static Suite *util_suite(void)
 	tcase_add_test(tc, test_str_one_line);
 	tcase_add_test(tc, test_errf);
 	tcase_add_test(tc, test_log);
+	tcase_add_test(tc, test_log_format);
+	tcase_add_test(tc, test_log_file);
+	tcase_add_test(tc, test_log_reopen_other_sinks);
+	tcase_add_test(tc, test_log_stderr_stamped);
+	tcase_add_test(tc, test_ratelimit);
 	tcase_add_test(tc, test_threads_start_stop);
 	tcase_add_test(tc, test_threads_start_fails);
 	tcase_add_test(tc, test_map_huge);

@@ -29,7 +29,7 @@ static void entry_destroy(struct vcache_node *n)
 	free(e);
 }
 
-static struct vcache cache = VCACHE_INIT(3, entry_destroy);
+static struct vcache cache = VCACHE_INIT(3, entry_destroy, 0);
 static char store_a, store_b;
 #define SA ((ckpt_store *)(void *)&store_a)
 #define SB ((ckpt_store *)(void *)&store_b)
@@ -37,6 +37,17 @@ static char store_a, store_b;
 static bool key_match(const struct vcache_node *n, const void *key)
 {
 	return vcache_entry(n, const struct entry)->key == *(const int *)key;
+}
+
+static struct entry *entry_add_sized(int key, ckpt_store *s, size_t bytes)
+{
+	struct entry *e = calloc(1, sizeof(*e));
+
+	ck_assert_ptr_nonnull(e);
+	e->key = key;
+	e->node.bytes = bytes;
+	vcache_insert(&cache, &e->node, s);
+	return e;
 }
 
 static struct entry *entry_add(int key, ckpt_store *s)
@@ -198,6 +209,54 @@ START_TEST(test_sweep)
 }
 END_TEST
 
+/* The byte budget: kept entries whose bytes, with those of the newer kept
+ * ones, pass it are let go of, oldest first; the newest stays whatever its
+ * size; entries in use stay alive (and do not count); lowering the budget
+ * trims at once. */
+START_TEST(test_byte_budget)
+{
+	struct entry *e[4];
+
+	vcache_set_budget(&cache, 100);
+	e[0] = entry_add_sized(0, SA, 40);
+	e[1] = entry_add_sized(1, SA, 40);
+	ck_assert_uint_eq(vcache_kept_bytes(&cache), 80);
+	for (int i = 0; i < 2; i++)
+		vcache_unref(&cache, &e[i]->node);
+	ck_assert_int_eq(ndestroyed, 0);
+	/* 30 + 40 + 40 > 100: the oldest (0) goes */
+	e[2] = entry_add_sized(2, SA, 30);
+	vcache_unref(&cache, &e[2]->node);
+	ck_assert_int_eq(ndestroyed, 1);
+	ck_assert_int_eq(destroyed[0], 0);
+	ck_assert_uint_eq(vcache_kept_bytes(&cache), 70);
+	/* one entry past the budget alone: kept, every older one goes, but
+	 * a user's reference keeps 1 alive (found, not kept) */
+	ck_assert_ptr_eq(find(1), e[1]);
+	e[3] = entry_add_sized(3, SA, 500);
+	ck_assert_uint_eq(vcache_kept_bytes(&cache), 500);
+	ck_assert_int_eq(ndestroyed, 2);
+	ck_assert_int_eq(destroyed[1], 2);
+	ck_assert_ptr_eq(find(1), e[1]);
+	vcache_unref(&cache, &e[1]->node);
+	vcache_unref(&cache, &e[1]->node);
+	ck_assert_int_eq(ndestroyed, 3);
+	ck_assert_int_eq(destroyed[2], 1);
+	ck_assert_uint_eq(vcache_count(&cache), 1);
+	vcache_unref(&cache, &e[3]->node);
+	/* no budget: counts only */
+	vcache_set_budget(&cache, 0);
+	for (int i = 0; i < 3; i++)
+		vcache_unref(&cache, &entry_add_sized(10 + i, SA, 1000)->node);
+	ck_assert_uint_eq(vcache_count(&cache), 3);
+	/* a lower budget trims now: only the newest stays */
+	vcache_set_budget(&cache, 1500);
+	ck_assert_uint_eq(vcache_count(&cache), 1);
+	ck_assert_ptr_null(find(10));
+	vcache_set_budget(&cache, 0);
+}
+END_TEST
+
 static Suite *vcache_suite(void)
 {
 	Suite *s = suite_create("vcache");
@@ -209,6 +268,7 @@ static Suite *vcache_suite(void)
 	tcase_add_test(tc, test_forget_store);
 	tcase_add_test(tc, test_not_inserted);
 	tcase_add_test(tc, test_sweep);
+	tcase_add_test(tc, test_byte_budget);
 	suite_add_tcase(s, tc);
 	return s;
 }

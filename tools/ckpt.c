@@ -5,6 +5,7 @@
  *   ckpt stat STORE   usage summary (works while the store is mounted)
  *   ckpt fsck STORE   verify every chunk and reference; exit 1 on damage
  *   ckpt gc STORE     reclaim space held by unreferenced chunks
+ *   ckpt repair STORE rebuild a damaged index (from its metadata log)
  *   ckpt ls STORE [PATH]            checkpoint directories, groups, saved layouts
  *   ckpt check STORE PATH           can every view of PATH be served?
  *   ckpt export STORE PATH --layout tpT_ppP OUTDIR
@@ -171,6 +172,38 @@ static int cmd_gc(const char *path, unsigned live, enum ckpt_bar_mode progress)
 	printf("pack_bytes_before: %" PRIu64 "\n", g.bytes_before);
 	printf("pack_bytes_after: %" PRIu64 "\n", g.bytes_after);
 	return 0;
+}
+
+static void repair_report(void *ud, enum ckpt_repair_kind kind, const char *path,
+			  const char *what)
+{
+	static const char *const tag[] = { "note", "fixed", "lost" };
+
+	(void)ud;
+	printf("%s: %s%s%s\n", tag[kind], path ? path : "", path ? ": " : "", what);
+	fflush(stdout);
+}
+
+static int cmd_repair(const char *path)
+{
+	struct ckpt_repair_stats st;
+	char err[1024];
+	int r = ckpt_store_repair(path, repair_report, NULL, &st, err, sizeof(err));
+
+	if (r < 0) {
+		if (r == -EBUSY)
+			fprintf(stderr, "ckpt: %s: store is mounted or in use by another process; "
+					"unmount it first\n", path);
+		else
+			fprintf(stderr, "ckpt: repair failed: %s\n", err);
+		return 1;
+	}
+	printf("%s: %s; %" PRIu64 " file(s) lost, %" PRIu64 " record(s) fixed, %" PRIu64
+	       " chunk entr%s re-pointed\n", path,
+	       st.index_replaced ? (st.salvaged ? "index salvaged" : "index rebuilt from its metadata log") :
+	       st.index_damaged ? "index damaged" : "index intact",
+	       st.files_lost, st.fixed, st.chunks_relocated, st.chunks_relocated == 1 ? "y" : "ies");
+	return st.files_lost ? 1 : 0;
 }
 
 /* List dir (at path) and its subdirectories: as text, or with out not NULL
@@ -650,6 +683,11 @@ static int run_gc(const struct command *c, const struct args *a)
 	return cmd_gc(a->pos[0], (unsigned)live, a->progress);
 }
 
+static int run_repair(const struct command *c, const struct args *a)
+{
+	return cmd_repair(a->pos[0]);
+}
+
 static int run_ls(const struct command *c, const struct args *a)
 {
 	return cmd_ls(a->pos[0], a->npos > 1 ? a->pos[1] : "/", a->json);
@@ -735,6 +773,9 @@ static int run_export(const struct command *c, const struct args *a)
 	"  --progress        show a progress bar on stderr even when it is not a\n"   \
 	"                    terminal\n"                                               \
 	"  --no-progress     no progress bar (default: shown when stderr is a terminal)\n"
+#define META_HELP                                                                  \
+	"  --meta CONNINFO   the store's metadata is in PostgreSQL: the connection\n"     \
+	"                    string its daemons were given (ckptfs -o meta=)\n"
 #define JSON_HELP "  --json            print one JSON object (docs/user-guide.md, 5.1)\n"
 
 static const struct command commands[] = {
@@ -742,14 +783,14 @@ static const struct command commands[] = {
 	  "files, logical and stored bytes, dedup and compression ratios",
 	  "Print the store's files, logical and stored bytes, dedup and compression\n"
 	  "ratios.  Works while the store is mounted.\n"
-	  "\n" JSON_HELP,
+	  "\n" JSON_HELP META_HELP,
 	  1, 1, OPT_JSON, 0, run_stat },
 	{ "fsck", "STORE [--progress|--no-progress]", { "STORE" },
 	  "verify every chunk and reference (store unmounted)",
 	  "Read and verify every chunk and reference; name each damaged file.  The\n"
 	  "store must be unmounted (ckpt verify reads chunks while it is mounted).\n"
 	  "Exit status 1 if anything is damaged.\n"
-	  "\n" PROGRESS_HELP,
+	  "\n" PROGRESS_HELP META_HELP,
 	  1, 1, OPT_PROGRESS, 0, run_fsck },
 	{ "gc", "STORE [--live N] [--progress|--no-progress]", { "STORE" },
 	  "reclaim the space of unreferenced chunks (store unmounted)",
@@ -758,8 +799,21 @@ static const struct command commands[] = {
 	  "\n"
 	  "  --live N          rewrite the packs whose live chunks fill less than N% of\n"
 	  "                    them (1-100, default 80; packs with none are deleted)\n"
-	  PROGRESS_HELP,
+	  PROGRESS_HELP META_HELP,
 	  1, 1, OPT_LIVE | OPT_PROGRESS, 0, run_gc },
+	{ "repair", "STORE", { "STORE" },
+	  "rebuild a damaged index and list what it lost (store unmounted)",
+	  "Bring a store whose index is damaged back to one that mounts and passes\n"
+	  "fsck.  The index is restored from its metadata log (STORE/metalog) and\n"
+	  "compared with the index in place, read whole; a damaged index, or one\n"
+	  "that lost commits its log holds, is replaced (the old one is kept as\n"
+	  "STORE/index.damaged.N).  Then every record is checked against the others\n"
+	  "and against the chunk records in the packs: a file whose content cannot be\n"
+	  "found whole is removed and listed ('lost: PATH: why'), nothing is ever\n"
+	  "given bytes it did not hold; other fixes are listed as 'fixed:'.  The\n"
+	  "store must be unmounted.  Exit status 1 if any file was lost or the repair\n"
+	  "failed.  Safe to run again, and on an intact store.\n",
+	  1, 1, 0, 0, run_repair },
 	{ "ls", "STORE [PATH] [--json]", { "STORE", "PATH" },
 	  "checkpoint directories, their groups and saved layouts",
 	  "List the checkpoint directories under PATH (default /) with their groups,\n"
@@ -767,7 +821,7 @@ static const struct command commands[] = {
 	  "without reading tensor data: INCOMPLETE (pieces disagree on dtype, global\n"
 	  "shape or tp_dim) and NO SHARDING METADATA (files without ckptfs metadata\n"
 	  "hold one tensor with different shapes or bytes).  Works while mounted.\n"
-	  "\n" JSON_HELP,
+	  "\n" JSON_HELP META_HELP,
 	  1, 2, OPT_JSON, 0, run_ls },
 	{ "check", "STORE PATH [--tp-rules FILE] [--json]", { "STORE", "PATH" },
 	  "can every resharded view of PATH be served?",
@@ -775,7 +829,7 @@ static const struct command commands[] = {
 	  "serve (missing or inconsistent pieces, tensors that files without sharding\n"
 	  "metadata hold with different contents).  Works while mounted.  Exit status 1\n"
 	  "if there are any.\n"
-	  "\n" TP_RULES_HELP JSON_HELP,
+	  "\n" TP_RULES_HELP JSON_HELP META_HELP,
 	  2, 2, OPT_TP_RULES | OPT_JSON, 0, run_check },
 	{ "export",
 	  "STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE] [--progress|--no-progress]",
@@ -785,7 +839,7 @@ static const struct command commands[] = {
 	  "into the directory OUTDIR.  The store must be unmounted.\n"
 	  "\n"
 	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP
-	  PROGRESS_HELP,
+	  PROGRESS_HELP META_HELP,
 	  3, 3, OPT_LAYOUT | OPT_TP_RULES | OPT_PROGRESS, OPT_LAYOUT, run_export },
 	{ "verify", "STORE [--sample N%|N] [--bytes SIZE] [--seed N] [--progress|--no-progress]",
 	  { "STORE" },
@@ -802,7 +856,7 @@ static const struct command commands[] = {
 	  "  --bytes SIZE      read random chunks until SIZE stored bytes are read\n"
 	  "                    (e.g. 500M, 20G); with --sample, whichever ends first\n"
 	  "  --seed N          the random choice of chunks (default: a new one each run)\n"
-	  PROGRESS_HELP,
+	  PROGRESS_HELP META_HELP,
 	  1, 1, OPT_SAMPLE | OPT_BYTES | OPT_SEED | OPT_PROGRESS, 0, run_verify },
 	{ "du", "STORE [PATH] [--json]", { "STORE", "PATH" },
 	  "logical, unique and stored bytes of each directory under PATH (works mounted)",
@@ -812,7 +866,7 @@ static const struct command commands[] = {
 	  "stored bytes (of every chunk it uses, compressed, each counted once).\n"
 	  "PATH is a path inside the store.  Works while the store is mounted (files\n"
 	  "closed in the last second may not be counted yet).\n"
-	  "\n" JSON_HELP,
+	  "\n" JSON_HELP META_HELP,
 	  1, 2, OPT_JSON, 0, run_du },
 	{ "prune", "DIR [--keep-last N] [--keep-every K] [--dry-run]", { "DIR" },
 	  "delete old checkpoint step directories by a retention policy",
@@ -943,6 +997,14 @@ static int run_command(const struct command *c, int argc, char **argv)
 								   od->name);
 					*(const char **)((char *)&a + od->off) = v;
 				}
+			}
+			/* every command takes --meta (the store's metadata engine) */
+			if (!od && ((v = option_value(argc, argv, &i, "--meta", &missing)) ||
+				    missing)) {
+				if (missing)
+					return usage_error(c, "option '--meta' needs a value");
+				meta_where = v;
+				continue;
 			}
 			if (!od)
 				return usage_error(c, "unknown option '%s'", arg);

@@ -36,6 +36,10 @@ struct args {
 	int progress;           /* enum ckpt_bar_mode: --progress / --no-progress */
 };
 
+/* --meta CONNINFO (every command): the store's metadata is in PostgreSQL
+ * (docs/cluster.md); NULL: RocksDB in STORE/index.  open_store_opts uses it. */
+extern const char *meta_where;
+
 /* Open the store at path with the options in *o (mode and compaction
  * threshold set by the caller; no chunk cache); errors are printed. */
 int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_store **ret);

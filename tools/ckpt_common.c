@@ -35,12 +35,19 @@ int print_json_doc(json_t *doc)
 	return 0;
 }
 
+const char *meta_where;
+
 int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_store **ret)
 {
 	char err[512];
 	int r;
 
 	o->cache_size = 0;
+	if (meta_where) {
+		o->meta_engine = "postgresql";
+		o->meta_where = meta_where;
+		o->create = false;
+	}
 	/* A daemon that was just unmounted may still be flushing: give it a
 	 * few seconds to let go of the store before calling it busy. */
 	for (int tries = 0;; tries++) {

@@ -42,6 +42,9 @@ for _ in $(seq 150); do
 	sleep 0.2
 done
 "$top/tools/ckpt" stat "$store"
+echo "== what these numbers mean"
+/usr/bin/python3 "$top/tools/demo_summary.py" --ckpt "$top/tools/ckpt" \
+	--views tp1_pp1,tp4_pp2 --dir step_0003 "$mnt" "$store"
 echo "== unmount and verify (ckpt fsck)"
 fusermount3 -u "$mnt"
 trap - EXIT

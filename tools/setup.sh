@@ -25,6 +25,9 @@ PKGS+=(go-md2man)
 # recommended by clang, so not installed with --no-install-recommends): the libFuzzer harnesses
 # (tests/fuzz, configure --enable-fuzzers).
 PKGS+=(clang libclang-rt-dev)
+# libpq-dev: the PostgreSQL metadata engine (core/meta/postgres.c, docs/cluster.md) links libpq;
+# postgresql: its tests start a server of their own (initdb, pg_ctl; tests/pglib.c).
+PKGS+=(libpq-dev postgresql)
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -69,7 +72,7 @@ echo "setup: built fs/ckptfs and tools/ckpt"
 # torch), so they go in with --no-deps and their own dependencies are listed here explicitly.
 VENV=.venv
 TORCH_PIN=torch==2.13.0+cpu
-PINS=(safetensors==0.8.0 transformers==5.24.0 pytest==9.2.0 numpy==2.4.6)
+PINS=(safetensors==0.8.0 transformers==5.24.0 pytest==9.2.0 numpy==2.4.6 prometheus_client==0.26.0)
 NODEPS_PINS=(bytecheckpoint==0.0.2 megatron-core==0.16.1)
 # the dependencies of the --no-deps packages that they import (bytecheckpoint: grpcio, protobuf,
 # mmh3, universal-pathlib, cachetools; megatron-core: numpy and packaging, already above)

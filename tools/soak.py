@@ -61,6 +61,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 MiB = 1024 * 1024
 SHARDS = 16           # TP ranks: files per step, written at once
@@ -417,6 +418,12 @@ def main(argv):
                 ok = tap(last <= ref + args.margin * MiB, desc) and ok
     except Exception as e:
         ok = tap(False, f"soak stopped: {e!r}")
+        for line in traceback.format_exc().splitlines():
+            note(line)
+        if d.log and os.path.exists(d.log):
+            with open(d.log, errors="replace") as f:
+                for line in f.readlines()[-30:]:
+                    note("daemon: " + line.rstrip())
     finally:
         rc = d.stop()
         if rc is not None:

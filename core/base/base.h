@@ -12,6 +12,8 @@
  *   hash.h    chunk identity: the table of hash algorithms (a store records
  *             the id of its own) and keyed XXH3-128 digests; XXH3-64
  *             checksums of stored bytes
+ *   metrics.h the process's counters and histograms, collectors, and their
+ *             rendering in the Prometheus text format
  *   jalloc.h  scoped arena allocation for jansson's objects (safetensors
  *             headers), per thread
  *   progress.h  the progress callback of long operations (fsck, gc,
@@ -32,6 +34,7 @@
 
 #include "base/hash.h"
 #include "base/jalloc.h"
+#include "base/metrics.h"
 #include "base/progress.h"
 #include "base/util.h"
 

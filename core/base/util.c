@@ -2,32 +2,193 @@
 #include "base/util.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 
+/*
+ * The sink: chosen once at start (util.h).  log_fd is the file sink's own
+ * descriptor; ckpt_log_reopen() replaces the open file behind it with
+ * dup2(), so that writers never see it closed.  log_path is copied into a
+ * static buffer because the reopen may run in a signal handler.
+ */
+enum log_sink { SINK_PLAIN, SINK_STDERR, SINK_FILE, SINK_SYSLOG };
+
 static enum ckpt_log_level log_level = CKPT_LOG_WARN;
+static enum log_sink log_sink = SINK_PLAIN;
+static int log_fd = -1;
+static bool log_capture;
+static char log_path[PATH_MAX];
+
+static const char *const level_names[] = { "error", "warning", "info", "debug" };
 
 void ckpt_log_set_level(enum ckpt_log_level level)
 {
 	log_level = level;
 }
 
+enum ckpt_log_level ckpt_log_get_level(void)
+{
+	return log_level;
+}
+
+const char *ckpt_log_level_name(enum ckpt_log_level level)
+{
+	return (unsigned)level < CKPT_ARRAY_SIZE(level_names) ? level_names[level] : "?";
+}
+
+long ckpt_gettid(void)
+{
+	static __thread long tid;
+
+	if (!tid)
+		tid = (long)syscall(SYS_gettid);
+	return tid;
+}
+
+void ckpt_log_to_stderr(bool stamped)
+{
+	log_sink = stamped ? SINK_STDERR : SINK_PLAIN;
+}
+
+int ckpt_log_to_file(const char *path)
+{
+	int fd;
+
+	if (strlen(path) >= sizeof(log_path))
+		return -ENAMETOOLONG;
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (log_fd >= 0)
+		close(log_fd);
+	strcpy(log_path, path);
+	log_fd = fd;
+	log_capture = false;
+	log_sink = SINK_FILE;
+	return 0;
+}
+
+int ckpt_log_capture_stderr(void)
+{
+	if (log_sink != SINK_FILE || log_fd < 0)
+		return -EINVAL;
+	if (dup2(log_fd, STDERR_FILENO) < 0)
+		return -errno;
+	log_capture = true;
+	return 0;
+}
+
+void ckpt_log_to_syslog(const char *ident)
+{
+	openlog(ident, LOG_PID, LOG_DAEMON);
+	log_sink = SINK_SYSLOG;
+}
+
+int ckpt_log_reopen(void)
+{
+	int saved = errno, fd, r = 0;
+
+	if (log_sink != SINK_FILE || log_fd < 0)
+		return 0;
+	fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		r = -errno;
+		goto out;
+	}
+	if (dup3(fd, log_fd, O_CLOEXEC) < 0 ||
+	    (log_capture && dup2(fd, STDERR_FILENO) < 0))
+		r = -errno;
+	close(fd);
+out:
+	errno = saved;
+	return r;
+}
+
+size_t ckpt_log_format(char *buf, size_t len, int64_t now_ns, long pid, long tid,
+		       enum ckpt_log_level level, const char *msg)
+{
+	time_t sec = (time_t)(now_ns / 1000000000);
+	struct tm tm;
+	int n;
+
+	if (len == 0)
+		return 0;
+	gmtime_r(&sec, &tm);
+	n = snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ ckptfs[%ld/%ld] %s: %s\n",
+		     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+		     tm.tm_sec, (int)(now_ns / 1000000 % 1000), pid, tid,
+		     ckpt_log_level_name(level), msg);
+	if (n < 0) {
+		buf[0] = '\0';
+		return 0;
+	}
+	if ((size_t)n >= len) { /* cut: still one line */
+		n = (int)len - 1;
+		if (n > 0)
+			buf[n - 1] = '\n';
+		buf[n] = '\0';
+	}
+	return (size_t)n;
+}
+
+static void write_all(int fd, const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(fd, p, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return; /* nowhere to report it */
+		p += w;
+		n -= (size_t)w;
+	}
+}
+
 void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 {
-	static const char *const names[] = { "error", "warning", "info", "debug" };
-	char buf[2048];
+	static const int prio[] = { LOG_ERR, LOG_WARNING, LOG_INFO, LOG_DEBUG };
+	char msg[2048], line[2200];
+	int saved = errno;
+	size_t n;
 	va_list ap;
 
-	if (level > log_level)
+	if (level > log_level || (unsigned)level >= CKPT_ARRAY_SIZE(prio))
 		return;
 	va_start(ap, fmt);
-	vsnprintf(buf, sizeof(buf), fmt, ap);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "ckptfs: %s: %s\n", names[level], buf);
+	switch (log_sink) {
+	case SINK_PLAIN:
+		n = (size_t)snprintf(line, sizeof(line), "ckptfs: %s: %s\n", level_names[level], msg);
+		write_all(STDERR_FILENO, line, CKPT_MIN(n, sizeof(line) - 1));
+		break;
+	case SINK_STDERR:
+	case SINK_FILE:
+		n = ckpt_log_format(line, sizeof(line), ckpt_now_ns(), (long)getpid(), ckpt_gettid(),
+				    level, msg);
+		write_all(log_sink == SINK_FILE ? log_fd : STDERR_FILENO, line, n);
+		break;
+	case SINK_SYSLOG:
+		syslog(prio[level], "[%ld] %s: %s", ckpt_gettid(), level_names[level], msg);
+		break;
+	}
+	errno = saved;
+}
+
+bool ckpt_ratelimit_ok(struct ckpt_ratelimit *rl, int64_t now_mono_ns)
+{
+	if (rl->last_ns != 0 && now_mono_ns - rl->last_ns < rl->interval_ns)
+		return false;
+	rl->last_ns = now_mono_ns;
+	return true;
 }
 
 void ckpt_str_one_line(char *s)

@@ -84,7 +84,22 @@ int ckpt_opendir_dup(int dfd, DIR **ret_dir);
 int64_t ckpt_now_ns(void);
 int64_t ckpt_mono_ns(void);
 
-/* Log levels, in order of severity. */
+/*
+ * Logging.  One line per message, written with one write() (lines of
+ * concurrent threads never interleave), to one sink:
+ *   - stderr, plain (the default, for command-line tools):
+ *       ckptfs: LEVEL: MESSAGE
+ *   - stderr, stamped, or a file (ckpt_log_to_file, appended), stamped:
+ *       2026-12-02T06:30:01.123Z ckptfs[PID/TID] LEVEL: MESSAGE
+ *     (UTC, milliseconds; PID the process, TID the thread as gettid(2))
+ *   - syslog(3) (ckpt_log_to_syslog: facility LOG_DAEMON, LOG_PID), with
+ *     the level as its priority (LOG_ERR, LOG_WARNING, LOG_INFO,
+ *     LOG_DEBUG) and the message "[TID] LEVEL: MESSAGE".
+ * LEVEL is error, warning, info or debug.  Messages longer than about 2
+ * KiB are cut.  Choose the sink and the level once at start, before other
+ * threads log (the sink is not switched atomically); ckpt_log() and
+ * ckpt_log_reopen() may then be called from any thread.
+ */
 enum ckpt_log_level {
 	CKPT_LOG_ERR = 0,
 	CKPT_LOG_WARN = 1,
@@ -92,11 +107,55 @@ enum ckpt_log_level {
 	CKPT_LOG_DEBUG = 3,
 };
 
-/* Messages at or below this level are written to stderr (a detached daemon's
- * stderr is its log file).  Default: CKPT_LOG_WARN. */
+/* Messages at or below this level are written.  Default: CKPT_LOG_WARN
+ * (the daemon sets its own, options.c). */
 void ckpt_log_set_level(enum ckpt_log_level level);
+enum ckpt_log_level ckpt_log_get_level(void);
+/* The name of a level as lines show it ("error" .. "debug"). */
+const char *ckpt_log_level_name(enum ckpt_log_level level);
+
+/* Sinks.  ckpt_log_to_stderr: stamped or plain lines on stderr.
+ * ckpt_log_to_file: path (absolute, kept for reopening) opened for
+ * appending (created 0600), stamped lines; 0, or -errno with the sink
+ * unchanged.  ckpt_log_capture_stderr: the file sink's file also becomes
+ * stderr (fd 2), now and at every reopen, so that what libraries print
+ * there lands in it (a detached daemon); 0 or -errno.
+ * ckpt_log_to_syslog: openlog(ident, LOG_PID, LOG_DAEMON). */
+void ckpt_log_to_stderr(bool stamped);
+int ckpt_log_to_file(const char *path);
+int ckpt_log_capture_stderr(void);
+void ckpt_log_to_syslog(const char *ident);
+
+/* Reopen the file sink's path (logrotate renamed or removed the file):
+ * the next lines go to a file by that name, created if needed.  Only
+ * async-signal-safe calls (open, dup2, close): callable from a signal
+ * handler.  0 (also when the sink is not a file) or -errno (the old file
+ * stays in use). */
+int ckpt_log_reopen(void);
+
+/* The stamped line of a message as the stderr and file sinks write it,
+ * with its newline, into buf (len bytes, cut to fit, NUL-terminated):
+ * now_ns wall-clock time.  Returns the line's length without the NUL. */
+size_t ckpt_log_format(char *buf, size_t len, int64_t now_ns, long pid, long tid,
+		       enum ckpt_log_level level, const char *msg);
+
+/* The calling thread's id (gettid(2)). */
+long ckpt_gettid(void);
+
 void ckpt_log(enum ckpt_log_level level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/*
+ * Rate limiting for summary lines of busy work: ckpt_ratelimit_ok() is true
+ * when at least interval_ns passed since the last time it was true (and the
+ * first time); the caller then logs what it accumulated meanwhile.  Not
+ * thread-safe: one limiter per thread of work.
+ */
+struct ckpt_ratelimit {
+	int64_t interval_ns;
+	int64_t last_ns; /* 0: never */
+};
+bool ckpt_ratelimit_ok(struct ckpt_ratelimit *rl, int64_t now_mono_ns);
 
 #define ckpt_err(...) ckpt_log(CKPT_LOG_ERR, __VA_ARGS__)
 #define ckpt_warn(...) ckpt_log(CKPT_LOG_WARN, __VA_ARGS__)

@@ -318,6 +318,13 @@ static inline int ckpt_cb_reclaim(ckpt_chunk_backend *b, uint64_t id)
 {
 	return b->ops->reclaim(b, id);
 }
+static inline int ckpt_cb_scan(ckpt_chunk_backend *b, uint64_t id,
+			       int (*cb)(void *ud, const struct ckpt_chunk_loc *loc,
+					 const struct ckpt_chunk_rec *rec),
+			       void *ud)
+{
+	return b->ops->scan(b, id, cb, ud);
+}
 static inline int ckpt_cb_statfs(ckpt_chunk_backend *b, struct statvfs *ret)
 {
 	return b->ops->statfs(b, ret);

@@ -45,17 +45,30 @@
  * engine, -EBUSY the engine is held by another writer (open), -ENOSPC,
  * -ENOMEM, -EIO anything else.  open() writes a reason to err.
  *
- * A second engine (issue 24: PostgreSQL, so that daemons on several nodes
- * share one store's metadata) implements the same ops: a transaction is one
- * SQL transaction (BEGIN ISOLATION LEVEL REPEATABLE READ or SERIALIZABLE);
- * FOR_UPDATE reads are SELECT ... FOR UPDATE; a conflict is a serialization
- * failure or deadlock (SQLSTATE 40001 / 40P01) mapped to -EAGAIN; a scan is
- * a keyset query over (key >= start AND key < prefix successor) ORDER BY
- * key, paged by a cursor; reads outside a transaction are autocommit
- * SELECTs; durable commits run with synchronous_commit on and non-durable
- * ones may set it off; sync and flush are no-ops (every commit reached the
- * server); "where" is a connection string and the table is (key bytea
- * primary key, value bytea).
+ * A second engine, "postgresql" (postgres.c), lets daemons on several nodes
+ * share one store's metadata (docs/cluster.md section 2): "where" is a libpq
+ * connection string; the keys and values are rows of one table; a
+ * transaction buffers its writes in the daemon and commits them in one SQL
+ * transaction that first locks and checks the rows of every key it read for
+ * update or wrote (optimistic, as this contract requires); durable commits
+ * run with synchronous_commit on.  Its calls wait for the server with a
+ * deadline and fail with -EIO past it, never hang.
+ *
+ * The metadata log (meta/mlog.h).  An engine opened read-write with
+ * opts.log_dir keeps a second copy of its contents there: every commit's
+ * writes are appended to a log before the engine applies them, and
+ * snapshots of the whole key space are taken as the log grows
+ * (ckpt_engine_backup), so that damaged engine files can be rebuilt
+ * (`ckpt repair`, docs/design.md section 15).  Each logged commit has a
+ * number, and its record the engine's stamp once it is applied (ops
+ * stamp); the engine records at each open which commit it holds
+ * (CKPT_ENGINE_MARK_KEY), and open finds by its stamp where it stands in
+ * the log: commits the engine lacks (its write-ahead log lost them) are
+ * replayed from the log, and an engine ahead of its log (or one without a
+ * log yet) gets a new snapshot.  A log that cannot be written fails the
+ * commit (nothing applied).  A
+ * PostgreSQL engine would not use it: its own WAL archiving and base
+ * backups are the same thing, server-side.
  */
 #ifndef CKPT_ENGINE_H
 #define CKPT_ENGINE_H
@@ -74,7 +87,18 @@ struct ckpt_engine_opts {
 	bool create;          /* create it if missing */
 	bool read_only;       /* no writes; do not take the writer's lock */
 	uint64_t cache_bytes; /* read cache, 0 for the engine's default */
+	const char *log_dir;  /* the metadata log's directory (created if
+			       * missing); NULL: none.  Not with read_only. */
+	uint32_t timeout_ms;  /* a server engine: how long one call waits for the
+			       * server (reconnecting) before it fails with -EIO;
+			       * 0 for the engine's default (30 s) */
 };
+
+/* The logged commit the engine held at its last read-write open: key 'M'
+ * "mlog_at", le64 (docs/format.md section 5.1).  Written by engine.c at
+ * open (not logged, left out of snapshots). */
+#define CKPT_ENGINE_MARK_KEY "Mmlog_at"
+#define CKPT_ENGINE_MARK_KEY_LEN 8
 
 /* ---- registry ---- */
 
@@ -106,6 +130,15 @@ int ckpt_engine_sync(ckpt_engine *e);
 /* Write buffered state to the engine's files and sync (before a close
  * that should leave little to replay). */
 int ckpt_engine_flush(ckpt_engine *e);
+/* Take a snapshot of the engine into its metadata log now (a consistent
+ * copy at one commit; commits go on meanwhile).  -EOPNOTSUPP without a
+ * log. */
+int ckpt_engine_backup(ckpt_engine *e);
+/* True when the engine has a metadata log that wants a new snapshot
+ * (ckpt_mlog_due). */
+bool ckpt_engine_backup_due(ckpt_engine *e);
+/* The metadata log's directory, NULL without one. */
+const char *ckpt_engine_log_dir(const ckpt_engine *e);
 
 /* ---- transactions ---- */
 
@@ -127,6 +160,12 @@ int ckpt_txn_delete(ckpt_txn *t, const void *key, size_t klen);
 int ckpt_txn_commit(ckpt_txn *t, bool durable);
 /* Drop the writes and end t.  NULL-safe. */
 void ckpt_txn_abort(ckpt_txn *t);
+/* Mark t as a transaction that releases space (it deletes files or chunk
+ * records): when the filesystem holding the engine's files is nearly full,
+ * an engine that keeps a space allowance (the RocksDB engine) still lets it
+ * commit, into that allowance, while it refuses other writes with -ENOSPC,
+ * so that deleting files keeps working on a full disk. */
+void ckpt_txn_releases_space(ckpt_txn *t);
 
 /* Retry policy for a transaction that failed with r: true (after a short
  * back-off that grows with *attempt) when r is -EAGAIN and fewer than
@@ -162,10 +201,18 @@ typedef int (*ckpt_engine_val_fn)(void *arg, const uint8_t *val, size_t len);
 /* Every driver's engine, transaction and scan objects start with these. */
 struct ckpt_engine {
 	const struct ckpt_engine_ops *ops;
+	struct ckpt_mlog *mlog; /* engine.c's: the metadata log, NULL without;
+				 * set at open, then fixed */
 };
 struct ckpt_txn {
 	ckpt_engine *engine;
-	int err; /* first failed put/delete (engine.c); commit returns it */
+	int err;            /* first failed put/delete (engine.c); commit returns it */
+	bool releases_space; /* ckpt_txn_releases_space() (cleared by begin) */
+	/* engine.c's: the writes, serialized for the metadata log (when the
+	 * engine has one); emptied at begin, kept with a reused object */
+	uint8_t *lbuf;
+	size_t llen, lcap;
+	uint32_t lops;
 };
 struct ckpt_scan {
 	ckpt_engine *engine;
@@ -176,6 +223,9 @@ struct ckpt_scan {
  * returns what it returns; -ENOENT when absent (fn not called). */
 struct ckpt_engine_ops {
 	const char *name;
+	/* Several processes, on several nodes, may open it read-write at
+	 * once (a server engine); false: one writer process at a time. */
+	bool shared;
 	int (*open)(const char *where, const struct ckpt_engine_opts *o, ckpt_engine **ret,
 		    char *err, size_t errlen);
 	void (*close)(ckpt_engine *e);
@@ -193,8 +243,40 @@ struct ckpt_engine_ops {
 	void (*scan_free)(ckpt_scan *sc);
 	int (*sync)(ckpt_engine *e);
 	int (*flush)(ckpt_engine *e);
+	/* Run fn(arg) while no commit of e is being applied (the commit
+	 * exclusion the driver calls ckpt_engine_log_commit under); fn may call
+	 * scan_new. */
+	int (*quiesce)(ckpt_engine *e, int (*fn)(void *arg), void *arg);
+	/* A number that grows with every write applied to the engine and is
+	 * the same after a restart (RocksDB: its latest sequence number);
+	 * needed by an engine that keeps a metadata log. */
+	uint64_t (*stamp)(ckpt_engine *e);
+	/* Optional (NULL: none): rebuild the engine's own bookkeeping at where
+	 * from whatever of its data files can still be read, in place, for
+	 * `ckpt repair` when no intact copy exists (RocksDB: RepairDB).  What
+	 * it gives back must be checked record by record. */
+	int (*salvage)(const char *where, char *err, size_t errlen);
 };
 
+/*
+ * For drivers.  A commit that writes calls ckpt_engine_log_commit() under
+ * its commit exclusion, after its conflict check and before it applies
+ * t's writes, with the stamp the engine will have once they are applied:
+ * the writes are appended to the engine's metadata log.  An error fails
+ * the commit (nothing written).  If applying then fails,
+ * ckpt_engine_log_undo() takes the log record back; if the stamp turns out
+ * other than announced, ckpt_engine_log_stale() marks the log broken until
+ * the next snapshot.  ckpt_txn_base_free() frees engine.c's part of a
+ * transaction object the driver frees; ckpt_txn_base_trim() drops a large
+ * buffer of one it keeps for reuse.
+ */
+int ckpt_engine_log_commit(ckpt_txn *t, uint64_t stamp);
+void ckpt_engine_log_undo(ckpt_txn *t);
+void ckpt_engine_log_stale(ckpt_engine *e);
+void ckpt_txn_base_free(ckpt_txn *t);
+void ckpt_txn_base_trim(ckpt_txn *t);
+
 extern const struct ckpt_engine_ops ckpt_engine_rocksdb;
+extern const struct ckpt_engine_ops ckpt_engine_postgres;
 
 #endif

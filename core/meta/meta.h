@@ -15,6 +15,10 @@
  *              writes in transactions (ckpt_meta_*)
  *   commit.h   commits of file content: extent lists, inode size and times
  *              and chunk reference counts in one transaction
+ *   mlog.h     the metadata log: snapshots of an engine's contents and a log
+ *              of every commit after them, in the engine's own directory
+ *              beside it, from which a damaged engine is rebuilt; driven by
+ *              engine.c, read by the store's repair
  * The store (core/store) owns one engine, one namespace and the in-memory
  * state around them: the overlay of closed files not yet committed, the
  * pending table of chunks written but not yet indexed, and the chunk
@@ -37,6 +41,7 @@
 
 #include "meta/commit.h"
 #include "meta/engine.h"
+#include "meta/mlog.h"
 #include "meta/ns.h"
 #include "meta/records.h"
 

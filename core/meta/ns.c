@@ -476,8 +476,10 @@ static int unlink_txn(ckpt_txn *t, void *arg)
 	uint64_t ino;
 	uint32_t m;
 	int64_t now = ckpt_now_ns();
-	int r = get_dir(ns, t, a->parent, &dir);
+	int r;
 
+	ckpt_txn_releases_space(t); /* works on a full disk (engine.h) */
+	r = get_dir(ns, t, a->parent, &dir);
 	if (r < 0)
 		return r;
 	r = get_dentry(ns, t, a->parent, a->name, &ino, &m);
@@ -706,9 +708,10 @@ static int reap_txn(ckpt_txn *t, void *arg)
 	struct ckpt_extent_list *old = NULL;
 	struct ckpt_inode in;
 	uint8_t key[16];
-	int r = ckpt_txn_has(t, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, a->ino),
-			     CKPT_TXN_FOR_UPDATE);
+	int r;
 
+	ckpt_txn_releases_space(t); /* works on a full disk (engine.h) */
+	r = ckpt_txn_has(t, key, ckpt_key_ino(key, CKPT_KEY_ORPHAN, a->ino), CKPT_TXN_FOR_UPDATE);
 	a->gone = false;
 	if (r <= 0)
 		return r < 0 ? r : 1;

@@ -8,8 +8,9 @@
 #define BG_IDLE_NS (1000 * 1000000ll) /* writes paused this long: background may run */
 #define BG_BATCH 32
 
-/* A chunk still in the pending table is moved there (if it is still at
- * v->old); true if it was found there. */
+/* A chunk still in the pending table at v->old is moved there; true if
+ * it was.  (A pending entry elsewhere leaves the index entry to be
+ * checked: it may name v->old.) */
 static bool pending_relocate(ckpt_store *s, const struct reloc *v)
 {
 	struct pending *p;
@@ -18,9 +19,10 @@ static bool pending_relocate(ckpt_store *s, const struct reloc *v)
 	pthread_mutex_lock(&s->pending_lock);
 	for (p = s->pending[st_pending_bucket(&v->d)]; p; p = p->next) {
 		if (!memcmp(p->digest.bytes, v->d.bytes, CKPT_DIGEST_LEN)) {
-			if (ckpt_chunk_loc_same(&p->loc, &v->old))
+			if (ckpt_chunk_loc_same(&p->loc, &v->old)) {
 				p->loc = v->new;
-			found = true;
+				found = true;
+			}
 			break;
 		}
 	}
@@ -40,6 +42,7 @@ static int publish_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 	struct publish_arg *a = arg;
 	size_t nput = 0;
 
+	ckpt_txn_releases_space(t); /* moves let packs be reclaimed (meta/engine.h) */
 	for (size_t i = 0; i < a->n; i++) {
 		const struct reloc *v = &a->v[i];
 		struct ckpt_chunk_loc cur;
@@ -130,7 +133,8 @@ static void bg_compress(ckpt_store *s, const struct bg_item *items, size_t n)
 			rec.stored_len = (uint32_t)out_len;
 			rec.raw_len = loc.raw_len;
 			memcpy(rec.digest, items[i].d.bytes, CKPT_DIGEST_LEN);
-			if (st_check_space(s, out_len, true) < 0 || st_append_record_bg(s, &rec, out, &nl) < 0)
+			if (st_check_space(s, out_len, ST_SPACE_MOVE) < 0 ||
+			    st_append_record_bg(s, &rec, out, &nl) < 0)
 				continue;
 			s->bg.compressed++;
 			s->bg.compressed_out += out_len;
@@ -160,8 +164,25 @@ static int bg_compact(ckpt_store *s)
 	return r;
 }
 
+/* A snapshot of the index into its metadata log when one is due (after a
+ * failure, not again for a minute). */
+static void bg_backup(ckpt_store *s, int64_t *retry_ns)
+{
+	int r;
+
+	if (!ckpt_engine_backup_due(s->eng) || ckpt_mono_ns() < *retry_ns)
+		return;
+	r = ckpt_engine_backup(s->eng);
+	if (r < 0) {
+		ckpt_warn("%s: cannot take a snapshot of the index into %s: %s (retrying in a "
+			  "minute)", s->path, ckpt_engine_log_dir(s->eng), strerror(-r));
+		*retry_ns = ckpt_mono_ns() + 60 * 1000000000LL;
+	}
+}
+
 void *st_bg_main(void *arg)
 {
+	int64_t backup_retry_ns = 0;
 	ckpt_store *s = arg;
 	struct bg_item items[BG_BATCH];
 
@@ -188,14 +209,26 @@ void *st_bg_main(void *arg)
 		if (n > 0) {
 			bg_compress(s, items, n);
 		} else {
-			/* The queue is empty: make the overlay durable first (its
-			 * chunks are pending and pin their packs), then compact. */
+			/* The queue is empty: index the overlay first (its chunks
+			 * are pending and pin their packs), drop garbage chunks
+			 * (reclaim.c), then compact. */
+			uint64_t kicks;
+			int dropped;
+
 			ckpt_store_flush(s);
-			if (bg_compact(s) <= 0) {
+			/* a kick from now on (a commit, a hold ended) means another
+			 * look; the flush's own commit does not */
+			pthread_mutex_lock(&s->bg_lock);
+			kicks = s->bg_kicks;
+			pthread_mutex_unlock(&s->bg_lock);
+			bg_backup(s, &backup_retry_ns);
+			dropped = st_reclaim_round(s);
+			if (bg_compact(s) <= 0 && dropped <= 0) {
 				pthread_mutex_lock(&s->bg_lock);
-				if (s->bgq_n == s->bgq_head)
+				if (s->bgq_n == s->bgq_head && s->bg_kicks == kicks)
 					s->bg_compact_clean = true;
 				pthread_mutex_unlock(&s->bg_lock);
+				st_bg_report(s, false); /* the pass is over */
 			}
 		}
 		pthread_mutex_lock(&s->bg_lock);

@@ -55,9 +55,15 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 	if (r == 0) {
 		pthread_mutex_lock(&s->ns_lock);
 		r = ckpt_content_commit(&s->cenv, cv, n, durable, &added, &nadded);
-		for (size_t i = 0; r == 0 && i < nadded; i++)
+		for (size_t i = 0; r == 0 && i < nadded; i++) {
 			st_pending_remove(s, &added[i]); /* the index names it now */
+			st_revive(s, &added[i]);   /* referenced again (reclaim.c) */
+		}
 		pthread_mutex_unlock(&s->ns_lock);
+		if (r == 0)
+			st_bg_kick(s); /* old content may be garbage now */
+		if (r == 0)
+			ckpt_metric_add(CKPT_M_FILES_COMMITTED, n);
 	}
 	free(added);
 	free(cv);
@@ -97,19 +103,14 @@ struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino)
 	return c;
 }
 
-/* Reinsert an entry taken out for a commit that failed, unless a newer
- * one arrived meanwhile (then c is dropped).  Takes ownership of c. */
-static void overlay_put_back(ckpt_store *s, struct commit *c)
+/* Free an overlay entry whose content never reached the index (replaced
+ * by a newer close, or its file deleted): whoever copied it may still read
+ * its chunks (reclaim.c).  Caller holds overlay_lock or commit_lock. */
+void st_commit_discard(ckpt_store *s, struct commit *c)
 {
-	pthread_mutex_lock(&s->overlay_lock);
-	if (!st_overlay_find_locked(s, c->ino)) {
-		c->next = s->overlay[c->ino % COMMIT_BUCKETS];
-		s->overlay[c->ino % COMMIT_BUCKETS] = c;
-		s->overlay_n++;
-		s->overlay_bytes += c->list->size;
-		c = NULL;
-	}
-	pthread_mutex_unlock(&s->overlay_lock);
+	if (!c)
+		return;
+	st_revive_list(s, c->list);
 	st_commit_free(c);
 }
 
@@ -241,18 +242,56 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 	c->flags = flags;
 	c->mtime_ns = mtime_ns;
 	if (durable) {
-		struct commit *prev;
+		/*
+		 * The last close's overlay entry (if any) stays while the index is
+		 * written, and goes once the index holds the new content, unless a
+		 * newer close replaced it meanwhile: an entry leaves the overlay
+		 * only after the index holds its content or newer, so that a reader
+		 * that finds no entry finds the content in the index (getattr,
+		 * load_extents).  The flusher cannot index the old entry after this
+		 * commit: both hold commit_lock.  On failure the last close's
+		 * content stays the file's.
+		 */
+		uint64_t prev_seq = 0;
 
 		pthread_mutex_lock(&s->commit_lock);
-		prev = st_overlay_take(s, ino); /* superseded if this succeeds */
+		pthread_mutex_lock(&s->overlay_lock);
+		old = st_overlay_find_locked(s, ino);
+		if (old)
+			prev_seq = old->seq;
+		pthread_mutex_unlock(&s->overlay_lock);
 		r = commit_many(s, &c, 1, true);
-		if (r < 0 && prev)
-			overlay_put_back(s, prev); /* the last close stays visible */
-		else
-			st_commit_free(prev);
+		if (r == 0 && prev_seq) {
+			pthread_mutex_lock(&s->overlay_lock);
+			old = st_overlay_find_locked(s, ino);
+			if (old && old->seq == prev_seq)
+				st_commit_discard(s, overlay_take_locked(s, ino)); /* superseded */
+			pthread_mutex_unlock(&s->overlay_lock);
+		}
 		pthread_mutex_unlock(&s->commit_lock);
 		st_commit_free(c);
 		return r;
+	}
+	if (s->opts.node) {
+		/* A node of a shared store indexes at every close, so that an open
+		 * on another node sees the file (close-to-open across nodes,
+		 * docs/cluster.md section 3): the chunks are synced and the content
+		 * committed, not durably.  If that fails the entry goes to the
+		 * overlay as on one node, the flusher retries it, and other nodes
+		 * see the previous content until then. */
+		struct commit *prev;
+
+		pthread_mutex_lock(&s->commit_lock);
+		prev = st_overlay_take(s, ino); /* superseded by c either way */
+		r = commit_many(s, &c, 1, false);
+		pthread_mutex_unlock(&s->commit_lock);
+		st_commit_free(prev);
+		if (r == 0) {
+			st_commit_free(c);
+			return 0;
+		}
+		ckpt_warn("%s: cannot index closed file (inode %" PRIu64 ") at close: %s (will "
+			  "retry)", s->path, ino, strerror(-r));
 	}
 	pthread_mutex_lock(&s->overlay_lock);
 	old = overlay_take_locked(s, ino);
@@ -263,27 +302,50 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 	s->overlay_bytes += l->size;
 	if (s->overlay_bytes > CKPT_OVERLAY_FLUSH_BYTES)
 		pthread_cond_signal(&s->flusher_cond);
+	/* while the overlay is not empty: no drop runs (reclaim.c) */
+	st_commit_discard(s, old);
 	pthread_mutex_unlock(&s->overlay_lock);
-	st_commit_free(old);
 	return 0;
 }
 
 int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
 {
-	struct commit *c;
-	int r;
+	struct commit *c = NULL, *e;
+	int r = 0;
 
 	if (s->opts.mode != CKPT_STORE_RW)
 		return 0;
 	pthread_mutex_lock(&s->commit_lock);
-	c = st_overlay_take(s, ino);
+	/* Index a copy; the entry stays in the overlay until the index holds
+	 * it (see ckpt_store_commit_file), and for the flusher on failure. */
+	pthread_mutex_lock(&s->overlay_lock);
+	e = st_overlay_find_locked(s, ino);
+	if (e) {
+		c = calloc(1, sizeof(*c));
+		if (c)
+			c->list = ckpt_extent_list_dup(e->list);
+		if (!c || !c->list) {
+			st_commit_free(c);
+			c = NULL;
+			r = -ENOMEM;
+		} else {
+			c->ino = e->ino;
+			c->flags = e->flags;
+			c->mtime_ns = e->mtime_ns;
+			c->seq = e->seq;
+		}
+	}
+	pthread_mutex_unlock(&s->overlay_lock);
 	if (c)
 		r = commit_many(s, &c, 1, true);
-	else
+	else if (r == 0)
 		r = ckpt_engine_sync(s->eng);
-	if (r < 0 && c) {
-		overlay_put_back(s, c); /* keep it for the background flush */
-		c = NULL;
+	if (r == 0 && c) {
+		pthread_mutex_lock(&s->overlay_lock);
+		e = st_overlay_find_locked(s, ino);
+		if (e && e->seq == c->seq)
+			st_commit_free(overlay_take_locked(s, ino));
+		pthread_mutex_unlock(&s->overlay_lock);
 	}
 	pthread_mutex_unlock(&s->commit_lock);
 	st_commit_free(c);

@@ -6,6 +6,46 @@
  */
 #include "store/store_int.h"
 
+/* The pending (not yet indexed) chunks that live in unit id: *ret (NULL
+ * when none) and their count, or -ENOMEM. */
+static int pending_of_unit(ckpt_store *s, uint64_t id, struct chunk_info **ret, size_t *ret_n)
+{
+	struct chunk_info *v = NULL;
+	size_t n = 0, cap = 0;
+	int r = 0;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t b = 0; b < PENDING_BUCKETS && r == 0; b++) {
+		for (struct pending *p = s->pending[b]; p; p = p->next) {
+			if (ckpt_cb_unit_of(s->cb, &p->loc) != id)
+				continue;
+			if (n == cap) {
+				size_t nc = cap ? cap * 2 : 64;
+				struct chunk_info *nv = realloc(v, nc * sizeof(*nv));
+
+				if (!nv) {
+					r = -ENOMEM;
+					break;
+				}
+				v = nv;
+				cap = nc;
+			}
+			memset(&v[n], 0, sizeof(v[n]));
+			v[n].d = p->digest;
+			v[n].loc = p->loc;
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	if (r < 0) {
+		free(v);
+		return r;
+	}
+	*ret = v;
+	*ret_n = n;
+	return 0;
+}
+
 /* Whether a pending (not yet indexed) chunk lives in unit id. */
 static bool pending_in_unit(ckpt_store *s, uint64_t id)
 {
@@ -48,6 +88,15 @@ struct victim {
 	bool active;   /* an append target when listed */
 	uint64_t payload; /* its record bytes when listed (progress of gc) */
 };
+
+static int victim_cmp_live(const void *a, const void *b)
+{
+	const struct victim *x = a, *y = b;
+
+	if (x->live != y->live)
+		return x->live < y->live ? -1 : 1;
+	return x->id < y->id ? -1 : x->id > y->id;
+}
 
 static int victim_find(const struct victim *v, size_t n, uint64_t id)
 {
@@ -98,7 +147,7 @@ static int move_one(ckpt_store *s, ckpt_loadctx *x, const struct chunk_info *c, 
 		return 1;
 	}
 	if (r == 0)
-		r = st_check_space(s, rec.stored_len, reserve);
+		r = st_check_space(s, rec.stored_len, reserve ? ST_SPACE_MOVE : ST_SPACE_NONE);
 	if (r == 0)
 		r = st_append_record_bg(s, &rec, stored, &ret->new);
 	free(own);
@@ -111,19 +160,45 @@ static int move_one(ckpt_store *s, ckpt_loadctx *x, const struct chunk_info *c, 
 	return 0;
 }
 
-/* Move the indexed chunks (chunks[0..n)) of unit v out of it and reclaim
- * it.  1 when reclaimed, 0 when kept (damaged or named again), or -errno. */
+/* Add the record bytes of the pending chunks in each unit of v (sorted by
+ * id) to its live bytes. */
+static void pending_live(ckpt_store *s, struct victim *v, size_t nv)
+{
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t b = 0; b < PENDING_BUCKETS; b++) {
+		for (struct pending *p = s->pending[b]; p; p = p->next) {
+			int u = victim_find(v, nv, ckpt_cb_unit_of(s->cb, &p->loc));
+
+			if (u >= 0)
+				v[u].live += ckpt_cb_rec_bytes(s->cb, &p->loc);
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+}
+
+/* Move the indexed chunks (chunks[0..n)) and the pending chunks of unit v
+ * out of it and reclaim it.  1 when reclaimed, 0 when kept (damaged or
+ * named again), or -errno. */
 static int compact_one(ckpt_store *s, ckpt_loadctx *x, const struct victim *v,
 		       const struct chunk_info *chunks, size_t n, bool reserve,
 		       struct st_compact_stats *res)
 {
+	struct chunk_info *pend = NULL;
 	struct reloc *rel = NULL;
-	size_t nrel = 0, cap = 0;
+	size_t nrel = 0, cap = 0, npend = 0;
 	bool keep = false;
-	int r = 0;
+	int r;
 
-	for (size_t i = 0; i < n; i++) {
-		if (ckpt_cb_unit_of(s->cb, &chunks[i].loc) != v->id)
+	/* No new pending chunk can appear in v now (st_compact sealed it and
+	 * waited for the puts in flight); publishing moves these in the
+	 * pending table, or in the index if a commit indexed them meanwhile. */
+	r = pending_of_unit(s, v->id, &pend, &npend);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < n + npend; i++) {
+		const struct chunk_info *c = i < n ? &chunks[i] : &pend[i - n];
+
+		if (ckpt_cb_unit_of(s->cb, &c->loc) != v->id)
 			continue;
 		if (nrel == cap) {
 			size_t nc = cap ? cap * 2 : 256;
@@ -136,7 +211,7 @@ static int compact_one(ckpt_store *s, ckpt_loadctx *x, const struct victim *v,
 			rel = nv;
 			cap = nc;
 		}
-		r = move_one(s, x, &chunks[i], reserve, &rel[nrel]);
+		r = move_one(s, x, c, reserve, &rel[nrel]);
 		if (r < 0)
 			goto out;
 		if (r == 1) {
@@ -178,25 +253,27 @@ static int compact_one(ckpt_store *s, ckpt_loadctx *x, const struct victim *v,
 	r = 1;
 out:
 	free(rel);
+	free(pend);
 	return r;
 }
 
 /*
- * Reclaim the units whose indexed chunks' records fill less than
- * opts.compact_live percent of them (and empty units no put appends to),
- * at most max_units of them, in id order.
+ * Reclaim the units whose live chunks' records (indexed or pending) fill
+ * less than opts.compact_live percent of them (and empty units no put
+ * appends to), at most max_units of them, the fewest live bytes first.
  *
  * What keeps a reclaimed unit from being named by metadata: each candidate
  * is sealed (no new put goes to it), then puts still in flight are waited
- * for, then a candidate with a pending chunk is dropped, and only then is
- * the index read for the chunks to move.  From then on nothing new can
- * name the unit: puts go to other units (so do background compression's,
- * which holds compact_lock while it appends and publishes), a chunk that
- * was pending in it was seen there (a commit indexes a chunk before it
- * leaves the pending table), and a commit that rewrites an index entry
- * reads it under ns_lock, which st_publish holds to switch it.  Every move
- * is synced before it is published, and the index's log is synced before
- * the unit is reclaimed, so every step is crash-safe.
+ * for, and only then are the index and the pending table read for the
+ * chunks to move.  From then on nothing new can name the unit: puts go to
+ * other units (so do background compression's, which holds compact_lock
+ * while it appends and publishes); a pending chunk seen there is moved in
+ * the pending table, or in the index if a commit indexed it meanwhile (a
+ * commit reads the pending location under ns_lock, which st_publish holds
+ * to switch it); and a commit that rewrites an index entry reads it under
+ * ns_lock too.  Every move is synced before it is published, and the
+ * index's log is synced before the unit is reclaimed, so every step is
+ * crash-safe.
  *
  * Units with a damaged record are kept (their other chunks still move) and
  * left alone from then on.  reserve: copies keep the index's free-space
@@ -242,15 +319,20 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 		if (u >= 0)
 			v[u].live += ckpt_cb_rec_bytes(s->cb, &chunks[i].loc);
 	}
-	/* keep the candidates (v stays sorted) */
-	for (size_t i = 0; i < nunits && nv < max_units; i++) {
+	pending_live(s, v, nunits); /* pending chunks are live until committed or forgotten */
+	/* keep the candidates, the fewest live bytes first: a unit with none
+	 * goes without a copy, and on a nearly full disk the small copies are
+	 * the ones that fit (then their units' space comes back) */
+	for (size_t i = 0; i < nunits; i++) {
 		const struct ckpt_chunk_unit *u = &units[i];
 
-		if (compact_skipped(s, u->id) || pending_in_unit(s, u->id))
-			continue; /* damaged, or unindexed chunks still live there */
+		if (compact_skipped(s, u->id))
+			continue; /* damaged */
 		if (v[i].live * 100 < u->payload * pct || (v[i].live == 0 && !u->active))
 			v[nv++] = v[i];
 	}
+	qsort(v, nv, sizeof(*v), victim_cmp_live);
+	nv = CKPT_MIN(nv, max_units);
 	if (nv == 0)
 		goto out;
 	for (size_t i = 0; i < nv; i++) {
@@ -262,9 +344,6 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	}
 	while (atomic_load(&s->puts_inflight) > 0)
 		usleep(1000);
-	for (size_t i = 0; i < nv; i++)
-		if (pending_in_unit(s, v[i].id))
-			v[i].id = UINT64_MAX; /* put there before it was sealed: later */
 	free(chunks);
 	chunks = NULL;
 	r = st_load_chunks(s, &chunks, &nchunks);

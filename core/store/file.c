@@ -148,6 +148,10 @@ struct ckpt_writer {
 	ckpt_store *s;
 	ckpt_pool *pool;
 	uint64_t ino;
+	/* Keeps the chunks of the content readable and committable (store.h,
+	 * holds); renewed by a commit that leaves the writer clean.  Used
+	 * under lock, freed with the writer. */
+	ckpt_hold *hold;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	/* Protected by lock (see invariants): */
@@ -493,6 +497,9 @@ int ckpt_writer_new(ckpt_store *s, ckpt_pool *pool, uint64_t ino, bool truncate,
 	w->fd = -1;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
+	r = ckpt_hold_new(s, &w->hold); /* before the committed extents are read */
+	if (r < 0)
+		goto fail;
 	r = cutter_init(&w->cs);
 	if (r < 0)
 		goto fail;
@@ -535,6 +542,7 @@ void ckpt_writer_free(ckpt_writer *w)
 	cutter_reset(&w->cs);
 	if (w->fd >= 0)
 		close(w->fd);
+	ckpt_hold_free(w->hold);
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
 	free(w);
@@ -875,10 +883,13 @@ int ckpt_writer_commit(ckpt_writer *w, bool durable)
 		w->flags = cutter_flags(c);
 		r = ckpt_store_commit_file(w->s, w->ino, c->list, w->flags, w->mtime_ns, durable);
 	}
-	if (r == 0)
+	if (r == 0) {
 		w->dirty = w->gen != gen; /* changes made while we committed */
-	else if (!w->err)
+		if (!w->dirty)
+			ckpt_hold_renew(w->hold); /* all of it is committed now */
+	} else if (!w->err) {
 		w->err = r;
+	}
 	if (c == &tmp)
 		cutter_reset(&tmp);
 out:

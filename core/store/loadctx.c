@@ -72,7 +72,7 @@ void ckpt_store_opts_init(struct ckpt_store_opts *o)
 	o->mode = CKPT_STORE_RW;
 	o->compress_level = 1;
 	o->cache_size = 256u << 20;
-	o->pack_max = 1ull << 30;
+	o->pack_max = 0; /* auto */
 }
 
 /* For unit tests only (declared in tests/, not in store.h): the store's

@@ -348,6 +348,25 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 			free(path);
 		}
 	}
+	/* 5. the metadata log restores whole */
+	if (ckpt_engine_log_dir(s->eng)) {
+		struct ckpt_mlog_report rep;
+		const char *ld = ckpt_engine_log_dir(s->eng);
+
+		r = ckpt_mlog_verify(ld, &rep);
+		if (r < 0) {
+			snprintf(msg, sizeof(msg), "metadata log %s cannot be read: %s", ld,
+				 strerror(-r));
+			cb(ud, NULL, msg);
+			problems++;
+		} else if (!rep.complete) {
+			char lmsg[sizeof(rep.problem) + 64];
+			snprintf(lmsg, sizeof(lmsg), "metadata log: %s (`ckpt repair` takes a new "
+				 "snapshot)", rep.problem);
+			cb(ud, NULL, lmsg);
+			problems++;
+		}
+	}
 	r = problems;
 out:
 	ckpt_scan_free(it);
@@ -371,6 +390,7 @@ static int drop_unreferenced(ckpt_store *s, ckpt_txn *t, void *arg)
 {
 	struct drop_arg *a = arg;
 
+	ckpt_txn_releases_space(t); /* works on a full disk (meta/engine.h) */
 	a->st->chunks_dropped = a->st->bytes_dropped = 0;
 	for (size_t i = 0; i < a->n; i++) {
 		struct chunk_info *c = &a->chunks[i];

@@ -11,20 +11,34 @@
 int ckpt_store_getattr(ckpt_store *s, uint64_t ino, struct ckpt_inode *ret)
 {
 	struct commit *c;
-	int r = ckpt_meta_get_inode(s->eng, NULL, ino, ret);
+	uint64_t size = 0;
+	uint32_t flags = 0;
+	int64_t mtime_ns = 0;
+	bool pending;
+	int r;
 
-	if (r < 0 || !S_ISREG(ret->mode))
-		return r;
+	/* The overlay first, then the index: an entry leaves the overlay only
+	 * once the index holds its content or newer (commit.c), so a closed
+	 * file's size is never read from the index before its commit reached
+	 * it (reading in the other order, a flush between the two reads gave
+	 * the size before the close) */
 	pthread_mutex_lock(&s->overlay_lock);
 	c = st_overlay_find_locked(s, ino);
+	pending = c != NULL;
 	if (c) {
-		ret->size = c->list->size;
-		ret->flags = c->flags;
-		ret->mtime_ns = c->mtime_ns;
-		if (ret->ctime_ns < c->mtime_ns)
-			ret->ctime_ns = c->mtime_ns;
+		size = c->list->size;
+		flags = c->flags;
+		mtime_ns = c->mtime_ns;
 	}
 	pthread_mutex_unlock(&s->overlay_lock);
+	r = ckpt_meta_get_inode(s->eng, NULL, ino, ret);
+	if (r < 0 || !S_ISREG(ret->mode) || !pending)
+		return r;
+	ret->size = size;
+	ret->flags = flags;
+	ret->mtime_ns = mtime_ns;
+	if (ret->ctime_ns < mtime_ns)
+		ret->ctime_ns = mtime_ns;
 	return 0;
 }
 
@@ -106,8 +120,10 @@ int ckpt_store_reap(ckpt_store *s, uint64_t ino)
 	pthread_mutex_lock(&s->commit_lock);
 	r = ckpt_ns_reap(s->ns, ino, release_extents, s, &gone);
 	if (r == 0 && gone)
-		st_commit_free(st_overlay_take(s, ino)); /* content of a deleted file */
+		st_commit_discard(s, st_overlay_take(s, ino)); /* content of a deleted file */
 	pthread_mutex_unlock(&s->commit_lock);
+	if (r == 0 && gone)
+		st_bg_kick(s); /* its chunks may be garbage now */
 	return r;
 }
 

@@ -4,7 +4,7 @@
  */
 #include "store/store_int.h"
 
-static int read_marker(int dfd, const char *path, char *err, size_t errlen)
+int st_read_marker(int dfd, const char *path, char *err, size_t errlen)
 {
 	char buf[64];
 	ssize_t n;
@@ -264,23 +264,62 @@ static int reap_orphans(ckpt_store *s)
 	return r < 0 ? r : 0;
 }
 
+/* The metadata engine options that go together (store.h): a shared engine
+ * needs its connection string; node mode needs a shared engine, read-write
+ * use and no background work. */
+static int check_engine_opts(const char *path, const struct ckpt_store_opts *o, char *err,
+			     size_t errlen)
+{
+	const struct ckpt_engine_ops *ops =
+		ckpt_engine_find(o->meta_engine ? o->meta_engine : CKPT_ENGINE_DEFAULT);
+
+	if (!ops)
+		return 0; /* the engine's open names it */
+	if (ops->shared && !o->meta_where) {
+		snprintf(err, errlen, "%s: the metadata engine '%s' needs a connection string "
+			 "(--meta)", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node && (!ops->shared || o->mode != CKPT_STORE_RW)) {
+		snprintf(err, errlen, "%s: several nodes can share a store only read-write on a "
+			 "shared metadata engine (not '%s')", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node && o->bg != CKPT_BG_OFF) {
+		snprintf(err, errlen, "%s: background compaction is not safe with several nodes "
+			 "(it would reclaim packs other nodes still fill)", path);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
 		    char *err, size_t errlen)
 {
+	return st_open(path, o, -1, ret_store, err, errlen);
+}
+
+int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
+	    ckpt_store **ret_store, char *err, size_t errlen)
+{
 	ckpt_store *s = NULL;
-	char *ixdir = NULL;
+	char *ixdir = NULL, *logdir = NULL;
 	bool fresh = false;
 	int dfd = -1, r;
 
 	err[0] = '\0';
 	if (o->compress_level < 0 || o->compress_level > 19) {
 		snprintf(err, errlen, "compression level %d out of range 0..19", o->compress_level);
-		return -EINVAL;
+		r = -EINVAL;
+		goto fail;
 	}
+	r = check_engine_opts(path, o, err, errlen);
+	if (r < 0)
+		return r;
 	if (o->create && mkdir(path, 0700) < 0 && errno != EEXIST) {
 		r = -errno;
 		snprintf(err, errlen, "%s: cannot create store directory: %s", path, strerror(errno));
-		return r;
+		goto fail;
 	}
 	dfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0) {
@@ -288,14 +327,15 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: %s", path,
 			 errno == ENOENT ? "no such store (directory does not exist)" :
 					   strerror(errno));
-		return r;
+		goto fail;
 	}
 	s = calloc(1, sizeof(*s));
 	if (!s) {
 		r = -ENOMEM;
 		goto fail;
 	}
-	s->lock_fd = -1;
+	s->lock_fd = lock_fd; /* an inherited lock is the store's from here */
+	lock_fd = -1;
 	s->opts = *o;
 	s->path = strdup(path);
 	pthread_mutex_init(&s->ns_lock, NULL);
@@ -304,11 +344,12 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 	pthread_mutex_init(&s->overlay_lock, NULL);
 	pthread_mutex_init(&s->bg_lock, NULL);
 	pthread_mutex_init(&s->compact_lock, NULL);
+	st_reclaim_init(s);
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
 	pthread_key_create(&s->tls_key, st_tls_free);
 
-	r = read_marker(dfd, path, err, errlen);
+	r = st_read_marker(dfd, path, err, errlen);
 	if (r == -ENOENT) {
 		r = dir_is_empty_fs(dfd);
 		if (r < 0)
@@ -331,9 +372,10 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		goto fail;
 	}
 
-	if (o->mode != CKPT_STORE_RO_SHARED) {
+	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-		if (s->lock_fd < 0 || flock(s->lock_fd, LOCK_EX | LOCK_NB) < 0) {
+		if (s->lock_fd < 0 ||
+		    flock(s->lock_fd, (o->node ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 			snprintf(err, errlen, "%s: %s", path,
 				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
@@ -349,7 +391,8 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		snprintf(err, errlen, "%s: cannot create store layout: %s", path, strerror(errno));
 		goto fail;
 	}
-	if (asprintf(&ixdir, "%s/index", path) < 0) {
+	if (asprintf(&ixdir, "%s/" ST_INDEX_DIR, path) < 0 ||
+	    asprintf(&logdir, "%s/" ST_METALOG_DIR, path) < 0) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -358,8 +401,29 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 			.create = fresh,
 			.read_only = o->mode == CKPT_STORE_RO_SHARED,
 			.cache_bytes = 64u << 20,
+			/* the metadata log is the local index's: a shared engine's
+			 * server keeps its own (docs/design.md section 15.5) */
+			.log_dir = o->mode == CKPT_STORE_RO_SHARED || o->meta_where ? NULL : logdir,
 		};
-		r = ckpt_engine_open(o->meta_engine, ixdir, &eo, &s->eng, err, errlen);
+		r = ckpt_engine_open(o->meta_engine, o->meta_where ? o->meta_where : ixdir, &eo,
+				     &s->eng, err, errlen);
+		if (r == -EIO && !o->meta_where) {
+			size_t l = strlen(err);
+			snprintf(err + l, errlen - l,
+				 "; the index is damaged: `ckpt repair %s` rebuilds it", path);
+		}
+	}
+	if (r == 0 && fresh && o->meta_where) {
+		/* an empty data directory beside metadata that already holds a
+		 * store: that store's chunks are elsewhere */
+		uint8_t key[64];
+		r = ckpt_engine_has(s->eng, key, ckpt_key_meta(key, "format"));
+		if (r > 0) {
+			snprintf(err, errlen, "%s: the metadata at %s already holds a store, and "
+				 "this data directory is empty: give that store's data directory",
+				 path, o->meta_where);
+			r = -EEXIST;
+		}
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
@@ -433,6 +497,7 @@ int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_stor
 		s->bg_started = true;
 	}
 	free(ixdir);
+	free(logdir);
 	close(dfd);
 	*ret_store = s;
 	return 0;
@@ -440,7 +505,11 @@ fail:
 	if (!err[0])
 		snprintf(err, errlen, "%s: %s", path, strerror(-r));
 	free(ixdir);
-	close(dfd);
+	free(logdir);
+	if (dfd >= 0)
+		close(dfd);
+	if (lock_fd >= 0)
+		close(lock_fd);
 	ckpt_store_free(s);
 	return r;
 }
@@ -451,6 +520,7 @@ void ckpt_store_free(ckpt_store *s)
 
 	if (!s)
 		return;
+	st_metrics_unregister(s);
 	if (s->bg_started) {
 		pthread_mutex_lock(&s->bg_lock);
 		s->bg_stop = true;
@@ -458,6 +528,7 @@ void ckpt_store_free(ckpt_store *s)
 		pthread_mutex_unlock(&s->bg_lock);
 		pthread_join(s->bg_thread, NULL);
 		s->bg_started = false;
+		st_bg_report(s, true);
 	}
 	if (s->flusher_started) {
 		pthread_mutex_lock(&s->overlay_lock);
@@ -472,6 +543,9 @@ void ckpt_store_free(ckpt_store *s)
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
 		ckpt_engine_flush(s->eng);
+		if (ckpt_engine_backup_due(s->eng) && ckpt_engine_backup(s->eng) < 0)
+			ckpt_warn("%s: cannot take a snapshot of the index into %s (the log since "
+				  "the last one is kept)", s->path, ckpt_engine_log_dir(s->eng));
 	}
 	ckpt_cb_free(s->cb);
 	for (size_t i = 0; i < PENDING_BUCKETS; i++) {
@@ -505,6 +579,7 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->overlay_lock);
 	pthread_mutex_destroy(&s->bg_lock);
 	pthread_mutex_destroy(&s->compact_lock);
+	st_reclaim_free(s);
 	pthread_cond_destroy(&s->bg_cond);
 	free(s->bgq);
 	free(s->bg_skip);

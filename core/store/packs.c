@@ -45,6 +45,14 @@ int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errle
 		snprintf(err, errlen, "%s: unknown chunk backend '%s'", s->path, s->opts.chunk_backend);
 		return -EINVAL;
 	}
+	if (conf.unit_max == 0) {
+		struct statvfs st;
+		uint64_t total = 32ull << 30;
+
+		if (fstatvfs(dfd, &st) == 0)
+			total = (uint64_t)st.f_blocks * st.f_frsize;
+		conf.unit_max = CKPT_MIN(CKPT_MAX(total / 32, 4ull << 20), 1ull << 30);
+	}
 	return ops->open(&conf, &s->cb, err, errlen);
 }
 
@@ -74,6 +82,53 @@ bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc 
 	return found;
 }
 
+bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d)
+{
+	struct pending *p;
+	bool found = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (p = s->pending[st_pending_bucket(d)]; p; p = p->next) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+			p->epoch = atomic_load(&s->epoch);
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return found;
+}
+
+size_t st_pending_forget(ckpt_store *s, uint64_t epoch)
+{
+	bool skipped = false;
+	size_t n = 0;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t b = 0; b < PENDING_BUCKETS; b++) {
+		struct pending **pp = &s->pending[b], *p;
+
+		while ((p = *pp)) {
+			if (p->epoch <= epoch && st_pinned(s, &p->digest))
+				skipped = true; /* its unpin asks for another round */
+			else if (p->epoch <= epoch) {
+				*pp = p->next;
+				free(p);
+				n++;
+				continue;
+			}
+			pp = &p->next;
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	if (skipped) {
+		pthread_mutex_lock(&s->pin_lock);
+		s->pins_skipped = true;
+		pthread_mutex_unlock(&s->pin_lock);
+	}
+	return n;
+}
+
 /* The pending table as meta/commit.h's ckpt_unindexed_fn. */
 bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
 {
@@ -94,6 +149,7 @@ bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk
 	if (!p && n) {
 		n->digest = *d;
 		n->loc = *loc;
+		n->epoch = atomic_load(&s->epoch);
 		n->next = s->pending[b];
 		s->pending[b] = n;
 		n = NULL;

@@ -35,14 +35,17 @@ static int verify_same(ckpt_store *s, const ckpt_digest *d, const struct iovec *
 	return r;
 }
 
-/* Keep free space for the index: RocksDB cannot be relied on to survive
- * running out of disk (it may assert, and recovery needs space), so chunk
- * puts fail with ENOSPC while the backend's free space is below the
- * reserve: min(CKPT_RESERVE_MAX, 1/8 of the filesystem).  reserve false:
- * only the space the record takes (compaction in a store nothing else
- * writes to, which frees more than it copies). */
+/* Keep free space for the metadata: chunk puts of files fail with ENOSPC
+ * while the backend's free space is below the reserve, min(CKPT_RESERVE_MAX,
+ * 1/8 of the filesystem), so that namespace changes (deleting files above
+ * all) keep working once data fills the disk; the index keeps its own
+ * allowance below that (meta/engine.h, ckpt_txn_releases_space).
+ * ST_SPACE_MOVE, the records of background compression and compaction,
+ * which make room: half the reserve.  ST_SPACE_NONE: only the space the
+ * record takes (`ckpt gc`, which has the store to itself and frees more
+ * than it copies). */
 #define CKPT_RESERVE_MAX (256ull << 20)
-int st_check_space(ckpt_store *s, size_t need, bool reserve)
+int st_check_space(ckpt_store *s, size_t need, enum st_space keep_for)
 {
 	struct statvfs st;
 	uint64_t avail, total, keep;
@@ -51,13 +54,19 @@ int st_check_space(ckpt_store *s, size_t need, bool reserve)
 		return 0; /* cannot tell: let the write itself fail */
 	avail = (uint64_t)st.f_bavail * st.f_frsize;
 	total = (uint64_t)st.f_blocks * st.f_frsize;
-	keep = reserve ? CKPT_MIN(CKPT_RESERVE_MAX, total / 8) : 0;
+	keep = keep_for == ST_SPACE_NONE ? 0 : CKPT_MIN(CKPT_RESERVE_MAX, total / 8);
+	if (keep_for == ST_SPACE_MOVE)
+		keep /= 2;
 	/* the record's header and padding: at most one block */
 	if (avail < keep + need + CKPT_CHUNK_BUF_ALIGN) {
-		ckpt_warn("%s: backing filesystem nearly full (%" PRIu64 " bytes free, %" PRIu64
-			  " reserved for the index): ENOSPC", s->path, avail, keep);
+		if (!atomic_exchange(&s->space_short, true))
+			ckpt_warn("%s: backing filesystem nearly full (%" PRIu64 " bytes free, %" PRIu64
+				  " kept for the metadata): chunk writes fail with ENOSPC", s->path,
+				  avail, keep);
 		return -ENOSPC;
 	}
+	if (keep_for == ST_SPACE_FILE && atomic_exchange(&s->space_short, false))
+		ckpt_warn("%s: %" PRIu64 " bytes free again: chunk writes work again", s->path, avail);
 	return 0;
 }
 
@@ -100,6 +109,7 @@ void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem)
 	s->bgq[s->bgq_n].elem = elem;
 	s->bgq_n++;
 	s->bg_compact_clean = false;
+	s->bg_kicks++;
 	pthread_cond_broadcast(&s->bg_cond);
 	pthread_mutex_unlock(&s->bg_lock);
 }
@@ -145,14 +155,19 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	if (r < 0)
 		return r;
 	*ret_digest = d;
-	/* Dedup: pending first, then the index (see I3). */
-	if (st_pending_find(s, &d, NULL))
+	/* Dedup: pending first, then the index (see I3).  Either way the
+	 * digest is obtained again now (reclaim.c): garbage found before is
+	 * not dropped; an index entry being dropped right now is not counted
+	 * on (this put stores its own record). */
+	if (st_pending_obtain(s, &d))
 		goto dedup_hit;
-	r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
-	if (r > 0)
-		goto dedup_hit;
-	if (r < 0)
-		return r;
+	if (!st_revive(s, &d)) {
+		r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
+		if (r > 0)
+			goto dedup_hit;
+		if (r < 0)
+			return r;
+	}
 
 	memset(&rec, 0, sizeof(rec));
 	deferred = s->bg_started && s->opts.bg == CKPT_BG_ALL && s->opts.compress_level > 0;
@@ -183,13 +198,15 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		r = ckpt_compress(t->cc, in, len, elem_size, &rec.codec, &out, &out_len);
 		if (r < 0)
 			goto out;
+		ckpt_metric_add(CKPT_M_COMPRESS_IN_INLINE, len);
+		ckpt_metric_add(CKPT_M_COMPRESS_OUT_INLINE, out_len);
 		outv.iov_base = (void *)out;
 		outv.iov_len = out_len;
 		stored = &outv;
 		nstored = 1;
 		rec.stored_len = (uint32_t)out_len;
 	}
-	r = st_check_space(s, rec.stored_len, true);
+	r = st_check_space(s, rec.stored_len, ST_SPACE_FILE);
 	if (r < 0)
 		goto out;
 	rec.raw_len = (uint32_t)len;
@@ -205,6 +222,9 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 		/* a racing twin may have won: harmless duplicate */
 		if (st_pending_add(s, &d, &loc) && deferred)
 			st_bg_enqueue(s, &d, (uint8_t)elem_size);
+		ckpt_metric_add(CKPT_M_CHUNKS_NEW, 1);
+		ckpt_metric_add(CKPT_M_CHUNK_BYTES_NEW, len);
+		ckpt_metric_add(CKPT_M_STORED_BYTES, rec.stored_len);
 	}
 	atomic_fetch_sub(&s->puts_inflight, 1);
 out:
@@ -212,8 +232,10 @@ out:
 	return r;
 
 dedup_hit:
-	if (s->opts.verify_dedup)
-		return verify_same(s, &d, iov, cnt, len);
+	if (s->opts.verify_dedup && (r = verify_same(s, &d, iov, cnt, len)) < 0)
+		return r;
+	ckpt_metric_add(CKPT_M_CHUNKS_DEDUP, 1);
+	ckpt_metric_add(CKPT_M_CHUNK_BYTES_DEDUP, len);
 	return 0;
 }
 

@@ -12,6 +12,8 @@
  *   STORE/lock           flock()ed by the process that owns the store
  *   STORE/index/         the metadata engine's files: RocksDB (meta/engine.h;
  *                        meta/records.h for the key space)
+ *   STORE/metalog/       the metadata log: snapshots of the index and every
+ *                        commit since, for ckpt_store_repair (meta/mlog.h)
  *   STORE/packs/         pack-<id>.ckpk chunk data (see pack.h)
  *   STORE/staging/       scratch files of files being rewritten at random
  *                        offsets; emptied at every open
@@ -26,7 +28,18 @@
  *    the file survives a crash of the machine.  With durable=false the new
  *    content goes to the overlay (below) and is indexed within ~1 s.
  *  - Refcount of a chunk = number of extents naming it across all committed
- *    extent lists.  Chunks at refcount 0 stay readable until `ckpt gc`.
+ *    extent lists.  Chunks at refcount 0, and pending chunks that no closed
+ *    file names, are garbage: `ckpt gc` drops them, and so does the
+ *    background thread (unless opts.keep_unreferenced), subject to holds.
+ *  - Holds (ckpt_hold_new): whoever keeps chunk digests that the index does
+ *    not count (a writer's uncommitted content, an open file's copy of an
+ *    extent list) keeps a hold, taken before it obtains them, for as long
+ *    as it may read or commit them.  While a hold lives, every chunk that
+ *    was referenced, pending or named by a closed file when the hold was
+ *    taken (or last renewed), and every chunk put since, stays readable
+ *    and committable.  The background thread drops garbage only once every
+ *    hold that was live when it was found to be garbage has been freed or
+ *    renewed (a grace period, section 8.2 of docs/design.md).
  *  - Background work (RW stores): by default chunks are written raw and
  *    compressed later by a background thread once writes pause, which then
  *    moves each chunk to its compressed record (same digest, new location).
@@ -41,7 +54,11 @@
  *    other closed files (one pack fdatasync for all of them).  A rename, an
  *    fsync of the file, ckpt_store_flush() and ckpt_store_free() index it
  *    immediately.  A daemon crash loses closed-but-unindexed content only;
- *    the store stays consistent (the old content remains).
+ *    the store stays consistent (the old content remains).  Invariant: an
+ *    entry leaves the overlay only after the index holds its content or
+ *    newer (a durable commit also goes through the overlay), so a reader
+ *    that looks in the overlay first and then in the index never sees
+ *    content older than the last close or fsync that returned.
  *
  * Thread-safety: every function may be called from any thread.  Every
  * change of the index is one transaction of the metadata engine, which
@@ -71,7 +88,8 @@
 typedef struct ckpt_store ckpt_store;
 
 enum ckpt_store_mode {
-	CKPT_STORE_RW,       /* exclusive: flock + RocksDB lock; daemon, gc */
+	CKPT_STORE_RW,       /* exclusive: flock + RocksDB lock; daemon, gc (shared
+			      * with other nodes with ckpt_store_opts.node) */
 	CKPT_STORE_RO,       /* exclusive lock, read-only use; fsck */
 	CKPT_STORE_RO_SHARED /* no lock, RocksDB read-only: `ckpt stat` while mounted */
 };
@@ -91,7 +109,10 @@ struct ckpt_store_opts {
 	int compress_level;   /* 0 (off) .. 19; default 1 */
 	uint64_t cache_size;  /* decompressed chunk cache, bytes; default 256 MiB */
 	bool verify_dedup;    /* compare bytes on a dedup hit */
-	uint64_t pack_max;    /* start a new pack past this size; default 1 GiB */
+	uint64_t pack_max;    /* start a new pack past this size; default 0: 1/32 of
+			       * the filesystem, between 4 MiB and 1 GiB (a small
+			       * disk gets small packs, which compaction can
+			       * rewrite when little space is left) */
 	enum ckpt_bg_mode bg; /* background work (RW stores); default CKPT_BG_OFF */
 	const char *chunk_backend; /* registered name (chunk/backend.h); NULL: "pack" */
 	unsigned compact_live; /* compaction (background and gc) reclaims units
@@ -107,6 +128,22 @@ struct ckpt_store_opts {
 			       * (24 MiB: verify_chunk's read contexts) */
 	const char *meta_engine; /* metadata engine by name (meta/engine.h);
 				  * NULL: the default, "rocksdb", in STORE/index */
+	bool keep_unreferenced; /* background work never drops garbage chunks
+				 * (refcount 0, or pending and named by no closed
+				 * file): only `ckpt gc` reclaims them */
+	const char *meta_where;  /* where that engine keeps the metadata (its
+				  * connection string); NULL: STORE/index.  A
+				  * shared engine (ckpt_engine_ops.shared) needs it */
+	bool node;               /* CKPT_STORE_RW on a shared engine: one of several
+				  * daemons (nodes) that use the store at once.  The
+				  * store lock is taken shared (a RW open without it,
+				  * gc, and RO opens take it exclusively, so they wait
+				  * for every node to unmount); bg must be
+				  * CKPT_BG_OFF, because compaction would delete packs
+				  * holding other nodes' chunks not yet indexed
+				  * (docs/cluster.md section 11).  A non-durable
+				  * ckpt_store_commit_file indexes the file at once
+				  * (close-to-open across nodes) */
 };
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80
@@ -287,6 +324,29 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 			   uint32_t flags, int64_t mtime_ns, bool durable);
 /* Make the committed content of ino durable (fsync semantics). */
 int ckpt_store_sync_file(ckpt_store *s, uint64_t ino);
+/*
+ * A hold (see the contract above).  ckpt_hold_new takes one at the current
+ * epoch (-ENOMEM or 0).  ckpt_hold_renew moves it to the current epoch: the
+ * holder declares that every digest it keeps is now counted by the index
+ * or named by a closed file (a writer right after a commit that left it
+ * clean).  ckpt_hold_free ends it (accepts NULL).  Cheap: one mutex and a
+ * list update each.
+ *
+ * A holder that keeps a fixed set of digests for long (an open file of a
+ * view) pins them instead of keeping the whole store's garbage: it takes a
+ * hold, obtains its extent lists, pins them (ckpt_hold_pin: their chunks
+ * are never dropped while pinned; -ENOMEM), then narrows the hold
+ * (ckpt_hold_narrow: from then on the hold keeps only what it pinned).
+ * ckpt_hold_free unpins.  Pinning costs one hash update per chunk.
+ *
+ * Thread-safe; one hold is used by one owner at a time.
+ */
+typedef struct ckpt_hold ckpt_hold;
+int ckpt_hold_new(ckpt_store *s, ckpt_hold **ret_hold);
+void ckpt_hold_renew(ckpt_hold *h);
+int ckpt_hold_pin(ckpt_hold *h, const struct ckpt_extent_list *l);
+void ckpt_hold_narrow(ckpt_hold *h);
+void ckpt_hold_free(ckpt_hold *h);
 /* Wait until background compression and compaction have nothing left to
  * do (or timeout_ms passed): for tests and benchmarks.  Returns 0, or
  * -ETIMEDOUT. */
@@ -296,8 +356,16 @@ struct ckpt_bg_stats {
 	uint64_t compressed, compressed_in, compressed_out; /* chunks, raw, stored bytes */
 	uint64_t incompressible, moved, packs_deleted;
 	uint64_t queued; /* chunks waiting for compression now */
+	uint64_t dropped;         /* index entries of unreferenced chunks dropped */
+	uint64_t pending_dropped; /* pending chunks no content named, forgotten */
 };
 void ckpt_store_bg_stats(ckpt_store *s, struct ckpt_bg_stats *ret);
+/* Render s's own metrics (chunk cache, compression inline and in the
+ * background, background backlog, closed files not yet indexed) with the
+ * process's (base/metrics.h) from now until ckpt_store_free(s).  One store
+ * per process should: two would render their families twice.  0 or
+ * -ENOMEM. */
+int ckpt_store_metrics_register(ckpt_store *s);
 /* Make every namespace change and commit written so far durable (the
  * metadata engine's log synced): fsyncdir semantics.  0 or -errno. */
 int ckpt_store_sync_meta(ckpt_store *s);
@@ -362,7 +430,8 @@ struct ckpt_store_stats {
 	uint64_t unique_bytes;  /* raw bytes of referenced chunks */
 	uint64_t stored_bytes;  /* stored bytes of referenced chunks */
 	uint64_t chunks;        /* referenced chunks */
-	uint64_t dead_chunks, dead_bytes; /* refcount 0, awaiting gc */
+	uint64_t dead_chunks, dead_bytes; /* refcount 0: dropped by the daemon's
+					   * background work (or gc) */
 	uint64_t pack_files, pack_bytes;
 	uint64_t unindexed_bytes; /* pack space no index entry names (gc reclaims it) */
 	uint64_t deferred_chunks; /* stored raw, background compression pending */
@@ -422,5 +491,49 @@ typedef void (*ckpt_verify_report_fn)(void *ud, const char *path, const char *wh
  */
 int ckpt_store_verify(ckpt_store *s, const struct ckpt_verify_opts *o, ckpt_verify_report_fn cb,
 		      void *ud, struct ckpt_verify_stats *ret);
+/*
+ * Repair (`ckpt repair`, docs/design.md section 15): bring the store at
+ * path, whose index may be damaged, back to a state that opens and passes
+ * fsck, without ever naming bytes a file did not hold.  Takes the store's
+ * lock (unmounted store).  Two steps:
+ *  1. the index: restored from the metadata log (STORE/metalog) into a new
+ *     one and compared with the index in place, read whole; an index that
+ *     cannot be opened or read, or that lacks commits its log holds, is
+ *     replaced by the restored one (the old one is kept as
+ *     STORE/index.damaged.N); without a usable log, the engine's own
+ *     salvage rebuilds what it can;
+ *  2. the namespace and chunk index, checked against each other and
+ *     against the record headers of every unit of the chunk backend:
+ *     chunk entries that are missing or name the wrong record are
+ *     re-pointed at a record that verifies; a file whose content cannot be
+ *     found whole, or whose records disagree, is removed and reported
+ *     lost by path; names of missing inodes are removed; inodes no name
+ *     reaches are linked into /lost+found; link counts, reference counts
+ *     and the id counters are set to what the records say.  Then a new
+ *     snapshot of the index is taken into the metadata log.
+ * cb reports what it finds as it goes (path NULL when no file is
+ * concerned).  Returns 0 (see *ret for what was done) or -errno with err
+ * naming the store and the reason.
+ */
+enum ckpt_repair_kind {
+	CKPT_REPAIR_NOTE,  /* what was found */
+	CKPT_REPAIR_FIXED, /* a record changed, nothing lost */
+	CKPT_REPAIR_LOST,  /* a file removed: its content could not be recovered */
+};
+typedef void (*ckpt_repair_fn)(void *ud, enum ckpt_repair_kind kind, const char *path,
+			       const char *what);
+struct ckpt_repair_stats {
+	bool index_damaged;   /* the index could not be opened or read whole */
+	bool index_replaced;  /* it was replaced (restored from its log, or salvaged) */
+	bool salvaged;        /* by the engine's salvage: no intact copy existed */
+	bool log_damaged;     /* the metadata log had damage or was missing */
+	uint64_t log_last;    /* the last commit the metadata log restored */
+	uint64_t differences; /* keys an intact index and its restored log disagree on */
+	uint64_t files_lost;  /* removed (reported with CKPT_REPAIR_LOST) */
+	uint64_t fixed;       /* records changed otherwise */
+	uint64_t chunks_relocated; /* chunk entries pointed at another record */
+};
+int ckpt_store_repair(const char *path, ckpt_repair_fn cb, void *ud,
+		      struct ckpt_repair_stats *ret, char *err, size_t errlen);
 
 #endif

@@ -35,14 +35,18 @@
 
 #define MARKER_NAME "ckptfs-store"
 #define MARKER_MAGIC "ckptfs-store"
+#define ST_INDEX_DIR "index"     /* the metadata engine's files */
+#define ST_METALOG_DIR "metalog" /* its metadata log (meta/mlog.h) */
 
 struct pending {
 	ckpt_digest digest;
 	struct ckpt_chunk_loc loc;
+	uint64_t epoch; /* when it was put or last obtained again (reclaim.c) */
 	struct pending *next;
 };
 
 #define PENDING_BUCKETS 4096
+#define PIN_BUCKETS 4096
 
 /* A closed file's new content, visible through the store but not yet in the
  * index (see "overlay" in the header comment of store.h). */
@@ -106,10 +110,12 @@ struct ckpt_store {
 	struct bg_item *bgq;
 	size_t bgq_head, bgq_n, bgq_cap;
 	bool bg_stop, bg_busy, bg_compact_clean;
+	uint64_t bg_kicks; /* bumped whenever bg_compact_clean is cleared */
 	struct ckpt_bg_stats bg;
 	/* Atomic: */
 	atomic_llong last_put_ns;
 	atomic_int puts_inflight;
+	atomic_bool space_short; /* st_check_space refused (logged once) */
 	/* Held throughout by what moves chunks to new units: st_compact (the
 	 * background thread's, or ckpt_store_gc's) and background compression,
 	 * so that none reclaims a unit another is appending to.  Taken before
@@ -121,6 +127,48 @@ struct ckpt_store {
 	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
+
+	/* Online reclaiming of garbage chunks (reclaim.c).  hold_lock and
+	 * cand_lock are leaf locks: nothing else is taken under them (they
+	 * may be taken under any other lock). */
+	pthread_mutex_t hold_lock;
+	/* Protected by hold_lock (epoch also read atomically without it): */
+	atomic_ullong epoch;              /* advanced after each scan for garbage */
+	struct ckpt_hold *hold_head, *hold_tail; /* live holds, oldest epoch first */
+	pthread_mutex_t cand_lock;
+	struct drop_set *cand; /* garbage found by the last scan, protected by
+				* cand_lock; made and freed by the background
+				* thread under compact_lock */
+	/* Digests pinned by holds (ckpt_hold_pin), with counts.  pin_lock is
+	 * a leaf lock too (taken under cand_lock and pending_lock). */
+	pthread_mutex_t pin_lock;
+	struct pin *pins[PIN_BUCKETS]; /* protected by pin_lock */
+	bool pins_skipped; /* a drop left pinned garbage (pin_lock) */
+
+	/* Summary lines of background work (report.c): the background thread's
+	 * own, and ckpt_store_free's once that thread has stopped. */
+	struct st_bg_report {
+		struct ckpt_ratelimit rl;
+		struct ckpt_bg_stats logged, seen; /* at the last line, at the last call */
+		unsigned passes;                   /* passes that did work since that line */
+		int64_t since_ns;                  /* monotonic time of that line (or open) */
+	} bgrep;
+};
+
+struct pin {
+	ckpt_digest d;
+	uint64_t n;
+	struct pin *next;
+};
+
+/* Index entries found at refcount 0 by one scan, before the epoch moved
+ * past `epoch`; state[i] is CAND_* (cand_lock). */
+enum { CAND_GARBAGE, CAND_REVIVED, CAND_DROPPING };
+struct drop_set {
+	ckpt_digest *d; /* sorted */
+	uint8_t *state;
+	size_t n;
+	uint64_t epoch;
 };
 
 struct bg_item {
@@ -172,10 +220,33 @@ bool st_touch_at_open(const struct ckpt_store_opts *o);
 typedef int (*st_txn_fn)(ckpt_store *s, ckpt_txn *t, void *arg);
 int st_txn_run(ckpt_store *s, st_txn_fn fn, void *arg, bool durable);
 
+/* reclaim.c */
+void st_reclaim_init(ckpt_store *s);
+void st_reclaim_free(ckpt_store *s);
+/* A digest obtained again (dedup hit, a closed file's content replaced or
+ * dropped, a commit's new references): garbage found before now is not
+ * garbage any more.  Returns true when the index entry is being dropped
+ * right now (the caller must not count on it). */
+bool st_revive(ckpt_store *s, const ckpt_digest *d);
+/* Whether a hold pins d (takes pin_lock). */
+bool st_pinned(ckpt_store *s, const ckpt_digest *d);
+void st_revive_list(ckpt_store *s, const struct ckpt_extent_list *l);
+/* One round of dropping garbage: returns the number dropped (>= 0) or
+ * -errno.  The background thread, with no lock held. */
+int st_reclaim_round(ckpt_store *s);
+/* Ask the background thread for another look (something may have become
+ * garbage, or a grace period may have ended). */
+void st_bg_kick(ckpt_store *s);
+
 /* packs.c */
 int st_backend_open(ckpt_store *s, int dfd, bool create, char *err, size_t errlen);
 unsigned st_pending_bucket(const ckpt_digest *d);
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
+/* st_pending_find that also marks the entry obtained now (its epoch). */
+bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d);
+/* Forget the pending entries whose epoch is <= epoch and that no hold
+ * pins; returns how many. */
+size_t st_pending_forget(ckpt_store *s, uint64_t epoch);
 bool st_unindexed(void *store, const ckpt_digest *d, struct ckpt_chunk_loc *ret);
 bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc);
 void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
@@ -192,10 +263,18 @@ int st_load_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_l
 		      uint8_t **ret_buf, size_t *ret_len);
 
 /* put.c */
-int st_check_space(ckpt_store *s, size_t need, bool reserve);
+enum st_space { ST_SPACE_FILE, ST_SPACE_MOVE, ST_SPACE_NONE };
+int st_check_space(ckpt_store *s, size_t need, enum st_space keep_for);
 int st_append_record_bg(ckpt_store *s, const struct ckpt_chunk_rec *rec, const void *data,
 			struct ckpt_chunk_loc *ret_loc);
 void st_bg_enqueue(ckpt_store *s, const ckpt_digest *d, uint8_t elem);
+
+/* report.c: a summary line of the background work done since the last one,
+ * at most one a minute (any time with force); nothing when no work was
+ * done.  Called where a pass of background work ends. */
+void st_bg_report(ckpt_store *s, bool force);
+/* report.c: ckpt_store_metrics_register undone (ckpt_store_free). */
+void st_metrics_unregister(ckpt_store *s);
 
 /* background.c */
 int st_publish(ckpt_store *s, const struct reloc *v, size_t n);
@@ -206,6 +285,7 @@ int st_requeue_deferred(ckpt_store *s);
 int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 		       struct ckpt_extent_list **ret_list);
 void st_commit_free(struct commit *c);
+void st_commit_discard(ckpt_store *s, struct commit *c);
 struct commit *st_overlay_find_locked(ckpt_store *s, uint64_t ino);
 struct commit *st_overlay_take(ckpt_store *s, uint64_t ino);
 int st_overlay_flush_if_any(ckpt_store *s);
@@ -223,6 +303,17 @@ struct name_ent {
 };
 int st_load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n);
 char *st_name_path(struct name_ent *names, size_t n, uint64_t ino);
+
+/* open.c: the marker check of every open; ckpt_store_open() with the
+ * store's lock already held on lock_fd (-1: take it), which the store then
+ * owns (closed by ckpt_store_free, or on failure). */
+int st_read_marker(int dfd, const char *path, char *err, size_t errlen);
+int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
+	    ckpt_store **ret_store, char *err, size_t errlen);
+
+/* repair_ns.c: the second step of ckpt_store_repair (store.h) on the
+ * opened store. */
+int st_repair_check(ckpt_store *s, ckpt_repair_fn cb, void *ud, struct ckpt_repair_stats *st);
 
 /* compact.c */
 struct st_compact_stats {

@@ -177,6 +177,7 @@ static int fresh_view(ckpt_store *s, ckpt_store **ret)
 	o.cache_size = 0;
 	o.chunk_backend = s->opts.chunk_backend;
 	o.meta_engine = s->opts.meta_engine;
+	o.meta_where = s->opts.meta_where;
 	for (int tries = 0; tries < 10; tries++) {
 		r = ckpt_store_open(s->path, &o, ret, err, sizeof(err));
 		if (r == 0 || r == -ENOMEM)

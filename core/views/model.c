@@ -27,7 +27,7 @@
 #include "base/util.h"
 
 static void model_destroy(struct vcache_node *n);
-static struct vcache model_cache = VCACHE_INIT(16, model_destroy);
+static struct vcache model_cache = VCACHE_INIT(16, model_destroy, CKPT_VIEW_CACHE_MEM_DEFAULT);
 
 static void model_destroy(struct vcache_node *n)
 {
@@ -62,6 +62,36 @@ void vw_model_forget_store(ckpt_store *s)
 size_t vw_model_count(void)
 {
 	return vcache_count(&model_cache);
+}
+
+size_t vw_model_kept_bytes(void)
+{
+	return vcache_kept_bytes(&model_cache);
+}
+
+void vw_model_set_budget(size_t bytes)
+{
+	vcache_set_budget(&model_cache, bytes);
+}
+
+/* What model m holds, for the cache's byte budget: its own tables and the
+ * parses of its sources (which it keeps alive; a parse shared by several
+ * models is counted in each). */
+static size_t model_bytes(const struct vmodel *m)
+{
+	size_t b = sizeof(*m) + m->nsrcs * sizeof(*m->srcs) +
+		   m->npieces * sizeof(*m->pieces) + m->ngts * sizeof(*m->gts) +
+		   m->ngroups * sizeof(*m->groups);
+
+	for (size_t i = 0; i < m->nsrcs; i++) {
+		b += strlen(m->srcs[i].name) + 1;
+		if (m->srcs[i].d)
+			b += m->srcs[i].d->node.bytes;
+	}
+	for (size_t i = 0; i < m->ngts; i++)
+		if (m->gts[i].problem)
+			b += strlen(m->gts[i].problem) + 1;
+	return b;
 }
 
 /* The sources among the entries of the model's directory (from
@@ -617,6 +647,7 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 		goto out;
 	}
 	warn_nometa(m);
+	m->node.bytes = model_bytes(m);
 	vcache_insert(&model_cache, &m->node, s); /* the caller's reference and the cache's */
 	/* A new model: the directories viewed changed.  The models and parses
 	 * that can no longer be found go now rather than when they are the

@@ -26,7 +26,7 @@ static void srcdata_destroy(struct vcache_node *n);
 /* The cache keeps its 64 newest parses, so a header parsed ahead of time
  * (ckpt_view_prefetch) or for a view since dropped is still there for the
  * next view. */
-static struct vcache src_cache = VCACHE_INIT(64, srcdata_destroy);
+static struct vcache src_cache = VCACHE_INIT(64, srcdata_destroy, CKPT_VIEW_CACHE_MEM_DEFAULT / 2);
 
 static void srcdata_destroy(struct vcache_node *n)
 {
@@ -73,6 +73,16 @@ void vw_source_sweep(void)
 size_t vw_source_count(void)
 {
 	return vcache_count(&src_cache);
+}
+
+size_t vw_source_kept_bytes(void)
+{
+	return vcache_kept_bytes(&src_cache);
+}
+
+void vw_source_set_budget(size_t bytes)
+{
+	vcache_set_budget(&src_cache, bytes);
 }
 
 int vw_scan_dir(ckpt_store *s, uint64_t dir, struct ckpt_dirent **ret_ents, size_t *ret_n,
@@ -296,6 +306,59 @@ static int sort_table(struct ckpt_st_tensor *t, struct smeta *m, size_t n)
 	return 1;
 }
 
+/* What parse d holds, for the cache's byte budget.  blob: the size of its
+ * blob (names and dims of a decoded parse), or 0.  A parse that still holds
+ * its parsed JSON (hdr) counts four times its header's length for it. */
+static size_t srcdata_bytes(const struct srcdata *d, size_t blob)
+{
+	size_t b = sizeof(*d) + blob +
+		   d->ntensors * (sizeof(*d->tensors) + sizeof(*d->metas));
+
+	if (d->ext)
+		b += d->ext->cap * sizeof(*d->ext->v);
+	if (d->hdr)
+		b += 4 * (size_t)d->data_start;
+	return b;
+}
+
+/*
+ * Persist d's parse (a cache: best effort, and only on a writable store),
+ * and return the parse to keep: the record decoded again, which holds the
+ * tensor table in a few flat arrays, instead of d, which also holds the
+ * parsed JSON and metadata (several times the header's size).  d is
+ * consumed.  When the record cannot be made or read back, d itself.
+ */
+static struct srcdata *persist_compact(ckpt_store *s, struct srcdata *d)
+{
+	struct srcdata *c = NULL;
+	uint8_t *rec = NULL;
+	size_t len = 0;
+
+	if (!d->ext || vw_parsrec_encode(d, d->ext, &rec, &len) < 0)
+		goto out;
+	if (ckpt_store_writable(s))
+		(void)ckpt_store_parsed_put(s, d->ino, rec, len);
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		goto out;
+	c->ino = d->ino;
+	c->size = d->size;
+	c->mtime_ns = d->mtime_ns;
+	if (vw_parsrec_decode(rec, len, d->ext, c) < 0) {
+		free(c); /* decode freed what it allocated */
+		c = NULL;
+		goto out;
+	}
+	c->ext = d->ext;
+	d->ext = NULL;
+	srcdata_destroy(&d->node);
+	d = c;
+out:
+	d->node.bytes = srcdata_bytes(d, c ? len : 0);
+	free(rec);
+	return d;
+}
+
 /* Persist d's parse (a cache: best effort, and only on a writable store). */
 static void persist_parse(ckpt_store *s, const struct srcdata *d)
 {
@@ -322,6 +385,8 @@ static bool load_parse_record(ckpt_store *s, struct srcdata *d)
 	r = ckpt_store_load_extents(s, d->ino, &d->ext);
 	if (r == 0)
 		r = vw_parsrec_decode(rec, len, d->ext, d);
+	if (r == 0)
+		d->node.bytes = srcdata_bytes(d, len);
 	free(rec);
 	if (r < 0) {
 		ckpt_extent_list_free(d->ext);
@@ -380,7 +445,7 @@ int vw_source_load(ckpt_store *s, uint64_t ino, uint64_t size, int64_t mtime_ns,
 			if (d->source)
 				sort_table(d->tensors, d->metas, d->ntensors); /* else merged unsorted */
 		}
-		persist_parse(s, d);
+		d = persist_compact(s, d);
 	}
 	vcache_insert(&src_cache, &d->node, s);
 	*ret = d;

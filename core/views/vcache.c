@@ -54,6 +54,36 @@ static bool past_keep(const struct vcache_node *n, size_t idx, const void *arg)
 	return idx >= *(const size_t *)arg;
 }
 
+/* The oldest kept entry, other than the newest kept one, whose bytes and
+ * those of the newer kept entries pass the budget. */
+static bool past_budget(struct vcache *c)
+{
+	struct vcache_node *n;
+	size_t sum = 0;
+	bool first = true;
+
+	pthread_mutex_lock(&c->lock);
+	if (c->max_bytes == 0) {
+		pthread_mutex_unlock(&c->lock);
+		return false;
+	}
+	for (n = c->head; n; n = n->next) {
+		if (!n->kept)
+			continue;
+		sum += n->bytes;
+		if (!first && sum > c->max_bytes)
+			break;
+		first = false;
+	}
+	if (n)
+		n->kept = false;
+	pthread_mutex_unlock(&c->lock);
+	if (!n)
+		return false;
+	vcache_unref(c, n);
+	return true;
+}
+
 static bool of_store(const struct vcache_node *n, size_t idx, const void *arg)
 {
 	(void)idx;
@@ -70,6 +100,8 @@ void vcache_insert(struct vcache *c, struct vcache_node *n, ckpt_store *s)
 	c->head = n;
 	pthread_mutex_unlock(&c->lock);
 	while (release_one(c, past_keep, &c->keep))
+		;
+	while (past_budget(c))
 		;
 }
 
@@ -135,4 +167,25 @@ size_t vcache_count(struct vcache *c)
 		n++;
 	pthread_mutex_unlock(&c->lock);
 	return n;
+}
+
+size_t vcache_kept_bytes(struct vcache *c)
+{
+	size_t b = 0;
+
+	pthread_mutex_lock(&c->lock);
+	for (struct vcache_node *e = c->head; e; e = e->next)
+		if (e->kept)
+			b += e->bytes;
+	pthread_mutex_unlock(&c->lock);
+	return b;
+}
+
+void vcache_set_budget(struct vcache *c, size_t max_bytes)
+{
+	pthread_mutex_lock(&c->lock);
+	c->max_bytes = max_bytes;
+	pthread_mutex_unlock(&c->lock);
+	while (past_budget(c))
+		;
 }

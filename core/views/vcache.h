@@ -5,7 +5,9 @@
  * view models), newest first.
  *
  * Ownership: a cache holds one reference on each of its `keep` newest
- * entries ("kept"); every user holds its own.  An entry is destroyed, by the
+ * entries ("kept"), fewer when their sizes (`bytes`) pass the cache's byte
+ * budget (the newest entry is kept whatever its size); every user holds its
+ * own.  An entry is destroyed, by the
  * cache's destroy callback and outside its lock, when its last reference
  * goes; an entry that was never inserted (refs 1) can be released the same
  * way.  Entries are embedded: a struct vcache_node inside the cached struct,
@@ -26,6 +28,8 @@
 struct vcache_node {
 	ckpt_store *s;     /* the store the entry was parsed from */
 	int refs;          /* protected by the cache's lock */
+	size_t bytes;      /* memory the entry holds (an estimate), set before
+			    * insert, then immutable */
 	bool kept;         /* the cache holds one of the refs */
 	struct vcache_node *next;
 };
@@ -35,15 +39,21 @@ struct vcache {
 	struct vcache_node *head; /* newest first; under lock */
 	size_t keep;
 	void (*destroy)(struct vcache_node *n);
+	/* 0: no byte budget; else the kept entries' bytes stay within it.  Under
+	 * lock (vcache_set_budget). */
+	size_t max_bytes;
 };
 
-/* Static initializer of a cache that keeps its `keep` newest entries. */
-#define VCACHE_INIT(keep, destroy) { PTHREAD_MUTEX_INITIALIZER, NULL, (keep), (destroy) }
+/* Static initializer of a cache that keeps its `keep` newest entries, and
+ * those within max_bytes. */
+#define VCACHE_INIT(keep, destroy, max_bytes) \
+	{ PTHREAD_MUTEX_INITIALIZER, NULL, (keep), (destroy), (max_bytes) }
 
 #define vcache_entry(ptr, type) ((type *)(void *)((char *)(ptr) - offsetof(type, node)))
 
-/* Insert n (of store s) holding two references, the caller's and the
- * cache's; the cache then lets go of the entries past its `keep` newest. */
+/* Insert n (of store s, n->bytes set) holding two references, the
+ * caller's and the cache's; the cache then lets go of the entries past its
+ * `keep` newest and of the oldest ones past its byte budget. */
 void vcache_insert(struct vcache *c, struct vcache_node *n, ckpt_store *s);
 /* The newest entry match() accepts, with a reference taken, or NULL. */
 struct vcache_node *vcache_find(struct vcache *c,
@@ -62,5 +72,9 @@ void vcache_forget_store(struct vcache *c, ckpt_store *s);
 void vcache_sweep(struct vcache *c, bool (*dead)(const struct vcache_node *n));
 /* How many entries are alive: kept by the cache or in use. */
 size_t vcache_count(struct vcache *c);
+/* The bytes of the entries the cache keeps. */
+size_t vcache_kept_bytes(struct vcache *c);
+/* Set the byte budget (0: none); kept entries past it are let go of now. */
+void vcache_set_budget(struct vcache *c, size_t max_bytes);
 
 #endif

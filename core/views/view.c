@@ -84,6 +84,14 @@ void ckpt_view_cache_stats(struct ckpt_view_cache_stats *ret)
 {
 	ret->models = vw_model_count();
 	ret->sources = vw_source_count();
+	ret->model_bytes = vw_model_kept_bytes();
+	ret->source_bytes = vw_source_kept_bytes();
+}
+
+void ckpt_view_cache_set_budget(size_t bytes)
+{
+	vw_model_set_budget(bytes);
+	vw_source_set_budget(bytes / 2);
 }
 
 uint64_t ckpt_view_sig(const ckpt_view *v)
@@ -132,6 +140,16 @@ bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino)
 		if (v->m->srcs[i].ino == ino)
 			return v->m->srcs[i].d->source;
 	return false;
+}
+
+size_t ckpt_view_nsources(const ckpt_view *v)
+{
+	return v->m->nsrcs;
+}
+
+const struct ckpt_extent_list *ckpt_view_source_extents(const ckpt_view *v, size_t i)
+{
+	return v->m->srcs[i].d->ext;
 }
 
 size_t ckpt_view_ngroups(const ckpt_view *v)

@@ -67,9 +67,17 @@ void ckpt_view_forget_store(ckpt_store *s);
  * those of directories and files deleted or changed when the next view is
  * built. */
 struct ckpt_view_cache_stats {
-	size_t models, sources;
+	size_t models, sources;             /* alive: kept or in use */
+	size_t model_bytes, source_bytes;   /* estimated bytes of those kept */
 };
 void ckpt_view_cache_stats(struct ckpt_view_cache_stats *ret);
+/* The caches' byte budget (process-wide): the models kept stay within
+ * `bytes` (a model counts its parsed sources too), the parses kept within
+ * half of it; the newest of each is kept whatever its size.  Entries that
+ * views still use stay alive beyond it.  0: counts only.  Default
+ * CKPT_VIEW_CACHE_MEM_DEFAULT. */
+#define CKPT_VIEW_CACHE_MEM_DEFAULT (256ull << 20)
+void ckpt_view_cache_set_budget(size_t bytes);
 void ckpt_view_unref(ckpt_view *v); /* accepts NULL */
 
 /* A cheap fingerprint of the sources of dir's view (inode, size, mtime and
@@ -89,6 +97,11 @@ int64_t ckpt_view_mtime(const ckpt_view *v);
 /* True if store inode ino is a safetensors source consumed by this view
  * (and so hidden from it). */
 bool ckpt_view_is_source(const ckpt_view *v, uint64_t ino);
+/* The extent lists the view's files read from, one per parsed file of its
+ * directory (i < ckpt_view_nsources(v)); they live as long as the view.
+ * The daemon pins their chunks while a view file is open (store.h, holds). */
+size_t ckpt_view_nsources(const ckpt_view *v);
+const struct ckpt_extent_list *ckpt_view_source_extents(const ckpt_view *v, size_t i);
 
 /* Summary of a view's groups, for `ckpt ls`. */
 struct ckpt_view_group_info {

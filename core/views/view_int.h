@@ -96,6 +96,8 @@ int vw_source_load(ckpt_store *s, uint64_t ino, uint64_t size, int64_t mtime_ns,
 		   const char *name, struct srcdata **ret, char *err, size_t errlen);
 void vw_srcdata_unref(struct srcdata *d); /* accepts NULL */
 void vw_source_forget_store(ckpt_store *s);
+size_t vw_source_kept_bytes(void);
+void vw_source_set_budget(size_t bytes);
 /* Let go of the cached parses of files deleted or changed since (vcache_sweep). */
 void vw_source_sweep(void);
 size_t vw_source_count(void);  /* parses alive (vcache_count) */
@@ -172,6 +174,8 @@ int vw_model_get(ckpt_store *s, uint64_t dir, int64_t dir_mtime_ns, const ckpt_t
 void vw_model_unref(struct vmodel *m); /* accepts NULL */
 void vw_model_forget_store(ckpt_store *s);
 size_t vw_model_count(void); /* models alive (vcache_count) */
+size_t vw_model_kept_bytes(void);
+void vw_model_set_budget(size_t bytes);
 
 /* What a reader must do about a tensor held by several files with
  * different contents and no sharding metadata. */

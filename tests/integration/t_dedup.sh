@@ -15,7 +15,9 @@ stat_int() {
 	[[ $v =~ ^[0-9]+$ ]] && echo "$v" || echo "missing($v)"
 }
 
-start_daemon || bail "mount $STORE"
+# -o keep_unreferenced: the deleted data is left for `ckpt gc` to reclaim (the daemon's
+# own reclaiming is tested by t_space.sh)
+start_daemon -o keep_unreferenced || bail "mount $STORE"
 ok "daemon mounted"
 
 # ---------------------------------------------------------------- 4 copies of 32 MiB

@@ -5,9 +5,6 @@
 # model-checked POSIX workload, single-byte damage, ENOSPC on a tmpfs, 16 writers and 16 view
 # readers with the deadlock watchdog.  About 40 s.  The seed is random unless TORTURE_SEED is
 # set; a failure prints the command that reruns it.
-# --allow-enospc-abort: RocksDB still aborts the daemon when its write-ahead log hits ENOSPC
-# (issue 22 item 6); the round counts that and still checks that nothing was lost.  Drop the
-# flag once that is fixed (the long form runs without it).
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 need mount umount cp
@@ -26,7 +23,7 @@ fi
 grep '^not ok' "$T_DIR/selftest.out" | sed 's/^/# /'
 
 note "seed $SEED"
-timeout -k 10 300 "$PY" "$RUN" --short --seed "$SEED" --allow-enospc-abort \
+timeout -k 10 300 "$PY" "$RUN" --short --seed "$SEED" \
 	--tmp "$T_DIR/torture" >"$T_DIR/torture.out" 2>&1
 rc=$?
 sed -n '/^torture summary/,$p' "$T_DIR/torture.out" | sed 's/^/# /'

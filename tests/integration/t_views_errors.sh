@@ -199,7 +199,7 @@ for l in opens[-1:]:
 tap(any(f"tensor '{x}' is in {listed} with different bytes and {HINT}" in l
         for l in opens for x in spec["bytes"]),
     f"naive: open logs 'TENSOR' is in {listed} with different bytes and no sharding metadata")
-builds = [l for l in lines if "ckptfs: warning:" in l and HINT in l]
+builds = [l for l in lines if "] warning: " in l and HINT in l]
 for l in builds[:1]:
     print(f"# {l}")
 n = len(spec["bytes"]) + len(spec["shape"])

@@ -26,8 +26,7 @@ SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 class EnospcSuite:
     kind = "enospc"
 
-    def __init__(self, env, stats, tmp, short=False, allow_abort=False):
-        self.allow_abort = allow_abort
+    def __init__(self, env, stats, tmp, short=False):
         self.env = env
         self.stats = stats
         self.dir = os.path.join(tmp, "enospc")
@@ -180,15 +179,8 @@ class EnospcSuite:
                                 f"failed with {errno.errorcode.get(e[2], e[2])}, not ENOSPC")
         hog = os.path.join(self.tm, "hog")
         if not d.healthy():
-            msg = f"the daemon died when the tmpfs was full to the last byte:\n{d.log_tail()}"
-            if self.allow_abort:
-                self.stats.add(self.kind, daemon_died_full=1)
-                last = d.log_tail(1).strip()
-                self.stats.note(f"enospc: the daemon died when the tmpfs was full to the last "
-                                f"byte, allowed by --allow-enospc-abort (issue 22 item 6); its "
-                                f"last words: {last}")
-            else:
-                self.stats.fail(self.kind, msg)
+            self.stats.fail(self.kind, "the daemon died when the tmpfs was full to the last "
+                            f"byte:\n{d.log_tail()}")
             d.kill9()
             os.unlink(hog)
             d = self.daemon = Daemon(self.env, store, self.mnt, opts,

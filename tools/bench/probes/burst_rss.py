@@ -11,7 +11,7 @@ default fs/ckptfs) in the foreground on a new store and unmounted at the end; it
 is printed (a sanitizer build's LeakSanitizer report makes it non-zero; ASAN_OPTIONS=log_path
 keeps the report).
 
-  tools/bench/probes/burst_rss.py [--bursts 24] [--tensors 20000] [--idle 3]
+  tools/bench/probes/burst_rss.py [--bursts 24] [--tensors 20000] [--idle 3] [-o OPTIONS]
 """
 import argparse
 import json
@@ -47,12 +47,14 @@ def main(argv):
     ap.add_argument("--bursts", type=int, default=24)
     ap.add_argument("--tensors", type=int, default=20000)
     ap.add_argument("--idle", type=float, default=3.0)
+    ap.add_argument("-o", "--options", default=None,
+                    help="the daemon's -o options (default: none, the daemon's defaults)")
     args = ap.parse_args(argv)
 
     class Opts:  # a daemon of its own, with the default options
         mount = None
         pid = None
-        options = None
+        options = args.options
         keep = False
 
     work = tempfile.mkdtemp(prefix="ckptfs-burst.")
