@@ -10,6 +10,12 @@
  *   ckpt check STORE PATH           can every view of PATH be served?
  *   ckpt export STORE PATH --layout tpT_ppP OUTDIR
  *                                   write the tpT_ppP view of PATH into OUTDIR
+ *   ckpt verify STORE [--sample N%|N] [--bytes SIZE]
+ *                                   read back chunks, mounted or not (ckpt_verify.c)
+ *   ckpt du STORE [PATH]            logical, unique and stored bytes per
+ *                                   directory (ckpt_du.c)
+ *   ckpt prune DIR --keep-last N --keep-every K
+ *                                   delete old step directories (ckpt_prune.c)
  *   ckpt help [COMMAND], ckpt COMMAND --help, ckpt --version
  *
  * The commands are a table (commands[] below): each entry's synopsis and
@@ -32,6 +38,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 
+#include <jansson.h>
+
+#include "ckpt_cmd.h"
 #include "views/layout.h"
 #include "views/shardmeta.h"
 #include "store/store.h"
@@ -43,51 +52,7 @@ static double ratio(uint64_t a, uint64_t b)
 	return b ? (double)a / (double)b : 1.0;
 }
 
-/* --meta CONNINFO: the store's metadata is in PostgreSQL (docs/cluster.md);
- * NULL: RocksDB in STORE/index. */
-static const char *meta_where;
-
-/* Open with the options in *o (mode and compaction threshold set by the
- * caller; no chunk cache). */
-static int open_store_opts(const char *path, struct ckpt_store_opts *o, ckpt_store **ret)
-{
-	char err[512];
-	int r;
-
-	o->cache_size = 0;
-	if (meta_where) {
-		o->meta_engine = "postgresql";
-		o->meta_where = meta_where;
-		o->create = false;
-	}
-	/* A daemon that was just unmounted may still be flushing: give it a
-	 * few seconds to let go of the store before calling it busy. */
-	for (int tries = 0;; tries++) {
-		r = ckpt_store_open(path, o, ret, err, sizeof(err));
-		if (r != -EBUSY || tries >= 30)
-			break;
-		usleep(100 * 1000);
-	}
-	if (r < 0) {
-		if (r == -EBUSY)
-			fprintf(stderr, "ckpt: %s: store is mounted or in use by another process; "
-					"unmount it first\n", path);
-		else
-			fprintf(stderr, "ckpt: %s\n", err);
-	}
-	return r;
-}
-
-static int open_store(const char *path, enum ckpt_store_mode mode, ckpt_store **ret)
-{
-	struct ckpt_store_opts o;
-
-	ckpt_store_opts_init(&o);
-	o.mode = mode;
-	return open_store_opts(path, &o, ret);
-}
-
-static int cmd_stat(const char *path)
+static int cmd_stat(const char *path, bool json)
 {
 	struct ckpt_store_stats st;
 	ckpt_store *s;
@@ -101,6 +66,21 @@ static int cmd_stat(const char *path)
 		fprintf(stderr, "ckpt: %s: cannot read statistics: %s\n", path, strerror(-r));
 		return 1;
 	}
+	if (json)
+		return print_json_doc(json_pack(
+			"{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:f, s:I, s:I, s:I, s:I, "
+			"s:I, s:I}",
+			"store", path, "files", (json_int_t)st.files, "directories",
+			(json_int_t)st.dirs, "symlinks", (json_int_t)st.symlinks, "logical_bytes",
+			(json_int_t)st.logical_bytes, "unique_bytes", (json_int_t)st.unique_bytes,
+			"stored_bytes", (json_int_t)st.stored_bytes, "chunks", (json_int_t)st.chunks,
+			"dedup_ratio", ratio(st.logical_bytes, st.unique_bytes), "compression_ratio",
+			ratio(st.unique_bytes, st.stored_bytes), "total_ratio",
+			ratio(st.logical_bytes, st.stored_bytes), "unreferenced_chunks",
+			(json_int_t)st.dead_chunks, "unreferenced_bytes", (json_int_t)st.dead_bytes,
+			"unindexed_bytes", (json_int_t)st.unindexed_bytes, "compression_pending",
+			(json_int_t)st.deferred_chunks, "pack_files", (json_int_t)st.pack_files,
+			"pack_bytes", (json_int_t)st.pack_bytes));
 	printf("store: %s\n", path);
 	printf("files: %" PRIu64 "\n", st.files);
 	printf("directories: %" PRIu64 "\n", st.dirs);
@@ -123,21 +103,28 @@ static int cmd_stat(const char *path)
 
 static void fsck_report(void *ud, const char *path, const char *what)
 {
-	(void)ud;
+	if (ud) /* a bar on stderr: the report starts on a line of its own */
+		fputs("\r\033[K", stderr);
 	if (path)
 		printf("damaged: %s: %s\n", path, what);
 	else
 		printf("problem: %s\n", what);
 }
 
-static int cmd_fsck(const char *path)
+static int cmd_fsck(const char *path, enum ckpt_bar_mode progress)
 {
+	struct ckpt_progress p;
+	ckpt_bar *bar;
 	ckpt_store *s;
 	int r = open_store(path, CKPT_STORE_RO, &s);
 
 	if (r < 0)
 		return 1;
-	r = ckpt_store_fsck(s, fsck_report, NULL);
+	bar = ckpt_bar_new("fsck", progress, 0, stderr);
+	ckpt_bar_callback(bar, &p);
+	ckpt_store_set_progress(s, &p);
+	r = ckpt_store_fsck(s, fsck_report, bar);
+	ckpt_bar_finish(bar);
 	ckpt_store_free(s);
 	if (r < 0) {
 		fprintf(stderr, "ckpt: %s: fsck failed: %s\n", path, strerror(-r));
@@ -151,10 +138,12 @@ static int cmd_fsck(const char *path)
 	return 0;
 }
 
-static int cmd_gc(const char *path, unsigned live)
+static int cmd_gc(const char *path, unsigned live, enum ckpt_bar_mode progress)
 {
 	struct ckpt_store_opts o;
 	struct ckpt_gc_stats g;
+	struct ckpt_progress p;
+	ckpt_bar *bar;
 	ckpt_store *s;
 	int r;
 
@@ -165,7 +154,11 @@ static int cmd_gc(const char *path, unsigned live)
 
 	if (r < 0)
 		return 1;
+	bar = ckpt_bar_new("gc", progress, 0, stderr);
+	ckpt_bar_callback(bar, &p);
+	ckpt_store_set_progress(s, &p);
 	r = ckpt_store_gc(s, &g);
+	ckpt_bar_finish(bar);
 	ckpt_store_free(s);
 	if (r < 0) {
 		fprintf(stderr, "ckpt: %s: gc failed: %s (the store is unchanged or consistent; "
@@ -213,38 +206,11 @@ static int cmd_repair(const char *path)
 	return st.files_lost ? 1 : 0;
 }
 
-/* Resolve "/a/b" (relative to the store root) to an inode. */
-static int resolve(ckpt_store *s, const char *path, struct ckpt_inode *ret)
+/* List dir (at path) and its subdirectories: as text, or with out not NULL
+ * as one object per directory appended to out (docs/user-guide.md 5.1). */
+static int ls_dir(ckpt_store *s, uint64_t dir, const char *path, json_t *out)
 {
-	char *copy = strdup(path), *save = NULL, *tok;
-	int r = ckpt_store_getattr(s, CKPT_ROOT_INO, ret);
-
-	if (!copy)
-		return -ENOMEM;
-	for (tok = strtok_r(copy, "/", &save); tok && r == 0; tok = strtok_r(NULL, "/", &save)) {
-		if (!strcmp(tok, "."))
-			continue;
-		if (!S_ISDIR(ret->mode)) {
-			r = -ENOTDIR;
-			break;
-		}
-		r = ckpt_store_lookup(s, ret->ino, tok, ret);
-	}
-	free(copy);
-	return r;
-}
-
-static char *join(const char *a, const char *b)
-{
-	char *p;
-
-	if (asprintf(&p, "%s%s%s", a, a[strlen(a) - 1] == '/' ? "" : "/", b) < 0)
-		return NULL;
-	return p;
-}
-
-static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
-{
+	json_t *groups = NULL;
 	static const struct ckpt_layout l11 = { 1, 1 };
 	struct ckpt_dirent *ents = NULL;
 	ckpt_view *v = NULL;
@@ -256,10 +222,36 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 		fprintf(stderr, "ckpt: %s: %s: %s\n", ckpt_store_path(s), path, err);
 		return 1;
 	}
+	if (out) {
+		groups = json_array();
+		if (!groups || json_array_append_new(out, json_pack("{s:s, s:o}", "path", path,
+								     "groups", groups))) {
+			fprintf(stderr, "ckpt: %s: %s: %s\n", ckpt_store_path(s), path,
+				strerror(ENOMEM));
+			ckpt_view_unref(v);
+			return 1;
+		}
+	}
 	for (size_t g = 0; g < ckpt_view_ngroups(v); g++) {
 		struct ckpt_view_group_info gi;
 		char nometa[160] = "";
 		ckpt_view_group_info(v, g, &gi);
+		if (groups) {
+			char lay[48];
+
+			snprintf(lay, sizeof(lay), "tp%u_pp%u", gi.saved_tp, gi.saved_pp);
+			json_array_append_new(
+				groups,
+				json_pack("{s:s, s:I, s:I, s:s, s:I, s:I, s:I, s:b, s:I, s:I}", "name",
+					  gi.name, "tensors", (json_int_t)gi.tensors, "files",
+					  (json_int_t)gi.files, "saved_layout", lay, "saved_tp",
+					  (json_int_t)gi.saved_tp, "saved_pp", (json_int_t)gi.saved_pp,
+					  "layers", (json_int_t)gi.num_layers, "incomplete",
+					  gi.problems != 0, "conflicting_tensors",
+					  (json_int_t)gi.problems, "nometa_tensors",
+					  (json_int_t)gi.nometa));
+			continue;
+		}
 		if (gi.nometa)
 			snprintf(nometa, sizeof(nometa),
 				 "  (NO SHARDING METADATA: %zu tensors in several files differ; run "
@@ -285,7 +277,7 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 		if (!sub) {
 			fprintf(stderr, "ckpt: %s: %s\n", path, strerror(ENOMEM));
 			r = 1;
-		} else if (ls_dir(s, ents[i].ino, sub)) {
+		} else if (ls_dir(s, ents[i].ino, sub, out)) {
 			r = 1;
 		}
 		free(sub);
@@ -294,8 +286,9 @@ static int ls_dir(ckpt_store *s, uint64_t dir, const char *path)
 	return r ? 1 : 0;
 }
 
-static int cmd_ls(const char *store, const char *path)
+static int cmd_ls(const char *store, const char *path, bool json)
 {
+	json_t *dirs = NULL;
 	struct ckpt_inode in;
 	ckpt_store *s;
 	int r = open_store(store, CKPT_STORE_RO_SHARED, &s);
@@ -310,15 +303,34 @@ static int cmd_ls(const char *store, const char *path)
 		ckpt_store_free(s);
 		return 1;
 	}
-	r = ls_dir(s, in.ino, path);
+	if (json && !(dirs = json_array())) {
+		fprintf(stderr, "ckpt: %s: %s\n", store, strerror(ENOMEM));
+		r = 1;
+	} else {
+		r = ls_dir(s, in.ino, path, dirs);
+	}
 	ckpt_view_forget_store(s);
 	ckpt_store_free(s);
+	if (dirs && print_json_doc(json_pack("{s:s, s:s, s:o}", "store", store, "path", path,
+					 "directories", dirs)))
+		r = 1;
 	return r;
 }
 
+struct check_ctx {
+	const char *path;
+	json_t *problems; /* --json: the problems, else NULL */
+};
+
 static void check_report(void *ud, const char *file, const char *why)
 {
-	printf("%s/%s: %s\n", (const char *)ud, file, why);
+	struct check_ctx *c = ud;
+
+	if (c->problems)
+		json_array_append_new(c->problems,
+				      json_pack("{s:s, s:s}", "file", file, "reason", why));
+	else
+		printf("%s/%s: %s\n", c->path, file, why);
 }
 
 static int load_rules(const char *path, ckpt_tp_rules **ret)
@@ -331,9 +343,10 @@ static int load_rules(const char *path, ckpt_tp_rules **ret)
 	return r;
 }
 
-static int cmd_check(const char *store, const char *path, const char *rules_path)
+static int cmd_check(const char *store, const char *path, const char *rules_path, bool json)
 {
 	static const struct ckpt_layout l11 = { 1, 1 };
+	struct check_ctx ctx = { path, NULL };
 	ckpt_tp_rules *rules = NULL;
 	struct ckpt_inode in;
 	ckpt_view *v = NULL;
@@ -356,9 +369,20 @@ static int cmd_check(const char *store, const char *path, const char *rules_path
 		fprintf(stderr, "ckpt: %s: %s: %s\n", store, path, err);
 		goto out;
 	}
-	r = ckpt_view_check(v, check_report, (void *)path);
+	if (json && !(ctx.problems = json_array())) {
+		fprintf(stderr, "ckpt: %s: %s: %s\n", store, path, strerror(ENOMEM));
+		goto out;
+	}
+	r = ckpt_view_check(v, check_report, &ctx);
 	if (r < 0) {
 		fprintf(stderr, "ckpt: %s: %s: %s\n", store, path, strerror(-r));
+	} else if (json) {
+		ret = r > 0;
+		if (print_json_doc(json_pack("{s:s, s:s, s:b, s:I, s:I, s:O}", "store", store, "path",
+					 path, "ok", r == 0, "groups",
+					 (json_int_t)ckpt_view_ngroups(v), "unservable_tensors",
+					 (json_int_t)r, "problems", ctx.problems)))
+			ret = 1;
 	} else if (r > 0) {
 		printf("%s: %d tensor(s) cannot be served\n", path, r);
 	} else {
@@ -366,6 +390,7 @@ static int cmd_check(const char *store, const char *path, const char *rules_path
 		ret = 0;
 	}
 out:
+	json_decref(ctx.problems);
 	ckpt_view_unref(v);
 	if (s)
 		ckpt_view_forget_store(s);
@@ -390,6 +415,10 @@ static int write_all(int fd, const void *buf, size_t len)
 	}
 	return 0;
 }
+
+/* The bar of ckpt export (NULL: none): bytes written; its total grows by
+ * each directory's files as export_dir reaches it. */
+static ckpt_bar *export_bar;
 
 /* Copy bytes from a reader into a new file at path. */
 static int export_file(const char *path, mode_t mode, void *src,
@@ -419,6 +448,7 @@ static int export_file(const char *path, mode_t mode, void *src,
 		if (r < 0)
 			break;
 		off += (uint64_t)n;
+		ckpt_bar_add(export_bar, (uint64_t)n);
 	}
 	if (r == 0 && fsync(fd) < 0)
 		r = -errno;
@@ -469,6 +499,18 @@ static int export_dir(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 			strerror(-r));
 		ckpt_view_unref(v);
 		return 1;
+	}
+	if (export_bar) { /* what this directory adds to the bar's total */
+		struct ckpt_inode in;
+		uint64_t more = 0;
+
+		for (size_t i = 0; i < n; i++)
+			if (S_ISREG(ents[i].mode) && !ckpt_view_is_source(v, ents[i].ino) &&
+			    ckpt_store_getattr(s, ents[i].ino, &in) == 0)
+				more += in.size;
+		for (size_t i = 0; i < ckpt_view_nfiles(v); i++)
+			more += ckpt_view_file_size(v, i);
+		ckpt_bar_grow(export_bar, more);
 	}
 	for (size_t i = 0; i < n; i++) {
 		char *sp = join(src_path, ents[i].name), *op = join(out, ents[i].name);
@@ -528,7 +570,8 @@ static int export_dir(ckpt_store *s, uint64_t dir, const struct ckpt_layout *l,
 }
 
 static int cmd_export(const char *store, const char *path, const struct ckpt_layout *l,
-		      const char *layout, const char *out, const char *rules_path)
+		      const char *layout, const char *out, const char *rules_path,
+		      enum ckpt_bar_mode progress)
 {
 	ckpt_tp_rules *rules = NULL;
 	struct ckpt_inode in;
@@ -546,7 +589,10 @@ static int cmd_export(const char *store, const char *path, const struct ckpt_lay
 		fprintf(stderr, "ckpt: %s: %s: %s\n", store, path, strerror(-r));
 		goto out;
 	}
+	export_bar = ckpt_bar_new("export", progress, 0, stderr);
 	ret = export_dir(s, in.ino, l, rules, path, out);
+	ckpt_bar_finish(export_bar);
+	export_bar = NULL;
 	if (ret == 0)
 		printf("exported %s as %s into %s\n", path, layout, out);
 out:
@@ -559,15 +605,42 @@ out:
 
 /* ------------------------------------------------------------ command line */
 
-enum { OPT_LAYOUT = 1u << 0, OPT_TP_RULES = 1u << 1, OPT_LIVE = 1u << 2 };
+enum {
+	OPT_LAYOUT = 1u << 0,
+	OPT_TP_RULES = 1u << 1,
+	OPT_LIVE = 1u << 2,
+	OPT_JSON = 1u << 3,
+	OPT_PROGRESS = 1u << 4, /* --progress and --no-progress */
+	OPT_SAMPLE = 1u << 5,
+	OPT_BYTES = 1u << 6,
+	OPT_SEED = 1u << 7,
+	OPT_KEEP_LAST = 1u << 8,
+	OPT_KEEP_EVERY = 1u << 9,
+	OPT_DRY_RUN = 1u << 10,
+};
 
-/* One command's arguments after parsing: positionals in order, options by name. */
-struct args {
-	const char *pos[3];
-	int npos;
-	const char *layout;
-	const char *tp_rules;
-	const char *live;
+/* The options: "--name VALUE" (or --name=VALUE) stores VALUE in the const
+ * char * at off in struct args; a flag without a value stores setval in
+ * the int there. */
+static const struct option_def {
+	unsigned opt; /* OPT_* */
+	const char *name;
+	bool has_value;
+	size_t off;
+	int setval;
+} options[] = {
+	{ OPT_LAYOUT, "--layout", true, offsetof(struct args, layout), 0 },
+	{ OPT_TP_RULES, "--tp-rules", true, offsetof(struct args, tp_rules), 0 },
+	{ OPT_LIVE, "--live", true, offsetof(struct args, live), 0 },
+	{ OPT_JSON, "--json", false, offsetof(struct args, json), 1 },
+	{ OPT_PROGRESS, "--progress", false, offsetof(struct args, progress), CKPT_BAR_ON },
+	{ OPT_PROGRESS, "--no-progress", false, offsetof(struct args, progress), CKPT_BAR_OFF },
+	{ OPT_SAMPLE, "--sample", true, offsetof(struct args, sample), 0 },
+	{ OPT_BYTES, "--bytes", true, offsetof(struct args, bytes), 0 },
+	{ OPT_SEED, "--seed", true, offsetof(struct args, seed), 0 },
+	{ OPT_KEEP_LAST, "--keep-last", true, offsetof(struct args, keep_last), 0 },
+	{ OPT_KEEP_EVERY, "--keep-every", true, offsetof(struct args, keep_every), 0 },
+	{ OPT_DRY_RUN, "--dry-run", false, offsetof(struct args, dry_run), 1 },
 };
 
 struct command {
@@ -587,12 +660,12 @@ static int usage_error(const struct command *c, const char *fmt, ...)
 
 static int run_stat(const struct command *c, const struct args *a)
 {
-	return cmd_stat(a->pos[0]);
+	return cmd_stat(a->pos[0], a->json);
 }
 
 static int run_fsck(const struct command *c, const struct args *a)
 {
-	return cmd_fsck(a->pos[0]);
+	return cmd_fsck(a->pos[0], a->progress);
 }
 
 static int run_gc(const struct command *c, const struct args *a)
@@ -607,7 +680,7 @@ static int run_gc(const struct command *c, const struct args *a)
 			return usage_error(c, "invalid --live '%s' (a percentage, 1 to 100)",
 					   a->live);
 	}
-	return cmd_gc(a->pos[0], (unsigned)live);
+	return cmd_gc(a->pos[0], (unsigned)live, a->progress);
 }
 
 static int run_repair(const struct command *c, const struct args *a)
@@ -617,12 +690,67 @@ static int run_repair(const struct command *c, const struct args *a)
 
 static int run_ls(const struct command *c, const struct args *a)
 {
-	return cmd_ls(a->pos[0], a->npos > 1 ? a->pos[1] : "/");
+	return cmd_ls(a->pos[0], a->npos > 1 ? a->pos[1] : "/", a->json);
 }
 
 static int run_check(const struct command *c, const struct args *a)
 {
-	return cmd_check(a->pos[0], a->pos[1], a->tp_rules);
+	return cmd_check(a->pos[0], a->pos[1], a->tp_rules, a->json);
+}
+
+static int run_verify(const struct command *c, const struct args *a)
+{
+	struct ckpt_verify_opts vo = { 0 };
+
+	if (a->sample) {
+		size_t n = strlen(a->sample);
+		uint64_t v;
+
+		if (n > 1 && a->sample[n - 1] == '%') {
+			/* a percentage with up to 4 decimals: 0.01%, 5%, 100% */
+			char *end;
+			double pct;
+
+			errno = 0;
+			pct = strtod(a->sample, &end);
+			if (errno || end != a->sample + n - 1 || !(pct > 0) || pct > 100)
+				return usage_error(c, "invalid --sample '%s' (N%%, 0 < N <= 100, or a "
+						   "number of chunks)", a->sample);
+			vo.sample_ppm = (uint32_t)(pct * 10000.0 + 0.5);
+			if (vo.sample_ppm == 0)
+				vo.sample_ppm = 1;
+		} else if (parse_u64(a->sample, &v) < 0 || v == 0) {
+			return usage_error(c, "invalid --sample '%s' (N%%, 0 < N <= 100, or a "
+					   "number of chunks)", a->sample);
+		} else {
+			vo.sample_count = v;
+		}
+	}
+	if (a->bytes && (parse_size(a->bytes, &vo.byte_budget) < 0 || vo.byte_budget == 0))
+		return usage_error(c, "invalid --bytes '%s' (a size such as 500M or 2G)", a->bytes);
+	if (a->seed && (parse_u64(a->seed, &vo.seed) < 0 || vo.seed == 0))
+		return usage_error(c, "invalid --seed '%s' (a positive integer)", a->seed);
+	return cmd_verify(a->pos[0], &vo, a->progress);
+}
+
+static int run_du(const struct command *c, const struct args *a)
+{
+	return cmd_du(a->pos[0], a->npos > 1 ? a->pos[1] : "/", a->json);
+}
+
+static int run_prune(const struct command *c, const struct args *a)
+{
+	uint64_t last = 0, every = 0;
+
+	if (a->keep_last && (parse_u64(a->keep_last, &last) < 0 || last == 0))
+		return usage_error(c, "invalid --keep-last '%s' (a positive integer)", a->keep_last);
+	if (a->keep_every && (parse_u64(a->keep_every, &every) < 0 || every == 0))
+		return usage_error(c, "invalid --keep-every '%s' (a positive integer)",
+				   a->keep_every);
+	if (!last && !every)
+		return usage_error(c, "give --keep-last N or --keep-every K (or both): prune "
+				      "never deletes every step");
+	return cmd_prune(a->pos[0], last, every, a->dry_run);
 }
 
 static int run_export(const struct command *c, const struct args *a)
@@ -632,7 +760,8 @@ static int run_export(const struct command *c, const struct args *a)
 	if (ckpt_layout_parse(a->layout, &l) < 0)
 		return usage_error(c, "invalid layout '%s' (expected tpT_ppP, e.g. tp4_pp2)",
 				   a->layout);
-	return cmd_export(a->pos[0], a->pos[1], &l, a->layout, a->pos[2], a->tp_rules);
+	return cmd_export(a->pos[0], a->pos[1], &l, a->layout, a->pos[2], a->tp_rules,
+			  a->progress);
 }
 
 #define TP_RULES_HELP                                                              \
@@ -640,31 +769,38 @@ static int run_export(const struct command *c, const struct args *a)
 	"                    tensors whose split is neither stated nor inferable\n"      \
 	"                    (docs/views.md)\n"
 
+#define PROGRESS_HELP                                                              \
+	"  --progress        show a progress bar on stderr even when it is not a\n"   \
+	"                    terminal\n"                                               \
+	"  --no-progress     no progress bar (default: shown when stderr is a terminal)\n"
 #define META_HELP                                                                  \
 	"  --meta CONNINFO   the store's metadata is in PostgreSQL: the connection\n"     \
 	"                    string its daemons were given (ckptfs -o meta=)\n"
+#define JSON_HELP "  --json            print one JSON object (docs/user-guide.md, 5.1)\n"
 
 static const struct command commands[] = {
-	{ "stat", "STORE", { "STORE" },
+	{ "stat", "STORE [--json]", { "STORE" },
 	  "files, logical and stored bytes, dedup and compression ratios",
 	  "Print the store's files, logical and stored bytes, dedup and compression\n"
 	  "ratios.  Works while the store is mounted.\n"
-	  "\n" META_HELP,
-	  1, 1, 0, 0, run_stat },
-	{ "fsck", "STORE", { "STORE" },
+	  "\n" JSON_HELP META_HELP,
+	  1, 1, OPT_JSON, 0, run_stat },
+	{ "fsck", "STORE [--progress|--no-progress]", { "STORE" },
 	  "verify every chunk and reference (store unmounted)",
 	  "Read and verify every chunk and reference; name each damaged file.  The\n"
-	  "store must be unmounted.  Exit status 1 if anything is damaged.\n"
-	  "\n" META_HELP,
-	  1, 1, 0, 0, run_fsck },
-	{ "gc", "STORE [--live N]", { "STORE" },
+	  "store must be unmounted (ckpt verify reads chunks while it is mounted).\n"
+	  "Exit status 1 if anything is damaged.\n"
+	  "\n" PROGRESS_HELP META_HELP,
+	  1, 1, OPT_PROGRESS, 0, run_fsck },
+	{ "gc", "STORE [--live N] [--progress|--no-progress]", { "STORE" },
 	  "reclaim the space of unreferenced chunks (store unmounted)",
 	  "Reclaim the space of unreferenced chunks (deleted or overwritten data).\n"
 	  "The store must be unmounted.  Safe to run again after a failure.\n"
 	  "\n"
 	  "  --live N          rewrite the packs whose live chunks fill less than N% of\n"
-	  "                    them (1-100, default 80; packs with none are deleted)\n" META_HELP,
-	  1, 1, OPT_LIVE, 0, run_gc },
+	  "                    them (1-100, default 80; packs with none are deleted)\n"
+	  PROGRESS_HELP META_HELP,
+	  1, 1, OPT_LIVE | OPT_PROGRESS, 0, run_gc },
 	{ "repair", "STORE", { "STORE" },
 	  "rebuild a damaged index and list what it lost (store unmounted)",
 	  "Bring a store whose index is damaged back to one that mounts and passes\n"
@@ -678,31 +814,74 @@ static const struct command commands[] = {
 	  "store must be unmounted.  Exit status 1 if any file was lost or the repair\n"
 	  "failed.  Safe to run again, and on an intact store.\n",
 	  1, 1, 0, 0, run_repair },
-	{ "ls", "STORE [PATH]", { "STORE", "PATH" },
+	{ "ls", "STORE [PATH] [--json]", { "STORE", "PATH" },
 	  "checkpoint directories, their groups and saved layouts",
 	  "List the checkpoint directories under PATH (default /) with their groups,\n"
 	  "tensor counts and the layout they were saved in.  Flags what it finds\n"
 	  "without reading tensor data: INCOMPLETE (pieces disagree on dtype, global\n"
 	  "shape or tp_dim) and NO SHARDING METADATA (files without ckptfs metadata\n"
 	  "hold one tensor with different shapes or bytes).  Works while mounted.\n"
-	  "\n" META_HELP,
-	  1, 2, 0, 0, run_ls },
-	{ "check", "STORE PATH [--tp-rules FILE]", { "STORE", "PATH" },
+	  "\n" JSON_HELP META_HELP,
+	  1, 2, OPT_JSON, 0, run_ls },
+	{ "check", "STORE PATH [--tp-rules FILE] [--json]", { "STORE", "PATH" },
 	  "can every resharded view of PATH be served?",
 	  "Report the tensors of the files directly in PATH that no resharded view can\n"
 	  "serve (missing or inconsistent pieces, tensors that files without sharding\n"
 	  "metadata hold with different contents).  Works while mounted.  Exit status 1\n"
 	  "if there are any.\n"
-	  "\n" TP_RULES_HELP META_HELP,
-	  2, 2, OPT_TP_RULES, 0, run_check },
-	{ "export", "STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE]",
+	  "\n" TP_RULES_HELP JSON_HELP META_HELP,
+	  2, 2, OPT_TP_RULES | OPT_JSON, 0, run_check },
+	{ "export",
+	  "STORE PATH --layout tpT_ppP OUTDIR [--tp-rules FILE] [--progress|--no-progress]",
 	  { "STORE", "PATH", "OUTDIR" },
 	  "write the tpT_ppP view of PATH as plain files (store unmounted)",
 	  "Write the tpT_ppP view of PATH (and of its subdirectories) as plain files\n"
 	  "into the directory OUTDIR.  The store must be unmounted.\n"
 	  "\n"
-	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP META_HELP,
-	  3, 3, OPT_LAYOUT | OPT_TP_RULES, OPT_LAYOUT, run_export },
+	  "  --layout tpT_ppP  the tensor- and pipeline-parallel layout, e.g. tp4_pp2\n" TP_RULES_HELP
+	  PROGRESS_HELP META_HELP,
+	  3, 3, OPT_LAYOUT | OPT_TP_RULES | OPT_PROGRESS, OPT_LAYOUT, run_export },
+	{ "verify", "STORE [--sample N%|N] [--bytes SIZE] [--seed N] [--progress|--no-progress]",
+	  { "STORE" },
+	  "read back and check stored chunks, all or a sample (works mounted)",
+	  "Read every chunk of the store back, or a random sample of them, and check\n"
+	  "each record's checksum, its decompression and its digest.  Works while the\n"
+	  "store is mounted, without stopping the daemon: a chunk that the daemon\n"
+	  "moves or drops meanwhile is looked up again, never reported as damaged.\n"
+	  "Names each damaged chunk and the files that use it.  Exit status 1 if\n"
+	  "anything is damaged.\n"
+	  "\n"
+	  "  --sample N%|N     read N percent of the chunks (0.0001-100), or N chunks,\n"
+	  "                    chosen at random\n"
+	  "  --bytes SIZE      read random chunks until SIZE stored bytes are read\n"
+	  "                    (e.g. 500M, 20G); with --sample, whichever ends first\n"
+	  "  --seed N          the random choice of chunks (default: a new one each run)\n"
+	  PROGRESS_HELP META_HELP,
+	  1, 1, OPT_SAMPLE | OPT_BYTES | OPT_SEED | OPT_PROGRESS, 0, run_verify },
+	{ "du", "STORE [PATH] [--json]", { "STORE", "PATH" },
+	  "logical, unique and stored bytes of each directory under PATH (works mounted)",
+	  "For PATH (default /) and each directory directly in it (a checkpoint step):\n"
+	  "logical bytes (the sizes of its files), unique bytes (the stored bytes of\n"
+	  "the chunks that nothing outside it uses: what deleting it would free), and\n"
+	  "stored bytes (of every chunk it uses, compressed, each counted once).\n"
+	  "PATH is a path inside the store.  Works while the store is mounted (files\n"
+	  "closed in the last second may not be counted yet).\n"
+	  "\n" JSON_HELP META_HELP,
+	  1, 2, OPT_JSON, 0, run_du },
+	{ "prune", "DIR [--keep-last N] [--keep-every K] [--dry-run]", { "DIR" },
+	  "delete old checkpoint step directories by a retention policy",
+	  "Delete the step directories in DIR that no rule keeps.  A step directory's\n"
+	  "name ends in its step number (step_100, global_step100, checkpoint-500,\n"
+	  "iter_0000100); steps are grouped by the name before the number, and in\n"
+	  "each group the newest step is always kept.  DIR is normally a directory on\n"
+	  "the mount: the daemon deletes the files, and the space of the chunks only\n"
+	  "they used is reclaimed as for any deleted file.  At least one rule is\n"
+	  "needed.\n"
+	  "\n"
+	  "  --keep-last N     keep the N newest steps of each group\n"
+	  "  --keep-every K    keep the steps whose number is a multiple of K\n"
+	  "  --dry-run         print what would be deleted; delete nothing\n",
+	  1, 1, OPT_KEEP_LAST | OPT_KEEP_EVERY | OPT_DRY_RUN, 0, run_prune },
 };
 
 #define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
@@ -781,7 +960,7 @@ static const char *option_value(int argc, char **argv, int *i, const char *name,
  * the command.  -h/--help anywhere before "--" prints the help instead. */
 static int run_command(const struct command *c, int argc, char **argv)
 {
-	struct args a = { .npos = 0 };
+	struct args a = { .npos = 0, .progress = CKPT_BAR_AUTO };
 	int only_pos = 0;
 
 	for (int i = 0; i < argc; i++)
@@ -800,29 +979,35 @@ static int run_command(const struct command *c, int argc, char **argv)
 			continue;
 		}
 		if (!only_pos && arg[0] == '-' && arg[1] != '\0') {
-			if ((c->opts & OPT_LAYOUT) &&
-			    ((v = option_value(argc, argv, &i, "--layout", &missing)) || missing)) {
-				if (missing)
-					return usage_error(c, "option '--layout' needs a value");
-				a.layout = v;
-			} else if ((c->opts & OPT_TP_RULES) &&
-				   ((v = option_value(argc, argv, &i, "--tp-rules", &missing)) ||
+			const struct option_def *od = NULL;
+
+			for (size_t k = 0; k < sizeof(options) / sizeof(options[0]) && !od; k++) {
+				if (!(c->opts & options[k].opt))
+					continue;
+				if (!options[k].has_value) {
+					if (!strcmp(arg, options[k].name)) {
+						od = &options[k];
+						*(int *)((char *)&a + od->off) = od->setval;
+					}
+				} else if ((v = option_value(argc, argv, &i, options[k].name,
+							     &missing)) || missing) {
+					od = &options[k];
+					if (missing)
+						return usage_error(c, "option '%s' needs a value",
+								   od->name);
+					*(const char **)((char *)&a + od->off) = v;
+				}
+			}
+			/* every command takes --meta (the store's metadata engine) */
+			if (!od && ((v = option_value(argc, argv, &i, "--meta", &missing)) ||
 				    missing)) {
-				if (missing)
-					return usage_error(c, "option '--tp-rules' needs a value");
-				a.tp_rules = v;
-			} else if ((c->opts & OPT_LIVE) &&
-				   ((v = option_value(argc, argv, &i, "--live", &missing)) || missing)) {
-				if (missing)
-					return usage_error(c, "option '--live' needs a value");
-				a.live = v;
-			} else if ((v = option_value(argc, argv, &i, "--meta", &missing)) || missing) {
 				if (missing)
 					return usage_error(c, "option '--meta' needs a value");
 				meta_where = v;
-			} else {
-				return usage_error(c, "unknown option '%s'", arg);
+				continue;
 			}
+			if (!od)
+				return usage_error(c, "unknown option '%s'", arg);
 			continue;
 		}
 		if (a.npos >= c->max_pos)

@@ -16,6 +16,8 @@
  *             rendering in the Prometheus text format
  *   jalloc.h  scoped arena allocation for jansson's objects (safetensors
  *             headers), per thread
+ *   progress.h  the progress callback of long operations (fsck, gc,
+ *             verify): core reports, its caller draws
  *
  * Ownership: objects come from _new and go with _free (NULL-safe);
  * everything else works on memory the caller owns.
@@ -33,6 +35,7 @@
 #include "base/hash.h"
 #include "base/jalloc.h"
 #include "base/metrics.h"
+#include "base/progress.h"
 #include "base/util.h"
 
 #endif

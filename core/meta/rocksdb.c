@@ -499,7 +499,10 @@ static int rdb_open(const char *dir, const struct ckpt_engine_opts *o, ckpt_engi
 	rocksdb_options_set_create_if_missing(x->opts, o->create);
 	rocksdb_options_increase_parallelism(x->opts, 2);
 	rocksdb_options_set_compression(x->opts, rocksdb_lz4_compression);
-	rocksdb_options_set_max_open_files(x->opts, 512);
+	/* A read-only open beside a live writer opens every table file now
+	 * (-1): the writer deletes files its compactions replace, and a view
+	 * that opened them later would fail its reads. */
+	rocksdb_options_set_max_open_files(x->opts, o->read_only ? -1 : 512);
 	rocksdb_options_set_keep_log_file_num(x->opts, 4);
 	rocksdb_options_set_recycle_log_file_num(x->opts, 0);
 	x->topts = rocksdb_block_based_options_create();

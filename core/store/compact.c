@@ -86,6 +86,7 @@ struct victim {
 	uint64_t id;
 	uint64_t live; /* record bytes of indexed chunks in it */
 	bool active;   /* an append target when listed */
+	uint64_t payload; /* its record bytes when listed (progress of gc) */
 };
 
 static int victim_cmp_live(const void *a, const void *b)
@@ -291,6 +292,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	struct victim *v = NULL;
 	ckpt_loadctx *x = NULL;
 	size_t nchunks = 0, nunits = 0, nv = 0, done = 0;
+	uint64_t pdone = 0, ptotal = 0; /* payload bytes of the victims, for progress */
 	int r;
 
 	if (!res)
@@ -309,6 +311,7 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 	for (size_t i = 0; i < nunits; i++) {
 		v[i].id = units[i].id; /* sorted by id */
 		v[i].active = units[i].active;
+		v[i].payload = units[i].payload;
 	}
 	for (size_t i = 0; i < nchunks; i++) {
 		int u = victim_find(v, nunits, ckpt_cb_unit_of(s->cb, &chunks[i].loc));
@@ -351,14 +354,20 @@ int st_compact(ckpt_store *s, size_t max_units, bool reserve, struct st_compact_
 		r = -ENOMEM;
 		goto out;
 	}
+	for (size_t i = 0; i < nv; i++)
+		ptotal += v[i].payload;
+	ckpt_progress_report(s->progress, 0, ptotal);
 	for (size_t i = 0; i < nv; i++) {
+		pdone += v[i].payload;
 		if (v[i].id == UINT64_MAX)
 			continue;
 		r = compact_one(s, x, &v[i], chunks, nchunks, reserve, res);
 		if (r < 0)
 			goto out;
 		done += (size_t)r;
+		ckpt_progress_report(s->progress, pdone, ptotal);
 	}
+	ckpt_progress_report(s->progress, ptotal, ptotal);
 	r = (int)CKPT_MIN(done, (size_t)INT32_MAX);
 out:
 	pthread_mutex_unlock(&s->compact_lock);

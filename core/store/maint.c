@@ -142,12 +142,6 @@ int ckpt_store_stats(ckpt_store *s, struct ckpt_store_stats *ret)
 	return 0;
 }
 
-/* ino -> (parent, name) from every dentry, for naming files in reports. */
-struct name_ent {
-	uint64_t ino, parent;
-	char *name;
-};
-
 static int name_ent_cmp(const void *a, const void *b)
 {
 	uint64_t x = ((const struct name_ent *)a)->ino, y = ((const struct name_ent *)b)->ino;
@@ -155,7 +149,7 @@ static int name_ent_cmp(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
+int st_load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 {
 	uint8_t prefix[1] = { CKPT_KEY_DENTRY };
 	const uint8_t *k, *v;
@@ -204,7 +198,7 @@ static int load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n)
 	return 0;
 }
 
-static char *name_path(struct name_ent *names, size_t n, uint64_t ino)
+char *st_name_path(struct name_ent *names, size_t n, uint64_t ino)
 {
 	char *path = strdup(""), *np;
 
@@ -242,12 +236,13 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	uint8_t *buf = NULL;
 	ckpt_scan *it = NULL;
 	char msg[512];
+	uint64_t done = 0, total = 0;
 	int problems = 0, r;
 
 	r = st_load_chunks(s, &chunks, &nchunks);
 	if (r < 0)
 		goto out;
-	r = load_names(s, &names, &nnames);
+	r = st_load_names(s, &names, &nnames);
 	if (r < 0)
 		goto out;
 	buf = malloc(CKPT_CHUNK_MAX);
@@ -256,7 +251,11 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 		goto out;
 	}
 	/* 1. every indexed chunk reads back and matches its digest */
+	for (size_t i = 0; i < nchunks; i++)
+		total += chunks[i].loc.stored_len;
+	ckpt_progress_report(s->progress, 0, total);
 	for (size_t i = 0; i < nchunks; i++) {
+		done += chunks[i].loc.stored_len;
 		if (chunks[i].loc.raw_len > CKPT_CHUNK_MAX ||
 		    st_verify_chunk(s, &chunks[i].d, &chunks[i].loc, buf, true) < 0) {
 			char hex[33], at[CKPT_CHUNK_DESC_MAX];
@@ -267,6 +266,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 			cb(ud, NULL, msg);
 			problems++;
 		}
+		ckpt_progress_report(s->progress, done, total);
 	}
 	/* 2. every file's extents name known, intact chunks; count references */
 	r = ckpt_scan_new(s->eng, NULL, prefix, 1, NULL, 0, &it);
@@ -275,7 +275,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
 		struct ckpt_extent_list *l = NULL;
 		uint64_t ino = kl == 9 ? ckpt_get_be64(k + 1) : 0;
-		char *path = name_path(names, nnames, ino);
+		char *path = st_name_path(names, nnames, ino);
 		struct ckpt_inode in;
 
 		if (ckpt_extent_list_decode(v, vl, &l) < 0) {
@@ -342,7 +342,7 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 	for (size_t i = 0; i < nnames; i++) {
 		struct ckpt_inode in;
 		if (ckpt_meta_get_inode(s->eng, NULL, names[i].ino, &in) < 0 || in.nlink == 0) {
-			char *path = name_path(names, nnames, names[i].ino);
+			char *path = st_name_path(names, nnames, names[i].ino);
 			cb(ud, path, "directory entry points at a missing inode");
 			problems++;
 			free(path);

@@ -79,6 +79,7 @@
 
 #include "chunk/cache.h"
 #include "base/hash.h"
+#include "base/progress.h"
 #include "meta/ns.h"
 #include "meta/records.h"
 
@@ -447,6 +448,49 @@ struct ckpt_gc_stats {
 /* Reclaim space of unreferenced chunks.  Crash-safe at every step. */
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret);
 
+/* ---- progress and reading back (verify.c; used by `ckpt`) ---- */
+
+/* Report the progress of ckpt_store_fsck (stored bytes of the chunks read)
+ * and ckpt_store_gc (payload bytes of the units compacted) through p
+ * (base/progress.h; NULL: none).  p must stay valid while they run. */
+void ckpt_store_set_progress(ckpt_store *s, const struct ckpt_progress *p);
+
+/* What ckpt_store_verify reads: every indexed chunk when all three limits
+ * are 0; otherwise a prefix of a random order of the chunks, as long as
+ * every limit given allows. */
+struct ckpt_verify_opts {
+	uint32_t sample_ppm;   /* this share of the chunks, in parts per million
+				* (rounded up; 0: no limit) */
+	uint64_t sample_count; /* at most this many chunks (0: no limit) */
+	uint64_t byte_budget;  /* chunks until their stored bytes reach this
+				* (0: no limit) */
+	uint64_t seed;         /* of the random order; 0: from the clock */
+	const struct ckpt_progress *progress; /* stored bytes read (may be NULL) */
+};
+struct ckpt_verify_stats {
+	uint64_t chunks, bytes;           /* indexed chunks and their stored bytes */
+	uint64_t selected, selected_bytes; /* chosen for reading */
+	uint64_t checked, checked_bytes, raw_bytes; /* read and found intact */
+	uint64_t damaged;  /* confirmed damaged */
+	uint64_t moved;    /* found intact at a newer location (a live store) */
+	uint64_t vanished; /* dropped from the index while verify ran */
+	uint64_t unsettled; /* still moving after every view: not verified */
+	uint64_t views;    /* newer views of a live store opened */
+};
+/* cb(ud, NULL, what) for a damaged chunk; cb(ud, path, what) for each file
+ * that uses one. */
+typedef void (*ckpt_verify_report_fn)(void *ud, const char *path, const char *what);
+/*
+ * Read back chunks: each record is read with its checksum, decompressed
+ * and its digest checked.  Works on a store opened CKPT_STORE_RO_SHARED
+ * while a daemon serves it: a read that fails is judged again in a newer
+ * view of the index, so a chunk the daemon moved or dropped meanwhile is
+ * never reported (verify.c explains why that is sound).  Returns the
+ * number of damaged and unsettled chunks (>= 0), or -errno (-EINVAL: bad
+ * options); *ret counts what was done.
+ */
+int ckpt_store_verify(ckpt_store *s, const struct ckpt_verify_opts *o, ckpt_verify_report_fn cb,
+		      void *ud, struct ckpt_verify_stats *ret);
 /*
  * Repair (`ckpt repair`, docs/design.md section 15): bring the store at
  * path, whose index may be damaged, back to a state that opens and passes

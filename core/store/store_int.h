@@ -122,6 +122,8 @@ struct ckpt_store {
 	 * commit_lock and ns_lock. */
 	pthread_mutex_t compact_lock;
 	uint64_t *bg_skip; /* units compaction leaves alone (compact_lock) */
+	const struct ckpt_progress *progress; /* fsck and gc report here (tools; set
+					       * before they run, NULL: none) */
 	size_t nbg_skip;
 	bool bg_started;
 	pthread_t bg_thread;
@@ -291,6 +293,16 @@ void *st_flusher_main(void *arg);
 
 /* maint.c */
 int st_load_chunks(ckpt_store *s, struct chunk_info **ret, size_t *ret_n);
+/* ino -> (parent, name) from every dentry, for naming files in reports:
+ * st_load_names returns them sorted by ino (free each name, then the
+ * array); st_name_path makes the path of ino from them (malloc'd, NULL
+ * when out of memory; "<inode N>" for a part it cannot name). */
+struct name_ent {
+	uint64_t ino, parent;
+	char *name;
+};
+int st_load_names(ckpt_store *s, struct name_ent **ret, size_t *ret_n);
+char *st_name_path(struct name_ent *names, size_t n, uint64_t ino);
 
 /* open.c: the marker check of every open; ckpt_store_open() with the
  * store's lock already held on lock_fd (-1: take it), which the store then

@@ -6,7 +6,7 @@
 # shellcheck source=tests/integration/lib.sh
 . "$(dirname "$0")/lib.sh"
 
-COMMANDS="stat fsck gc ls check export"
+COMMANDS="stat fsck gc ls check export verify du"
 OUT=$WORK/out
 ERR=$WORK/err
 
@@ -91,6 +91,22 @@ for c in $COMMANDS; do
 	usage_error "ckpt $c with an unknown option" "unknown option '--frobnicate'" \
 		"$c" "$STORE" --frobnicate
 done
+for h in help --help; do
+	run_ckpt $h
+	shows "$OUT" "ckpt $h lists 'prune'" "  prune "
+done
+run_ckpt help prune
+assert_eq 0 "$RC" "ckpt help prune exits 0"
+cp "$OUT" "$WORK/help_prune"
+usage_error "ckpt prune without a directory" "missing DIR" prune
+usage_error "ckpt prune without a rule" "give --keep-last N or --keep-every K" prune "$WORK"
+usage_error "ckpt prune with --keep-last 0" "invalid --keep-last '0'" prune "$WORK" --keep-last 0
+usage_error "ckpt prune with --keep-every x" "invalid --keep-every 'x'" prune "$WORK" --keep-every x
+usage_error "ckpt verify with --sample 101%" "invalid --sample '101%'" verify "$STORE" --sample 101%
+usage_error "ckpt verify with --sample x" "invalid --sample 'x'" verify "$STORE" --sample x
+usage_error "ckpt verify with --bytes 0" "invalid --bytes '0'" verify "$STORE" --bytes 0
+usage_error "ckpt verify with --json" "unknown option '--json'" verify "$STORE" --json
+usage_error "ckpt stat with --progress" "unknown option '--progress'" stat "$STORE" --progress
 usage_error "ckpt stat with two stores" "unexpected argument 'extra'" stat "$STORE" extra
 usage_error "ckpt fsck with two stores" "unexpected argument 'extra'" fsck "$STORE" extra
 usage_error "ckpt gc with two stores" "unexpected argument 'extra'" gc "$STORE" extra
@@ -141,5 +157,16 @@ shows "$ERR" "ckpt export of a missing path names store, path and reason" \
 	"$STORE: /nosuch: No such file or directory"
 run_ckpt fsck "$STORE"
 assert_eq 0 "$RC" "ckpt fsck on the unmounted store exits 0"
+run_ckpt verify "$T_DIR/no/such/store"
+assert_eq 1 "$RC" "ckpt verify on a missing store exits 1"
+shows "$ERR" "ckpt verify on a missing store names it" "$T_DIR/no/such/store"
+run_ckpt du "$STORE" /ckpts/plain.txt
+assert_eq 1 "$RC" "ckpt du of a file exits 1"
+shows "$ERR" "ckpt du of a file names store, path and reason" \
+	"$STORE: /ckpts/plain.txt: Not a directory"
+run_ckpt prune "$T_DIR/no/such/dir" --keep-last 1
+assert_eq 1 "$RC" "ckpt prune of a missing directory exits 1"
+shows "$ERR" "ckpt prune of a missing directory names it and the reason" \
+	"$T_DIR/no/such/dir: cannot list: No such file or directory"
 
 finish

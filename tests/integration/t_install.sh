@@ -161,7 +161,7 @@ assert_eq "$(sed -n 's/^  \([a-z][a-z0-9-]*\)\( .*\)\{0,1\}$/\1/p' "$T_DIR/ckpt.
 	"$(complete_line ckpt '')" "ckpt <TAB>: the commands of ckpt help, help, --help, --version"
 assert_eq "gc" "$(complete_line ckpt g)" "ckpt g<TAB>: gc"
 assert_eq "export" "$(complete_line ckpt help ex)" "ckpt help ex<TAB>: export"
-assert_eq "--help --layout --meta --tp-rules" "$(complete_line ckpt export /s --)" \
+assert_eq "--help --layout --meta --no-progress --progress --tp-rules" "$(complete_line ckpt export /s --)" \
 	"ckpt export STORE --<TAB>: export's options"
 assert_eq "$WORK/comp/store_a $WORK/comp/store_b" "$(complete_line ckpt stat "$WORK/comp/s")" \
 	"ckpt stat <TAB>: directories for STORE"
@@ -172,5 +172,13 @@ assert_eq "" "$(complete_line ckpt export /s "$WORK/comp/s")" \
 assert_eq "$WORK/comp/store_a $WORK/comp/store_b" \
 	"$(complete_line ckpt export /s --layout tp2_pp1 p "$WORK/comp/s")" \
 	"ckpt export STORE --layout L PATH <TAB>: directories for OUTDIR"
+assert_eq "--bytes --help --meta --no-progress --progress --sample --seed" \
+	"$(complete_line ckpt verify /s --)" "ckpt verify STORE --<TAB>: verify's options"
+assert_eq "" "$(complete_line ckpt verify /s --bytes "$WORK/comp/s")" \
+	"ckpt verify STORE --bytes <TAB>: nothing for a SIZE"
+assert_eq "$WORK/comp/store_a $WORK/comp/store_b" "$(complete_line ckpt prune "$WORK/comp/s")" \
+	"ckpt prune <TAB>: directories for DIR"
+assert_eq "" "$(complete_line ckpt du /s "$WORK/comp/s")" \
+	"ckpt du STORE <TAB>: nothing for a PATH inside the store"
 
 finish
