@@ -155,7 +155,10 @@ void ckpt_store_opts_init(struct ckpt_store_opts *o);
  * reason. */
 int ckpt_store_open(const char *path, const struct ckpt_store_opts *o, ckpt_store **ret_store,
 		    char *err, size_t errlen);
-/* Flushes the index and closes everything.  Accepts NULL. */
+/* Flushes the index and closes everything.  Accepts NULL.  Threads that
+ * used s and outlive it (a pool's workers: free the pool first) keep their
+ * per-thread state of s: it is freed when such a thread exits, but only
+ * while s lives. */
 void ckpt_store_free(ckpt_store *s);
 const char *ckpt_store_path(const ckpt_store *s);
 int ckpt_store_compress_level(const ckpt_store *s);
