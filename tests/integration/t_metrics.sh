@@ -289,10 +289,18 @@ fi
 STORE3=$T_DIR/store3
 MNT3=$T_DIR/mnt3
 mkdir -p "$MNT3"
-timeout -k 5 60 unshare -m --propagation private bash -s "$CKPTFS" "$STORE3" "$MNT3" "$SOCK" \
-	>"$WORK/ns.out" 2>&1 <<'EOF'
+# In a chroot "/" is not a mount point and unshare cannot make it private ("cannot change root
+# filesystem propagation"): the namespace then keeps the propagation it inherits, and /dev (a
+# mount point there too) is made private in it before anything is bound over /dev/log.
+PROPAGATION=private
+unshare -m --propagation private true 2>/dev/null || PROPAGATION=unchanged
+timeout -k 5 60 unshare -m --propagation "$PROPAGATION" bash -s "$CKPTFS" "$STORE3" "$MNT3" \
+	"$SOCK" "$PROPAGATION" >"$WORK/ns.out" 2>&1 <<'EOF'
 set -u
-ckptfs=$1 store=$2 mnt=$3 sock=$4
+ckptfs=$1 store=$2 mnt=$3 sock=$4 propagation=$5
+if [ "$propagation" != private ]; then
+	mount --make-private /dev || { echo "cannot make /dev private in the namespace"; exit 1; }
+fi
 mount --bind "$sock" /dev/log || { echo "cannot bind $sock over /dev/log"; exit 1; }
 "$ckptfs" "$store" "$mnt" -o syslog || { echo "mount with -o syslog failed"; exit 1; }
 pid=$(pgrep -f "^$ckptfs $store ")
