@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Run the whole test suite: unit tests (Check), FUSE integration tests (make check), the Python
-# suite (tests/python, pytest from ./.venv), then a short run of each fuzzing harness
-# (tools/fuzz.sh).  Prints one summary line that adds them up and exits non-zero if anything
-# failed.
+# Run the whole test suite: unit tests (Check) and FUSE integration tests (make check), the same
+# again in a sanitizer build (tools/sanitize.sh), the Python suite (tests/python, pytest from
+# ./.venv), then a short run of each fuzzing harness (tools/fuzz.sh).  Prints one summary line
+# that adds them up and exits non-zero if anything failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/setup.sh
