@@ -8,6 +8,11 @@
 # (tools/setup.sh).  Arguments go to make check, e.g. TESTS='tests/check_jalloc'.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The copy in build-san/src has no .venv: tests that need the project's Python packages
+# (t_metrics.sh: prometheus_client) are pointed at this tree's.
+if [ -z "${PROM_PYTHON:-}" ] && [ -x .venv/bin/python ]; then
+	export PROM_PYTHON=$PWD/.venv/bin/python
+fi
 mkdir -p build-san
 make -s distdir distdir=build-san/src >/dev/null
 mkdir -p build-san/obj
