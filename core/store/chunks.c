@@ -36,14 +36,17 @@ const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_dig
 }
 
 /*
+ * Read chunk d at loc, check its record, decompress into dst and check the
+ * digest: 0, or -EIO with *ret_why set (damage), or another -errno (from
+ * the chunk backend, *ret_why maybe set; -ENOMEM: no verdict).  Quiet.
  * rec_csum false (reads through the mount): skip the record's checksum of
  * the stored bytes.  The decoded bytes are still checked against the keyed
  * digest, which detects any damage the checksum would; only the message
  * differs ("decompression failed" or "content does not match").  fsck and
  * background work keep the full check for precise diagnostics.
  */
-int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
-		    void *dst, bool rec_csum)
+int st_check_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+		   void *dst, bool rec_csum, const char **ret_why)
 {
 	ckpt_loadctx *x = ckpt_loadctx_get(s->rctx);
 	struct ckpt_chunk_rec rec;
@@ -69,6 +72,19 @@ int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk
 			r = -EIO;
 	}
 out:
+	free(mem);
+	ckpt_loadctx_put(s->rctx, x);
+	*ret_why = why;
+	return r;
+}
+
+/* st_check_chunk, logging the damage it finds. */
+int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+		    void *dst, bool rec_csum)
+{
+	const char *why = NULL;
+	int r = st_check_chunk(s, d, loc, dst, rec_csum, &why);
+
 	if (r < 0 && why) {
 		char hex[2 * CKPT_DIGEST_LEN + 1], at[CKPT_CHUNK_DESC_MAX];
 
@@ -76,8 +92,6 @@ out:
 		ckpt_cb_describe(s->cb, loc, at, sizeof(at));
 		ckpt_err("%s: chunk %s (%s) is damaged: %s", s->path, hex, at, why);
 	}
-	free(mem);
-	ckpt_loadctx_put(s->rctx, x);
 	return r;
 }
 

@@ -255,6 +255,8 @@ void st_pending_remove(ckpt_store *s, const ckpt_digest *d);
 const char *st_decode_chunk(ckpt_store *s, ckpt_decompressor *dc, const ckpt_digest *d,
 			    const struct ckpt_chunk_loc *loc, const struct ckpt_chunk_rec *rec,
 			    const uint8_t *src, void *dst);
+int st_check_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
+		   void *dst, bool rec_csum, const char **ret_why);
 int st_verify_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 			void *dst, bool rec_csum);
 int st_chunk_get(ckpt_store *s, const ckpt_digest *d, bool stream, ckpt_cache_entry **ret_entry,

@@ -48,42 +48,18 @@ static uint64_t next_rand(uint64_t *state)
 static int check_chunk(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 		       uint8_t *dst, const char **ret_why)
 {
-	ckpt_loadctx *x;
-	struct ckpt_chunk_rec rec;
-	const uint8_t *src = NULL;
-	const char *why = NULL;
-	void *mem = NULL;
-	uint8_t *buf;
-	size_t need;
 	int r;
 
 	if (loc->raw_len > CKPT_CHUNK_MAX || loc->raw_len == 0) {
 		*ret_why = "index entry has an impossible length";
 		return -EIO;
 	}
-	x = ckpt_loadctx_get(s->rctx);
-	if (!x)
-		return -ENOMEM;
-	need = ckpt_cb_get_len(s->cb, loc);
-	buf = ckpt_loadctx_buf(x, need, &mem);
-	if (!buf) {
-		r = -ENOMEM;
-		goto out;
-	}
-	r = ckpt_cb_get(s->cb, loc, true, buf, need, &rec, &src, &why);
-	if (r == 0) {
-		why = st_decode_chunk(s, ckpt_loadctx_dc(x), d, loc, &rec, src, dst);
-		if (why)
-			r = -EIO;
-	} else if (r != -ENOMEM) {
-		if (!why)
-			why = strerror(-r);
+	r = st_check_chunk(s, d, loc, dst, true, ret_why);
+	if (r < 0 && r != -ENOMEM) {
+		if (!*ret_why)
+			*ret_why = strerror(-r);
 		r = -EIO;
 	}
-out:
-	free(mem);
-	ckpt_loadctx_put(s->rctx, x);
-	*ret_why = why;
 	return r;
 }
 
