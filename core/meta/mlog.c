@@ -354,6 +354,33 @@ static int open_ro(int dfd, enum fkind kind, uint64_t base, char *name, size_t n
 	return openat(dfd, name, O_RDONLY | O_CLOEXEC);
 }
 
+/* Start a walk of file fd (named name in messages): *w cleared, the
+ * file's stat in *st, its header checked against magic into w->base.
+ * Returns 0 with w->header_ok set, 0 with w->why set (no valid header), or
+ * -errno (fstat). */
+static int walk_header(int fd, const char *name, const char *magic, struct stat *st,
+		       struct walk *w)
+{
+	uint8_t h[CKPT_MLOG_HDR_SIZE];
+	const char *why;
+
+	memset(w, 0, sizeof(*w));
+	if (fstat(fd, st) < 0)
+		return -errno;
+	if ((uint64_t)st->st_size < CKPT_MLOG_HDR_SIZE ||
+	    ckpt_pread_full(fd, h, sizeof(h), 0) < 0) {
+		snprintf(w->why, sizeof(w->why), "%s: shorter than its header", name);
+		return 0;
+	}
+	why = hdr_check(h, magic, &w->base);
+	if (why) {
+		snprintf(w->why, sizeof(w->why), "%s: %s", name, why);
+		return 0;
+	}
+	w->header_ok = true;
+	return 0;
+}
+
 /*
  * Walk log fd (named name): the records numbered after `from` are handed to
  * sink (NULL: checked only), and the walk stops before the first record
@@ -364,28 +391,14 @@ static int open_ro(int dfd, enum fkind kind, uint64_t base, char *name, size_t n
 static int log_walk(int fd, const char *name, uint64_t from, uint64_t stop_at,
 		    const struct ckpt_mlog_sink *sink, void *ud, struct walk *w)
 {
-	uint8_t h[CKPT_MLOG_HDR_SIZE];
 	uint8_t *buf = NULL;
 	size_t cap = 0;
 	struct stat st;
 	uint64_t off;
-	const char *why;
-	int r = 0;
+	int r = walk_header(fd, name, CKPT_MLOG_LOG_MAGIC, &st, w);
 
-	memset(w, 0, sizeof(*w));
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if ((uint64_t)st.st_size < CKPT_MLOG_HDR_SIZE ||
-	    ckpt_pread_full(fd, h, sizeof(h), 0) < 0) {
-		snprintf(w->why, sizeof(w->why), "%s: shorter than its header", name);
-		return 0;
-	}
-	why = hdr_check(h, CKPT_MLOG_LOG_MAGIC, &w->base);
-	if (why) {
-		snprintf(w->why, sizeof(w->why), "%s: %s", name, why);
-		return 0;
-	}
-	w->header_ok = true;
+	if (r < 0 || !w->header_ok)
+		return r;
 	w->last = w->base;
 	off = w->end = CKPT_MLOG_HDR_SIZE;
 	for (;;) {
@@ -458,28 +471,14 @@ static int log_walk(int fd, const char *name, uint64_t from, uint64_t stop_at,
 static int snap_walk(int fd, const char *name, const struct ckpt_mlog_sink *sink, void *ud,
 		     struct walk *w)
 {
-	uint8_t h[CKPT_MLOG_HDR_SIZE];
 	uint8_t *buf = NULL;
 	size_t cap = 0;
 	uint64_t off = CKPT_MLOG_HDR_SIZE, idx = 0;
 	struct stat st;
-	const char *why;
-	int r = 0;
+	int r = walk_header(fd, name, CKPT_MLOG_SNAP_MAGIC, &st, w);
 
-	memset(w, 0, sizeof(*w));
-	if (fstat(fd, &st) < 0)
-		return -errno;
-	if ((uint64_t)st.st_size < CKPT_MLOG_HDR_SIZE ||
-	    ckpt_pread_full(fd, h, sizeof(h), 0) < 0) {
-		snprintf(w->why, sizeof(w->why), "%s: shorter than its header", name);
-		return 0;
-	}
-	why = hdr_check(h, CKPT_MLOG_SNAP_MAGIC, &w->base);
-	if (why) {
-		snprintf(w->why, sizeof(w->why), "%s: %s", name, why);
-		return 0;
-	}
-	w->header_ok = true;
+	if (r < 0 || !w->header_ok)
+		return r;
 	for (;; idx++) {
 		uint8_t bh[CKPT_MLOG_BLOCK_HDR_SIZE];
 		uint32_t plen, nrec, flags;
