@@ -16,12 +16,20 @@ ckptfs phase gets a fresh store and daemon, a plain phase a fresh directory, bot
 input file is read back into the page cache.  Every phase checks its result (content, sizes,
 counts) outside the timed part; a wrong result fails the run.  --quick runs tiny sizes once:
 it checks correctness, not speed (tests/integration/t_smallio.sh runs it).
+
+--reference NAME=COMMAND (repeatable) adds another FUSE file system as a column, run the same
+way, to show what FUSE itself costs on the machine: COMMAND mounts a fresh backing directory
+{src} on {mnt} and stays in the foreground, e.g. libfuse's example/passthrough_ll, built by
+hand from libfuse's repository (docs/performance.md section 10):
+    --reference 'passthrough_ll=/path/passthrough_ll -f -o source={src} {mnt}'
+    --reference 'passthrough_ll wb=/path/passthrough_ll -f -o source={src},writeback {mnt}'
 """
 import argparse
 import hashlib
 import io
 import os
 import random
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -122,21 +130,27 @@ def make_tree_tar(path, total, seed=23):
 
 
 class Mount:
-    """A fresh store and a foreground daemon on a fresh mount point."""
+    """A fresh store and a foreground daemon on a fresh mount point (or, with cmd, a
+    reference file system's foreground daemon mounting a fresh directory)."""
 
-    def __init__(self, binary, opts, base):
+    def __init__(self, binary, opts, base, cmd=None):
         self.store = base + "-store"
         self.mnt = base + "-mnt"
         os.makedirs(self.mnt)
-        cmd = [binary, self.store, self.mnt, "-f"]
-        if opts:
-            cmd += ["-o", opts]
+        if cmd is None:
+            cmd = [binary, self.store, self.mnt, "-f"]
+            if opts:
+                cmd += ["-o", opts]
+        else:
+            os.makedirs(self.store)
+            cmd = [w.replace("{src}", self.store).replace("{mnt}", self.mnt)
+                   for w in shlex.split(cmd)]
         self.log = open(base + "-daemon.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 20
         while not os.path.ismount(self.mnt):
             if self.proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"ckptfs did not mount (see {base}-daemon.log)")
+                raise RuntimeError(f"{cmd[0]} did not mount (see {base}-daemon.log)")
             time.sleep(0.05)
 
     def close(self):
@@ -152,7 +166,7 @@ class Mount:
             self.proc.wait()
         self.log.close()
         if self.proc.returncode != 0:
-            raise RuntimeError(f"ckptfs exited {self.proc.returncode}")
+            raise RuntimeError(f"{self.proc.args[0]} exited {self.proc.returncode}")
 
 
 def timed(fn):
@@ -235,7 +249,16 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--cases", default="write4k,write10k,tar,meta")
     p.add_argument("--quick", action="store_true", help="tiny sizes, one repetition: checks results only")
+    p.add_argument("--reference", action="append", default=[], metavar="NAME=COMMAND",
+                   help="another FUSE file system as a column: COMMAND mounts {src} on {mnt} "
+                        "in the foreground")
     a = p.parse_args()
+    refs = {}
+    for r in a.reference:
+        name, sep, cmd = r.partition("=")
+        if not sep or not name or "{mnt}" not in cmd or name in ("ckptfs", "plain"):
+            p.error(f"--reference {r}: NAME=COMMAND with {{mnt}} in COMMAND")
+        refs[name] = cmd
     if a.quick:
         a.write_mib, a.tar_mb, a.files, a.reps = 8, 12, 300, 1
     cases = [c for c in a.cases.split(",") if c]
@@ -262,6 +285,7 @@ def main():
     for rep in range(a.reps):
         for ci, case in enumerate(cases):
             order = ["ckptfs", "plain"] if (rep + ci) % 2 == 0 else ["plain", "ckptfs"]
+            order += list(refs)
             for variant in order:
                 seq += 1
                 base = os.path.join(work, f"{case}-{rep}-{variant}-{seq}")
@@ -273,6 +297,9 @@ def main():
                 m = None
                 if variant == "ckptfs":
                     m = Mount(a.ckptfs, a.ckptfs_opts, base)
+                    target = m.mnt
+                elif variant in refs:
+                    m = Mount(None, None, base, cmd=refs[variant])
                     target = m.mnt
                 else:
                     target = base + "-plain"
@@ -307,15 +334,23 @@ def main():
                 verdict = "met" if ratio <= 2 else "not met"
             size = {"write4k": f"{a.write_mib} MiB", "write10k": f"{a.write_mib} MiB",
                     "tar": f"{a.tar_mb} MB", "meta": f"{a.files} files"}[case]
+            refcols = []
+            for name in refs:
+                rs = statistics.median(samples[(case, k, name)])
+                refcols += [f"{rs:.3f}", f"{rs / pl:.2f}" if pl > 0 else "inf",
+                            f"{ck / rs:.2f}" if rs > 0 else "inf"]
             rows.append((CASES[case][0], k, size, f"{ck:.3f}", f"{pl:.3f}", f"{ratio:.2f}",
-                         target, verdict))
+                         target, verdict, *refcols))
     head = ("case", "measure", "size", "ckptfs s", "plain s", "time ratio ck/plain", "target",
             "verdict")
+    for name in refs:
+        head += (f"{name} s", f"{name}/plain", f"ckptfs/{name}")
     widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
     lines = [f"small I/O benchmark  {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
              "command: " + " ".join(sys.argv),
              f"ckptfs: {a.ckptfs} {a.ckptfs_opts}; reps {a.reps} (medians); load average at start "
-             f"{load0:.2f}, at end {os.getloadavg()[0]:.2f}", ""]
+             f"{load0:.2f}, at end {os.getloadavg()[0]:.2f}"]
+    lines += [f"reference {n}: {c}" for n, c in refs.items()] + [""]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths)))
     lines.append("  ".join("-" * w for w in widths))
     for r in rows:
