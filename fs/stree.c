@@ -34,8 +34,11 @@
 
 #include "base/util.h"
 
-#define ATTR_TIMEOUT 1.0
-#define ENTRY_TIMEOUT 1.0
+/* How long the kernel may keep a store name or attributes without asking:
+ * CACHE_TIMEOUT, or 0 on a node of a shared store, where another node's
+ * commit changes them (close-to-open across nodes: an open revalidates the
+ * path and the size, docs/cluster.md section 3). */
+#define CACHE_TIMEOUT 1.0
 #define NODE_BUCKETS 4096
 
 struct node {
@@ -78,6 +81,7 @@ struct stree {
 	struct node *nodes[NODE_BUCKETS]; /* protected by nodes_lock */
 	pthread_cond_t closed_cond;       /* a node's `closing` went (nodes_lock) */
 	bool writeback; /* the kernel's writeback cache is on (set before opens) */
+	double timeout; /* entry and attribute timeout (CACHE_TIMEOUT or 0), fixed */
 };
 
 static const struct tree_ops stree_ops;
@@ -277,8 +281,8 @@ static int make_entry(struct stree *st, uint64_t parent, const char *name,
 	if (!n)
 		return -ENOMEM;
 	e->generation = in->generation;
-	e->attr_timeout = ATTR_TIMEOUT;
-	e->entry_timeout = ENTRY_TIMEOUT;
+	e->attr_timeout = st->timeout;
+	e->entry_timeout = st->timeout;
 	return 0;
 }
 
@@ -329,7 +333,7 @@ static void st_forget(struct tree *t, uint64_t ino, uint64_t nlookup)
 
 static int st_getattr(struct tree *t, uint64_t ino, struct ckpt_inode *ret, double *ret_timeout)
 {
-	*ret_timeout = ATTR_TIMEOUT;
+	*ret_timeout = stree_of(t)->timeout;
 	return get_attr(stree_of(t), ino, ret);
 }
 
@@ -762,6 +766,7 @@ int stree_new(ckpt_store *s, ckpt_pool *pool, const struct stree_hooks *hooks,
 	st->s = s;
 	st->pool = pool;
 	st->hooks = *hooks;
+	st->timeout = ckpt_store_is_node(s) ? 0 : CACHE_TIMEOUT;
 	pthread_mutex_init(&st->nodes_lock, NULL);
 	pthread_cond_init(&st->closed_cond, NULL);
 	*ret = &st->tree;

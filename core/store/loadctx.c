@@ -93,6 +93,11 @@ bool ckpt_store_writable(const ckpt_store *s)
 	return s->opts.mode == CKPT_STORE_RW;
 }
 
+bool ckpt_store_is_node(const ckpt_store *s)
+{
+	return s->opts.node;
+}
+
 bool ckpt_store_put_is_cheap(const ckpt_store *s)
 {
 	return s->opts.compress_level == 0 || (s->bg_started && s->opts.bg == CKPT_BG_ALL);

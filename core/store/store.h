@@ -164,6 +164,8 @@ const char *ckpt_store_path(const ckpt_store *s);
 int ckpt_store_compress_level(const ckpt_store *s);
 /* True for a store opened CKPT_STORE_RW. */
 bool ckpt_store_writable(const ckpt_store *s);
+/* True for a node's store (ckpt_store_opts.node): other daemons change it too. */
+bool ckpt_store_is_node(const ckpt_store *s);
 /* True when ckpt_store_put_chunk() does not compress (background
  * compression, or level 0): callers may run it inline. */
 bool ckpt_store_put_is_cheap(const ckpt_store *s);

@@ -3,7 +3,7 @@
 # this machine, each with its own mount point, sharing one PostgreSQL database (a server this
 # test starts in a temporary directory, pg_lib.sh) and one chunk directory ($STORE).
 #   1. close-to-open across nodes: a file fsynced, or only closed, on one node reads back
-#      byte-exact on the others right after
+#      byte-exact on the others right after, also where their kernels had cached the old version
 #   2. the shards of one checkpoint written by ranks spread over the nodes: every node reads
 #      the tp1_pp1 and tp2_pp2 views element-exact
 #   3. dedup across nodes: a file another node already stored adds (almost) no pack bytes
@@ -67,6 +67,24 @@ for i in 1 2 3 4 5; do
 	cmp -s "$WORK/b$i" "$T_DIR/n$(((i + 1) % 3 + 1))/b$i" || bad=$((bad + 1))
 done
 check "five more files closed on one node read back at once on another ($bad differ)" \
+	test $bad -eq 0
+# A file node 3 has looked at (its kernel holds the name, the size and pages), then rewritten
+# longer on node 1, in place and by a rename into place (as savers do): node 3's next open sees
+# the new version whole, not the size or the inode it had cached.
+bad=0
+for i in 1 2 3 4 5; do
+	rand_file "$WORK/s$i" $((40 * 1024 * i + i))
+	rand_file "$WORK/t$i" $((300 * 1024 * i + 3 * i))
+	cp "$WORK/s$i" "$T_DIR/n1/s$i"
+	cp "$WORK/s$i" "$T_DIR/n1/r$i"
+	cmp -s "$WORK/s$i" "$T_DIR/n3/s$i" || bad=$((bad + 1))
+	cmp -s "$WORK/s$i" "$T_DIR/n3/r$i" || bad=$((bad + 1))
+	cp "$WORK/t$i" "$T_DIR/n1/s$i"
+	cp "$WORK/t$i" "$T_DIR/n1/r$i.tmp" && mv "$T_DIR/n1/r$i.tmp" "$T_DIR/n1/r$i"
+	cmp -s "$WORK/t$i" "$T_DIR/n3/s$i" || bad=$((bad + 1))
+	cmp -s "$WORK/t$i" "$T_DIR/n3/r$i" || bad=$((bad + 1))
+done
+check "files node 3 had read, rewritten longer on node 1 (in place, by rename), read back whole at once on node 3 ($bad differ)" \
 	test $bad -eq 0
 
 # ---------------------------------------------------------------- 2. one checkpoint, three nodes
