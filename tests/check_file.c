@@ -960,6 +960,70 @@ START_TEST(test_writeback_order)
 }
 END_TEST
 
+/* Threads writing one file's 1 MiB pieces at once, piece i by thread
+ * i % NT in order, as FUSE threads handle the writeback cache's requests:
+ * writes ahead of the stream wait for the registered write that continues
+ * it, or are parked; the file stays streamed and is chunked exactly as a
+ * sequential write chunks it. */
+enum { NT = 8 };
+struct pjob {
+	ckpt_writer *w;
+	const uint8_t *data;
+	size_t len;
+	int t, r;
+};
+
+static void *pjob_main(void *p)
+{
+	struct pjob *j = p;
+
+	for (size_t off = (size_t)j->t * MiB; j->r == 0 && off < j->len; off += NT * MiB)
+		j->r = ckpt_writer_write(j->w, j->data + off, CKPT_MIN(MiB, j->len - off), off);
+	return NULL;
+}
+
+START_TEST(test_writeback_threads)
+{
+	const size_t len = 40 * MiB + 333;
+	uint8_t *data = tl_random_buf(len, 23);
+	uint64_t ref = mkfile("ref"), f = mkfile("threads");
+	ckpt_writer *w = writer(ref, true);
+	struct ckpt_extent_list *a = NULL, *b = NULL;
+	struct pjob j[NT];
+	pthread_t th[NT];
+
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+
+	w = writer(f, true);
+	for (int t = NT - 1; t >= 0; t--) {
+		j[t] = (struct pjob){ w, data, len, t, 0 };
+		ck_assert_int_eq(pthread_create(&th[t], NULL, pjob_main, &j[t]), 0);
+	}
+	for (int t = 0; t < NT; t++) {
+		ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+		ck_assert_int_eq(j[t].r, 0);
+	}
+	ck_assert(!ckpt_writer_staged(w));
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, len);
+	ck_assert_int_eq(ckpt_store_load_extents(st, ref, &a), 0);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &b), 0);
+	ck_assert_uint_eq(a->n, b->n);
+	for (size_t i = 0; i < a->n; i++) {
+		ck_assert_uint_eq(a->v[i].len, b->v[i].len);
+		ck_assert(memcmp(&a->v[i].digest, &b->v[i].digest, sizeof(ckpt_digest)) == 0);
+	}
+	ckpt_extent_list_free(a);
+	ckpt_extent_list_free(b);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+}
+END_TEST
+
 /* Bytes sent again that differ, or a parked write overwritten: STAGED, and
  * the later write wins. */
 START_TEST(test_writeback_overwrite)
@@ -1098,6 +1162,7 @@ static Suite *file_suite(void)
 	tcase_add_test(tc, test_safetensors_incomplete);
 	tcase_add_test(tc, test_concurrent_writers);
 	tcase_add_test(tc, test_writeback_order);
+	tcase_add_test(tc, test_writeback_threads);
 	tcase_add_test(tc, test_writeback_overwrite);
 	tcase_add_test(tc, test_writeback_gap);
 	tcase_add_test(tc, test_fallocate);

@@ -1058,6 +1058,7 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 		if (r == ORDER_WAIT) {
 			if (order_wait(w) == -EAGAIN)
 				may_wait = false;
+			r = 0; /* if the writer went STAGED meanwhile: write there */
 			continue;
 		}
 		if (r != PARK_FULL)
