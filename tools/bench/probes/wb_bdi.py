@@ -143,6 +143,11 @@ def main():
     finally:
         subprocess.run(["fusermount3", "-u", mnt])
         d.wait()
+        for path in (TRACE, "/sys/fs/cgroup/cpu/ckptfs-wb-bdi"):  # empty now
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":
