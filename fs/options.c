@@ -164,7 +164,8 @@ static void usage(const char *prog)
 	       "                       1: files open for writing go through the kernel's\n"
 	       "                       page cache, which gathers small writes into\n"
 	       "                       large ones (faster small writes, slower 1 MiB\n"
-	       "                       saves); default 0: they use direct_io\n"
+	       "                       saves); default 0: they use direct_io.\n"
+	       "                       Not with meta=\n"
 	       "  -o direct_read=views|all|none\n"
 	       "                       read-only files that bypass the kernel's page\n"
 	       "                       cache (direct_io): view files (default), also\n"
@@ -341,6 +342,15 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 	if (raw->log_file && absolute_path("log", raw->log_file, &ret->log_file) < 0)
 		return -1;
 	ret->syslog = raw->syslog != 0;
+	if (raw->meta && raw->writeback_cache) {
+		/* with its writeback cache the kernel keeps a written file's size
+		 * itself and ignores the size the daemon reports, so it would
+		 * never see another node grow or shrink a file it has cached */
+		fprintf(stderr, "ckptfs: -o writeback_cache=1 and -o meta= exclude each other: "
+				"the kernel would keep its own size of a file another node "
+				"changed\n");
+		return -1;
+	}
 	if (raw->meta) {
 		if (conninfo_has_password(raw->meta)) {
 			fprintf(stderr, "ckptfs: meta=: a password on the command line is readable "

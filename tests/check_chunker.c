@@ -391,6 +391,128 @@ START_TEST(test_resume_matches_oneshot)
 }
 END_TEST
 
+/* Data with structure: the gear loop scans blocks as four interleaved lanes
+ * (chunker.c); its cuts must be the one-byte loop's (ref_cut) wherever the
+ * cuts fall relative to the lanes.  kind 0: random; 1: text-like (four
+ * letters); 2: a 65-byte period; 3: zeros with one random byte in 97;
+ * 4: bf16-like (random low byte, high byte from three values). */
+static uint8_t *structured_buf(size_t len, int kind, uint64_t seed)
+{
+	uint8_t *buf = random_buf(len, seed);
+
+	for (size_t i = 0; i < len; i++) {
+		switch (kind) {
+		case 1:
+			buf[i] = (uint8_t)('a' + (buf[i] & 3));
+			break;
+		case 2:
+			buf[i] = i >= 65 ? buf[i - 65] : buf[i];
+			break;
+		case 3:
+			buf[i] = i % 97 == 0 ? buf[i] : 0;
+			break;
+		case 4:
+			if (i & 1)
+				buf[i] = (uint8_t)(0x3c + buf[i] % 3);
+			break;
+		default:
+			break;
+		}
+	}
+	return buf;
+}
+
+START_TEST(test_lanes_match_reference)
+{
+	static const struct ckpt_cdc_params ps[] = {
+		{ CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX },
+		{ 64, 64 * KIB, 1 * MIB },   /* long scans, a cut in ~1 block in 16 */
+		{ 64, 16 * KIB, 256 * KIB }, /* cuts in many blocks */
+		{ 2 * KIB, 8 * KIB, 64 * KIB },
+		{ 64, 256, 1024 },
+	};
+	size_t len = 8 * MIB;
+	size_t *a = malloc(sizeof(size_t) * 200000), *b = malloc(sizeof(size_t) * 200000);
+
+	ck_assert(a && b);
+	for (int kind = 0; kind < 5; kind++) {
+		uint8_t *buf = structured_buf(len, kind, 1000 + (uint64_t)kind);
+
+		for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
+			size_t na = chunk_all(&ps[k], buf, len, a, 200000, false);
+			size_t nb = chunk_all(&ps[k], buf, len, b, 200000, true);
+
+			ck_assert_uint_eq(na, nb);
+			ck_assert(memcmp(a, b, na * sizeof(size_t)) == 0);
+		}
+		free(buf);
+	}
+	free(a);
+	free(b);
+}
+END_TEST
+
+/* ckpt_cdc_feed over pieces of assorted sizes (the writer's requests)
+ * cuts the stream exactly where the reference cuts it in one buffer. */
+START_TEST(test_feed_matches_reference)
+{
+	static const struct ckpt_cdc_params ps[] = {
+		{ CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG, CKPT_CDC_DEFAULT_MAX },
+		{ 64, 16 * KIB, 256 * KIB },
+		{ 64, 256, 1024 },
+		{ 64, 128, 129 },
+	};
+	size_t len = 6 * MIB;
+	size_t *a = malloc(sizeof(size_t) * 200000);
+
+	ck_assert_ptr_nonnull(a);
+	for (int kind = 0; kind < 5; kind++) {
+		uint8_t *buf = structured_buf(len, kind, 2000 + (uint64_t)kind);
+
+		memset(buf + 2 * MIB, 0, 3 * MIB); /* max_size cuts too */
+		for (size_t k = 0; k < sizeof(ps) / sizeof(ps[0]); k++) {
+			size_t na = chunk_all(&ps[k], buf, len, a, 200000, true), ia = 0;
+			struct ckpt_cdc_state st = { 0, 0 };
+			uint64_t rng = 77 + (uint64_t)k;
+			size_t off = 0, chunk_start = 0;
+
+			while (off < len) {
+				uint64_t r = tl_splitmix64(&rng);
+				/* pieces of 1 byte to 300 KiB, 4 KiB and 1 MiB */
+				size_t n = r % 4 == 0 ? 4096 : r % 4 == 1 ? MIB : 1 + (size_t)(r >> 8) % (300 * KIB);
+
+				n = CKPT_MIN_T(n, len - off);
+				while (n > 0) {
+					size_t cut = ckpt_cdc_feed(&ps[k], &st, buf + off, n);
+
+					if (cut == 0) {
+						off += n;
+						break;
+					}
+					ck_assert_uint_le(cut, n);
+					ck_assert_uint_lt(ia, na);
+					ck_assert_uint_eq(off + cut - chunk_start, a[ia]);
+					ia++;
+					off += cut;
+					n -= cut;
+					chunk_start = off;
+					ck_assert_uint_eq(st.seen, 0);
+				}
+			}
+			/* end of stream: the rest is the last chunk */
+			if (st.seen > 0) {
+				ck_assert_uint_lt(ia, na);
+				ck_assert_uint_eq(st.seen, a[ia]);
+				ia++;
+			}
+			ck_assert_uint_eq(ia, na);
+		}
+		free(buf);
+	}
+	free(a);
+}
+END_TEST
+
 static Suite *chunker_suite(void)
 {
 	Suite *s = suite_create("chunker");
@@ -408,6 +530,8 @@ static Suite *chunker_suite(void)
 	tcase_add_test(tc, test_need_more_data);
 	tcase_add_test(tc, test_eof_and_max);
 	tcase_add_test(tc, test_resume_matches_oneshot);
+	tcase_add_test(tc, test_lanes_match_reference);
+	tcase_add_test(tc, test_feed_matches_reference);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -715,6 +715,92 @@ START_TEST(test_safetensors_write_sizes)
 }
 END_TEST
 
+/* Content-defined chunks are cut where ckpt_cdc_cut cuts the whole stream,
+ * whatever the write sizes: the writer cuts straight from each write's
+ * buffer and copies only what follows the last cut (_i 1: chunks stored
+ * inline, 0: by the pool).  A zero run in the second file gives ZERO
+ * extents; its extent list is the same for every write size. */
+START_TEST(test_cdc_write_sizes)
+{
+	static const size_t sizes[] = { MiB, 4096, 10240, 999983, 3 * MiB + 1, 64, SIZE_MAX };
+	const size_t len = 9 * MiB + 12345;
+	uint8_t *data = tl_random_buf(len, 41);
+	struct ckpt_extent_list *first[2] = { NULL, NULL };
+	const struct ckpt_cdc_params p = { CKPT_CDC_DEFAULT_MIN, CKPT_CDC_DEFAULT_AVG,
+					   CKPT_CDC_DEFAULT_MAX };
+	char name[32];
+
+	if (_i == 1) {
+		struct ckpt_store_opts o;
+		char err[512] = "";
+
+		ckpt_store_free(st);
+		ckpt_store_opts_init(&o);
+		o.bg = CKPT_BG_ALL;
+		ck_assert_int_eq(ckpt_store_open(spath, &o, &st, err, sizeof(err)), 0);
+		ck_assert(ckpt_store_put_is_cheap(st));
+	}
+	for (int z = 0; z < 2; z++) {
+		if (z == 1)
+			memset(data + 3 * MiB + 5, 0, 4 * MiB);
+		for (size_t k = 0; k < CKPT_ARRAY_SIZE(sizes); k++) {
+			size_t piece = sizes[k] == SIZE_MAX ? len : sizes[k];
+			struct ckpt_extent_list *l = NULL;
+			uint64_t ino;
+			ckpt_writer *w;
+
+			snprintf(name, sizeof(name), "z%d-%zu", z, k);
+			ino = mkfile(name);
+			w = writer(ino, true);
+			write_pieces(w, data, len, 0, piece);
+			ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+			ckpt_writer_free(w);
+			check_committed(ino, data, len);
+			ck_assert_int_eq(ckpt_store_load_extents(st, ino, &l), 0);
+			if (z == 0) {
+				size_t off = 0, i = 0;
+
+				while (off < len) {
+					size_t cut = ckpt_cdc_cut(&p, data + off, len - off, true);
+
+					ck_assert_uint_lt(i, l->n);
+					ck_assert_uint_eq(l->v[i].kind, CKPT_EXT_CHUNK);
+					ck_assert_uint_eq(l->v[i].off, off);
+					ck_assert_uint_eq(l->v[i].len, cut);
+					off += cut;
+					i++;
+				}
+				ck_assert_uint_eq(i, l->n);
+			}
+			if (!first[z]) {
+				first[z] = l;
+				continue;
+			}
+			ck_assert_uint_eq(l->n, first[z]->n);
+			for (size_t i = 0; i < l->n; i++) {
+				ck_assert_uint_eq(l->v[i].kind, first[z]->v[i].kind);
+				ck_assert_uint_eq(l->v[i].off, first[z]->v[i].off);
+				ck_assert_uint_eq(l->v[i].len, first[z]->v[i].len);
+				ck_assert(memcmp(&l->v[i].digest, &first[z]->v[i].digest,
+						 sizeof(l->v[i].digest)) == 0);
+			}
+			ckpt_extent_list_free(l);
+		}
+	}
+	{
+		bool zero = false;
+
+		for (size_t i = 0; i < first[1]->n; i++)
+			zero |= first[1]->v[i].kind == CKPT_EXT_ZERO;
+		ck_assert(zero);
+	}
+	ckpt_extent_list_free(first[0]);
+	ckpt_extent_list_free(first[1]);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+}
+END_TEST
+
 /* The staged path re-chunks with the same plan. */
 START_TEST(test_safetensors_staged)
 {
@@ -874,6 +960,70 @@ START_TEST(test_writeback_order)
 }
 END_TEST
 
+/* Threads writing one file's 1 MiB pieces at once, piece i by thread
+ * i % NT in order, as FUSE threads handle the writeback cache's requests:
+ * writes ahead of the stream wait for the registered write that continues
+ * it, or are parked; the file stays streamed and is chunked exactly as a
+ * sequential write chunks it. */
+enum { NT = 8 };
+struct pjob {
+	ckpt_writer *w;
+	const uint8_t *data;
+	size_t len;
+	int t, r;
+};
+
+static void *pjob_main(void *p)
+{
+	struct pjob *j = p;
+
+	for (size_t off = (size_t)j->t * MiB; j->r == 0 && off < j->len; off += NT * MiB)
+		j->r = ckpt_writer_write(j->w, j->data + off, CKPT_MIN(MiB, j->len - off), off);
+	return NULL;
+}
+
+START_TEST(test_writeback_threads)
+{
+	const size_t len = 40 * MiB + 333;
+	uint8_t *data = tl_random_buf(len, 23);
+	uint64_t ref = mkfile("ref"), f = mkfile("threads");
+	ckpt_writer *w = writer(ref, true);
+	struct ckpt_extent_list *a = NULL, *b = NULL;
+	struct pjob j[NT];
+	pthread_t th[NT];
+
+	write_pieces(w, data, len, 0, MiB);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	ckpt_writer_free(w);
+
+	w = writer(f, true);
+	for (int t = NT - 1; t >= 0; t--) {
+		j[t] = (struct pjob){ w, data, len, t, 0 };
+		ck_assert_int_eq(pthread_create(&th[t], NULL, pjob_main, &j[t]), 0);
+	}
+	for (int t = 0; t < NT; t++) {
+		ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+		ck_assert_int_eq(j[t].r, 0);
+	}
+	ck_assert(!ckpt_writer_staged(w));
+	ck_assert_uint_eq(ckpt_writer_size(w), len);
+	ck_assert_int_eq(ckpt_writer_commit(w, false), 0);
+	check_committed(f, data, len);
+	ck_assert_int_eq(ckpt_store_load_extents(st, ref, &a), 0);
+	ck_assert_int_eq(ckpt_store_load_extents(st, f, &b), 0);
+	ck_assert_uint_eq(a->n, b->n);
+	for (size_t i = 0; i < a->n; i++) {
+		ck_assert_uint_eq(a->v[i].len, b->v[i].len);
+		ck_assert(memcmp(&a->v[i].digest, &b->v[i].digest, sizeof(ckpt_digest)) == 0);
+	}
+	ckpt_extent_list_free(a);
+	ckpt_extent_list_free(b);
+	ckpt_writer_free(w);
+	ck_assert_int_eq(fsck(), 0);
+	free(data);
+}
+END_TEST
+
 /* Bytes sent again that differ, or a parked write overwritten: STAGED, and
  * the later write wins. */
 START_TEST(test_writeback_overwrite)
@@ -1007,10 +1157,12 @@ static Suite *file_suite(void)
 	tcase_add_test(tc, test_truncate);
 	tcase_add_test(tc, test_safetensors_aligned);
 	tcase_add_loop_test(tc, test_safetensors_write_sizes, 0, 2);
+	tcase_add_loop_test(tc, test_cdc_write_sizes, 0, 2);
 	tcase_add_test(tc, test_safetensors_staged);
 	tcase_add_test(tc, test_safetensors_incomplete);
 	tcase_add_test(tc, test_concurrent_writers);
 	tcase_add_test(tc, test_writeback_order);
+	tcase_add_test(tc, test_writeback_threads);
 	tcase_add_test(tc, test_writeback_overwrite);
 	tcase_add_test(tc, test_writeback_gap);
 	tcase_add_test(tc, test_fallocate);

@@ -120,6 +120,79 @@ static inline uint64_t cdc_mask(unsigned n)
 	return ((UINT64_C(1) << n) - 1) << (63 - n);
 }
 
+/*
+ * The gear loop.  The hash at a position depends only on the last 64 bytes
+ * (older terms are shifted out), so a block of CDC_LANES * CDC_LANE_LEN
+ * bytes is scanned as CDC_LANES independent lanes interleaved: lane 0
+ * continues the running hash, lane j > 0 starts from 0 at 64 bytes before
+ * its first position and has the exact hash from there on.  The lanes only
+ * tell whether the block holds a cut; where one does, the block is scanned
+ * again one byte at a time from its start (cuts are rare: about one per
+ * 2^17 to 2^21 positions), so the first cut is found exactly as by the
+ * one-lane loop.  Independent lanes let the CPU overlap what the one-lane
+ * loop does in sequence (each step waits for the previous hash).
+ */
+#define CDC_WINDOW 64
+#define CDC_LANES 4
+#define CDC_LANE_LEN 4096 /* >= CDC_WINDOW */
+
+/* One byte at a time: index + 1 of the first position of p[0..n) whose
+ * hash (h before p[0], updated in *ph) has no bit of m set, or 0. */
+static size_t scan_one(const uint8_t *p, size_t n, uint64_t m, uint64_t *ph)
+{
+	uint64_t h = *ph;
+
+	for (size_t i = 0; i < n; i++) {
+		h = (h << 1) + gear[p[i]];
+		if (!(h & m)) {
+			*ph = h;
+			return i + 1;
+		}
+	}
+	*ph = h;
+	return 0;
+}
+
+/* scan_one()'s result, with whole blocks tested by the lanes first. */
+static size_t scan(const uint8_t *p, size_t n, uint64_t m, uint64_t *ph)
+{
+	size_t at = 0;
+
+	while (n - at >= CDC_LANES * CDC_LANE_LEN) {
+		const uint8_t *p0 = p + at, *p1 = p0 + CDC_LANE_LEN, *p2 = p1 + CDC_LANE_LEN,
+			      *p3 = p2 + CDC_LANE_LEN;
+		uint64_t h0 = *ph, h1 = 0, h2 = 0, h3 = 0, any = 0;
+
+		for (size_t k = CDC_WINDOW; k > 0; k--) {
+			h1 = (h1 << 1) + gear[p1[-(ptrdiff_t)k]];
+			h2 = (h2 << 1) + gear[p2[-(ptrdiff_t)k]];
+			h3 = (h3 << 1) + gear[p3[-(ptrdiff_t)k]];
+		}
+		for (size_t t = 0; t < CDC_LANE_LEN; t++) {
+			h0 = (h0 << 1) + gear[p0[t]];
+			h1 = (h1 << 1) + gear[p1[t]];
+			h2 = (h2 << 1) + gear[p2[t]];
+			h3 = (h3 << 1) + gear[p3[t]];
+			/* a zero test per lane, one branch per step */
+			any = (uint64_t)!(h0 & m) | (uint64_t)!(h1 & m) | (uint64_t)!(h2 & m) |
+			      (uint64_t)!(h3 & m);
+			if (__builtin_expect(any != 0, 0))
+				break;
+		}
+		if (any) {
+			/* a cut in this block: find the first one */
+			size_t r = scan_one(p0, CDC_LANES * CDC_LANE_LEN, m, ph);
+			return r ? at + r : 0; /* r == 0 cannot happen: a lane saw a cut */
+		}
+		*ph = h3;
+		at += CDC_LANES * CDC_LANE_LEN;
+	}
+	{
+		size_t r = scan_one(p + at, n - at, m, ph);
+		return r ? at + r : 0;
+	}
+}
+
 size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len, bool eof)
 {
 	size_t scanned = 0;
@@ -135,13 +208,11 @@ size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t 
  * exactly the hash the full scan had there; positions below *scanned had
  * no cut, so testing starts at *scanned.
  */
-#define CDC_WINDOW 64
-
 size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len,
 			   bool eof, size_t *scanned)
 {
 	uint64_t h = 0, mask_s, mask_l;
-	size_t end, normal, i, from;
+	size_t end, normal, i, from, r;
 	unsigned bits;
 
 	if (ckpt_cdc_params_check(p) || !buf || !len || !scanned)
@@ -158,18 +229,20 @@ size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, 
 			i = from - CDC_WINDOW;
 		for (; i < from && i < end; i++)
 			h = (h << 1) + gear[buf[i]];
-		for (i = CKPT_MAX(i, p->min_size); i < normal; i++) {
-			h = (h << 1) + gear[buf[i]];
-			if (!(h & mask_s)) {
+		i = CKPT_MAX(i, p->min_size);
+		if (i < normal) {
+			r = scan(buf + i, normal - i, mask_s, &h);
+			if (r) {
 				*scanned = 0;
-				return i + 1;
+				return i + r;
 			}
+			i = normal;
 		}
-		for (; i < end; i++) {
-			h = (h << 1) + gear[buf[i]];
-			if (!(h & mask_l)) {
+		if (i < end) {
+			r = scan(buf + i, end - i, mask_l, &h);
+			if (r) {
 				*scanned = 0;
-				return i + 1;
+				return i + r;
 			}
 		}
 	}
@@ -183,4 +256,45 @@ size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, 
 		return len;
 	}
 	return 0;
+}
+
+size_t ckpt_cdc_feed(const struct ckpt_cdc_params *p, struct ckpt_cdc_state *st, const uint8_t *buf,
+		     size_t n)
+{
+	size_t pos = st->seen, k = 0, cnt, r;
+	unsigned bits = (unsigned)__builtin_ctzll((unsigned long long)p->avg_size);
+	uint64_t h = st->h;
+
+	if (pos < p->min_size) {
+		cnt = CKPT_MIN(p->min_size - pos, n);
+		pos += cnt;
+		k += cnt;
+	}
+	if (k < n && pos < p->avg_size) {
+		cnt = CKPT_MIN(p->avg_size - pos, n - k);
+		r = scan(buf + k, cnt, cdc_mask(bits + 2), &h);
+		if (r)
+			goto cut;
+		pos += cnt;
+		k += cnt;
+	}
+	if (k < n && pos < p->max_size) {
+		cnt = CKPT_MIN(p->max_size - pos, n - k);
+		r = scan(buf + k, cnt, cdc_mask(bits - 2), &h);
+		if (r)
+			goto cut;
+		pos += cnt;
+		k += cnt;
+	}
+	if (pos == p->max_size && k > 0) {
+		r = 0; /* forced cut after buf[k - 1] */
+		goto cut;
+	}
+	st->seen = pos;
+	st->h = h;
+	return 0;
+cut:
+	st->seen = 0;
+	st->h = 0;
+	return k + r;
 }

@@ -95,4 +95,27 @@ size_t ckpt_cdc_cut(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t 
 size_t ckpt_cdc_cut_resume(const struct ckpt_cdc_params *p, const uint8_t *buf, size_t len,
 			   bool eof, size_t *scanned);
 
+
+/*
+ * Cutting state of a chunk whose bytes come in pieces that need not stay
+ * in memory (ckpt_cdc_feed): what the scan of the bytes seen so far left.
+ * All zero for a new chunk.
+ */
+struct ckpt_cdc_state {
+	uint64_t h;  /* gear hash after the bytes seen (0 before min_size) */
+	size_t seen; /* bytes of the current chunk seen, with no cut */
+};
+
+/*
+ * Feed the next n bytes of the chunk st describes.  Returns k in 1..n when
+ * the chunk ends after buf[k - 1] (a content-defined cut, or max_size
+ * reached), st then being reset for the next chunk (which starts at
+ * buf[k]); or 0 when buf holds no cut (st->seen grew by n).  The chunk
+ * ends where ckpt_cdc_cut() over its bytes in one buffer ends it; at the
+ * end of the stream the caller ends it after its st->seen bytes.  p must
+ * have passed ckpt_cdc_params_check(); st must not be NULL.
+ */
+size_t ckpt_cdc_feed(const struct ckpt_cdc_params *p, struct ckpt_cdc_state *st, const uint8_t *buf,
+		     size_t n);
+
 #endif

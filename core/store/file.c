@@ -157,8 +157,9 @@ struct cutter {
 	ckpt_st_header *st;
 	uint64_t data_start; /* 8 + N */
 	size_t tensor;       /* cursor into the sorted tensor list */
-	size_t cdc_scanned;  /* uncut bytes the chunker already scanned without
-			      * a cut (ckpt_cdc_cut_resume); 0 after a cut */
+	struct ckpt_cdc_state cdc; /* content-defined cutting: the first
+				    * cdc.seen uncut bytes are scanned, with no
+				    * cut (ckpt_cdc_feed); zero after a cut */
 };
 
 enum wmode { W_STREAM, W_STAGED };
@@ -184,6 +185,18 @@ struct parked {
 #define PARK_WAITERS 3
 #define PARK_WAIT_NS 1000000000ll
 
+/* Writes inside ckpt_writer_write, registered before they take the lock
+ * (arrival_add): a write that arrives ahead of the stream while the write
+ * that continues the stream is already in the daemon (another FUSE thread
+ * read it first but lost the race for the lock) waits for it instead of
+ * being parked, which would copy it (ORDER_WAIT).  At most ORDER_WAITERS
+ * writes wait, each at most ORDER_WAIT_NS without the stream moving: the
+ * write they wait for holds a thread of its own and needs only the lock. */
+#define ARRIVALS 32
+#define ORDER_WAIT 3
+#define ORDER_WAITERS 16
+#define ORDER_WAIT_NS 200000000ll
+
 struct ckpt_writer {
 	ckpt_store *s;
 	ckpt_pool *pool;
@@ -203,6 +216,13 @@ struct ckpt_writer {
 	struct parked *park; /* STREAM: writes ahead of the stream (W5) */
 	size_t npark, cap_park, park_bytes;
 	unsigned park_waiters; /* writes waiting in park_wait() */
+	unsigned order_waiters; /* writes waiting in order_wait() */
+	/* Writes in ckpt_writer_write (end 0: a free slot).  Guarded by
+	 * arr_lock, which is taken alone or inside lock, never around it. */
+	pthread_mutex_t arr_lock;
+	struct {
+		uint64_t off, end;
+	} arr[ARRIVALS];
 	unsigned inflight;
 	size_t inflight_bytes;
 	int err;
@@ -346,7 +366,7 @@ static int emit(struct ckpt_writer *w, struct cutter *c, size_t n, unsigned elem
 	c->head += n;
 	c->len -= n;
 	c->start += n;
-	c->cdc_scanned = 0;
+	c->cdc = (struct ckpt_cdc_state){ 0, 0 };
 	return 0;
 }
 
@@ -445,7 +465,14 @@ static size_t next_cut(struct cutter *c, bool eof, unsigned *ret_elem)
 		return 0;
 	/* small writes offer the same uncut bytes again and again: scan only
 	 * what is new */
-	return ckpt_cdc_cut_resume(&cdc_params, c->buf + c->head, c->len, eof, &c->cdc_scanned);
+	if (c->cdc.seen < c->len) {
+		size_t seen = c->cdc.seen;
+		size_t k = ckpt_cdc_feed(&cdc_params, &c->cdc, c->buf + c->head + seen,
+					 c->len - seen);
+		if (k > 0)
+			return seen + k;
+	}
+	return eof ? c->len : 0;
 }
 
 /* Cut as many chunks as possible.  Caller holds w->lock. */
@@ -462,6 +489,31 @@ static int cut(struct ckpt_writer *w, struct cutter *c, bool eof)
 		if (r < 0)
 			return r;
 	}
+}
+
+/* Append n bytes to the uncut buffer, which has room for them after
+ * compacting or growing.  Caller holds w->lock. */
+static int buf_append(struct cutter *c, const uint8_t *p, size_t n)
+{
+	if (c->cap - c->head - c->len < n && c->head > 0) {
+		memmove(c->buf, c->buf + c->head, c->len);
+		c->head = 0;
+	}
+	if (c->cap - c->len < n) {
+		size_t ncap = c->cap ? c->cap : 2 * CKPT_CDC_DEFAULT_MAX;
+		uint8_t *nb;
+
+		while (ncap - c->len < n)
+			ncap *= 2;
+		nb = realloc(c->buf, ncap);
+		if (!nb)
+			return -ENOMEM;
+		c->buf = nb;
+		c->cap = ncap;
+	}
+	memcpy(c->buf + c->head + c->len, p, n);
+	c->len += n;
+	return 0;
 }
 
 /* Append bytes to the uncut buffer and cut.  Caller holds w->lock.
@@ -493,9 +545,31 @@ static int feed(struct ckpt_writer *w, struct cutter *c, const uint8_t *p, size_
 			c->start += want;
 			c->head = 0;
 			c->len = 0;
-			c->cdc_scanned = 0;
+			c->cdc = (struct ckpt_cdc_state){ 0, 0 };
 			p += take;
 			n -= take;
+			continue;
+		}
+		if (bound == 0 && c->st_state != ST_UNKNOWN && c->cdc.seen == c->len) {
+			/* content-defined: cut straight from the caller's buffer;
+			 * only the bytes after the last cut in it are copied */
+			size_t k = ckpt_cdc_feed(&cdc_params, &c->cdc, p, n);
+			struct iovec seg[2];
+			int nseg = 0;
+
+			if (k == 0)
+				return buf_append(c, p, n);
+			if (c->len > 0)
+				seg[nseg++] = (struct iovec){ c->buf + c->head, c->len };
+			seg[nseg++] = (struct iovec){ (void *)p, k };
+			r = emit_segs(w, c, seg, nseg, c->len + k, 0);
+			if (r < 0)
+				return r;
+			c->start += c->len + k;
+			c->head = 0;
+			c->len = 0;
+			p += k;
+			n -= k;
 			continue;
 		}
 
@@ -550,6 +624,7 @@ int ckpt_writer_new(ckpt_store *s, ckpt_pool *pool, uint64_t ino, bool truncate,
 	w->fd = -1;
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
+	pthread_mutex_init(&w->arr_lock, NULL);
 	r = ckpt_hold_new(s, &w->hold); /* before the committed extents are read */
 	if (r < 0)
 		goto fail;
@@ -600,6 +675,7 @@ void ckpt_writer_free(ckpt_writer *w)
 	ckpt_hold_free(w->hold);
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
+	pthread_mutex_destroy(&w->arr_lock);
 	free(w);
 }
 
@@ -768,11 +844,81 @@ static int park_wait(struct ckpt_writer *w)
 	return 0;
 }
 
+/* Register a write [off, off + len) that is about to take w->lock.
+ * Returns its slot, or -1 when all slots are taken (the write then parks
+ * as before when it arrives ahead of the stream).  Caller does not hold
+ * w->lock. */
+static int arrival_add(struct ckpt_writer *w, uint64_t off, size_t len)
+{
+	int slot = -1;
+
+	pthread_mutex_lock(&w->arr_lock);
+	for (int i = 0; i < ARRIVALS; i++) {
+		if (w->arr[i].end == 0) {
+			w->arr[i].off = off;
+			w->arr[i].end = off + len;
+			slot = i;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&w->arr_lock);
+	return slot;
+}
+
+/* Caller holds w->lock: writes waiting for this one re-check. */
+static void arrival_del(struct ckpt_writer *w, int slot)
+{
+	if (slot < 0)
+		return;
+	pthread_mutex_lock(&w->arr_lock);
+	w->arr[slot].end = 0;
+	pthread_mutex_unlock(&w->arr_lock);
+	if (w->order_waiters > 0)
+		pthread_cond_broadcast(&w->cond);
+}
+
+/* Whether a registered write other than slot holds the byte at pos (it
+ * continues the stream once it gets the lock).  Caller holds w->lock. */
+static bool arrival_covers(struct ckpt_writer *w, uint64_t pos, int slot)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&w->arr_lock);
+	for (int i = 0; i < ARRIVALS && !found; i++)
+		found = i != slot && w->arr[i].end > pos && w->arr[i].off <= pos;
+	pthread_mutex_unlock(&w->arr_lock);
+	return found;
+}
+
+/* Wait (releasing w->lock) until the stream moves, the writer changes
+ * mode, a registered write leaves, or ORDER_WAIT_NS pass.  Returns 0, or
+ * -EAGAIN when the time ran out with the stream where it was (the caller
+ * then parks the write). */
+static int order_wait(struct ckpt_writer *w)
+{
+	uint64_t end = w->cs.start + w->cs.len;
+	struct timespec ts;
+	int64_t ns;
+	int r = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ns = (int64_t)ts.tv_nsec + ORDER_WAIT_NS;
+	ts.tv_sec += (time_t)(ns / 1000000000);
+	ts.tv_nsec = (long)(ns % 1000000000);
+	w->order_waiters++;
+	if (pthread_cond_timedwait(&w->cond, &w->lock, &ts) != 0 && w->mode == W_STREAM &&
+	    w->cs.start + w->cs.len == end)
+		r = -EAGAIN;
+	w->order_waiters--;
+	return r;
+}
+
 /* A STREAM write at off (W5): feed what continues the stream, accept bytes
  * re-sent unchanged, park what lies ahead, feed parked writes the stream
  * has reached.  Returns 1 when done, 0 when the write needs the STAGED
  * path, or -errno.  Caller holds w->lock. */
-static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off)
+static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, uint64_t off,
+			int slot, bool may_wait)
 {
 	struct cutter *c = &w->cs;
 	uint64_t end;
@@ -786,8 +932,12 @@ static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, u
 	if (w->mode != W_STREAM || w->err)
 		return 0;
 	end = c->start + c->len;
-	if (off > end)
+	if (off > end) {
+		if (may_wait && w->order_waiters < ORDER_WAITERS &&
+		    arrival_covers(w, end, slot))
+			return ORDER_WAIT;
 		return park_add(w, buf, len, off);
+	}
 	if (off < end) {
 		size_t old = (size_t)CKPT_MIN((uint64_t)len, end - off);
 		if (!same_as_stream(w, buf, old, off))
@@ -814,7 +964,7 @@ static int stream_write(struct ckpt_writer *w, const uint8_t *buf, size_t len, u
 	}
 	if (r == 0 && w->zero_to <= c->start + c->len)
 		w->zero_to = 0;
-	if (w->park_waiters > 0)
+	if (w->park_waiters > 0 || w->order_waiters > 0)
 		pthread_cond_broadcast(&w->cond);
 	return r < 0 ? r : 1;
 }
@@ -888,12 +1038,14 @@ fail:
 
 int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 {
-	int r = 0;
+	bool may_wait = true;
+	int r = 0, slot;
 
 	if (len == 0)
 		return 0;
 	if (off + len < off || off + len > (1ull << 50))
 		return -EFBIG;
+	slot = arrival_add(w, off, len);
 	pthread_mutex_lock(&w->lock);
 	wait_room(w);
 	if (w->err) {
@@ -901,7 +1053,14 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 		goto out;
 	}
 	while (w->mode == W_STREAM) {
-		r = stream_write(w, buf, len, off); /* the common case: chunked as it arrives */
+		/* the common case: chunked as it arrives */
+		r = stream_write(w, buf, len, off, slot, may_wait);
+		if (r == ORDER_WAIT) {
+			if (order_wait(w) == -EAGAIN)
+				may_wait = false;
+			r = 0; /* if the writer went STAGED meanwhile: write there */
+			continue;
+		}
 		if (r != PARK_FULL)
 			break;
 		/* the write that fills the gap is late (waiting for this lock,
@@ -934,6 +1093,7 @@ int ckpt_writer_write(ckpt_writer *w, const void *buf, size_t len, uint64_t off)
 		w->err = r;
 	}
 out:
+	arrival_del(w, slot);
 	pthread_mutex_unlock(&w->lock);
 	return r;
 }

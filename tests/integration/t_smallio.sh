@@ -131,4 +131,15 @@ assert_cmp "$WORK/r8" "$MNT/wb/dd10k" "the dd bs=10k file written through the wr
 assert_same_tree "$WORK/src.orig" "$MNT/wb/tx/src" "the tree extracted through the writeback cache, after a remount"
 
 stop_daemon || fail "unmount"
+
+# ---------------------------------------------------------------- not in the cluster mode
+# (refused before any connection: no PostgreSQL needed)
+mkdir -p "$WORK/cl-store" "$WORK/cl-mnt"
+check_fails "-o writeback_cache=1 with -o meta= is refused" \
+	timeout -k 5 30 "$CKPTFS" "$WORK/cl-store" "$WORK/cl-mnt" -f -o meta=host=/nonexistent \
+	-o writeback_cache=1
+cp "$T_DIR/check.out" "$WORK/cluster-wb.out"
+fusermount3 -uz "$WORK/cl-mnt" 2>/dev/null
+check "... saying why" grep -q "writeback_cache=1 and -o meta= exclude each other" \
+	"$WORK/cluster-wb.out"
 finish
