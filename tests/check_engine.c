@@ -226,6 +226,86 @@ START_TEST(test_get_put_delete)
 }
 END_TEST
 
+/* ckpt_engine_get_many: every key found is reported once with its own
+ * value, whatever the order and lengths of the keys; absent ones are not;
+ * keys are binary (a prefix is another key); empty values count. */
+struct many_seen {
+	int calls[300];
+	char vals[300][16];
+	size_t lens[300];
+};
+
+static int many_cb(void *arg, size_t i, const uint8_t *val, size_t len)
+{
+	struct many_seen *m = arg;
+
+	ck_assert_uint_lt(i, 300);
+	ck_assert_uint_le(len, sizeof(m->vals[0]));
+	m->calls[i]++;
+	memcpy(m->vals[i], val, len);
+	m->lens[i] = len;
+	return 0;
+}
+
+static int many_stop(void *arg, size_t i, const uint8_t *val, size_t len)
+{
+	(void)arg;
+	(void)i;
+	(void)val;
+	(void)len;
+	return -EUCLEAN;
+}
+
+START_TEST(test_get_many)
+{
+	ckpt_engine *e = open_e(_i);
+	static char kbuf[300][16];
+	const uint8_t *keys[300];
+	size_t klens[300];
+	struct many_seen *m = calloc(1, sizeof(*m));
+	ckpt_txn *t;
+
+	ck_assert_ptr_nonnull(m);
+	ck_assert_int_eq(ckpt_txn_begin(e, &t), 0);
+	for (int i = 0; i < 200; i++) { /* keys m0..m199 stored; value v<i> (m7: empty) */
+		char k[16], v[16];
+		snprintf(k, sizeof(k), "m%d", i);
+		snprintf(v, sizeof(v), "v%d", i);
+		ck_assert_int_eq(ckpt_txn_put(t, k, strlen(k), v, i == 7 ? 0 : strlen(v)), 0);
+	}
+	ck_assert_int_eq(ckpt_txn_commit(t, false), 0);
+	/* ask for m299..m0 (100 absent), and "m" (a prefix of stored keys) */
+	for (int i = 0; i < 300; i++) {
+		if (i == 299)
+			snprintf(kbuf[i], sizeof(kbuf[i]), "m");
+		else
+			snprintf(kbuf[i], sizeof(kbuf[i]), "m%d", 298 - i);
+		keys[i] = (const uint8_t *)kbuf[i];
+		klens[i] = strlen(kbuf[i]);
+	}
+	ck_assert_int_eq(ckpt_engine_get_many(e, keys, klens, 300, many_cb, m), 0);
+	for (int i = 0; i < 300; i++) {
+		int k = i == 299 ? -1 : 298 - i;
+		char want[16];
+
+		if (k < 0 || k >= 200) {
+			ck_assert_msg(m->calls[i] == 0, "absent key %s reported", kbuf[i]);
+			continue;
+		}
+		ck_assert_msg(m->calls[i] == 1, "key %s reported %d times", kbuf[i], m->calls[i]);
+		snprintf(want, sizeof(want), "v%d", k);
+		if (k == 7)
+			want[0] = 0;
+		ck_assert_uint_eq(m->lens[i], strlen(want));
+		ck_assert_mem_eq(m->vals[i], want, m->lens[i]);
+	}
+	ck_assert_int_eq(ckpt_engine_get_many(e, keys, klens, 0, many_cb, m), 0);
+	ck_assert_int_eq(ckpt_engine_get_many(e, keys, klens, 300, many_stop, NULL), -EUCLEAN);
+	free(m);
+	ckpt_engine_close(e);
+}
+END_TEST
+
 /* A transaction sees its own writes; nobody else does until it commits;
  * an abort leaves nothing. */
 START_TEST(test_txn_isolation)
@@ -950,6 +1030,7 @@ static Suite *engine_suite(void)
 	tcase_set_timeout(each, 60);
 	tcase_add_loop_test(each, test_open_missing_no_create, 0, n);
 	tcase_add_loop_test(each, test_get_put_delete, 0, n);
+	tcase_add_loop_test(each, test_get_many, 0, n);
 	tcase_add_loop_test(each, test_txn_isolation, 0, n);
 	tcase_add_loop_test(each, test_txn_conflict_read_for_update, 0, n);
 	tcase_add_loop_test(each, test_txn_conflict_absent_and_disjoint, 0, n);

@@ -416,6 +416,42 @@ int ckpt_engine_has(ckpt_engine *e, const void *key, size_t klen)
 	return has(e, NULL, key, klen, 0);
 }
 
+struct many_one {
+	ckpt_engine_many_fn fn;
+	void *arg;
+	size_t i;
+};
+
+static int many_one(void *arg, const uint8_t *val, size_t len)
+{
+	struct many_one *m = arg;
+
+	return m->fn(m->arg, m->i, val, len);
+}
+
+bool ckpt_engine_batches(const ckpt_engine *e)
+{
+	return e->ops->get_many != NULL;
+}
+
+int ckpt_engine_get_many(ckpt_engine *e, const uint8_t *const *keys, const size_t *klens,
+			 size_t n, ckpt_engine_many_fn fn, void *arg)
+{
+	struct many_one m = { fn, arg, 0 };
+	int r = 0;
+
+	if (n == 0)
+		return 0;
+	if (e->ops->get_many)
+		return e->ops->get_many(e, keys, klens, n, fn, arg);
+	for (m.i = 0; m.i < n && r >= 0; m.i++) {
+		r = e->ops->get(e, NULL, keys[m.i], klens[m.i], 0, many_one, &m);
+		if (r == -ENOENT)
+			r = 0;
+	}
+	return r < 0 ? r : 0;
+}
+
 /* The metadata log is synced when the engine is flushed and closed, and at
  * each snapshot, not at every durable commit or sync: what it guards
  * against is damage to the engine's files, not a power loss, which the

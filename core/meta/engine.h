@@ -125,6 +125,17 @@ int ckpt_engine_get(ckpt_engine *e, const void *key, size_t klen, uint8_t **ret_
 int ckpt_engine_get_fixed(ckpt_engine *e, const void *key, size_t klen, void *buf, size_t len);
 /* 1 if key exists, 0 if not, or -errno. */
 int ckpt_engine_has(ckpt_engine *e, const void *key, size_t klen);
+/* Called by ckpt_engine_get_many for key i found, with its value (valid
+ * during the call only); a negative return stops the call with it. */
+typedef int (*ckpt_engine_many_fn)(void *arg, size_t i, const uint8_t *val, size_t len);
+/* The committed values of n keys (distinct) in one request where the
+ * engine can (a server engine: one round trip instead of n): fn for each
+ * key found, in any order; keys absent are not reported.  0 or -errno. */
+int ckpt_engine_get_many(ckpt_engine *e, const uint8_t *const *keys, const size_t *klens,
+			 size_t n, ckpt_engine_many_fn fn, void *arg);
+/* True when ckpt_engine_get_many is one request (a server engine), not a
+ * get per key. */
+bool ckpt_engine_batches(const ckpt_engine *e);
 /* Every commit made so far becomes durable. */
 int ckpt_engine_sync(ckpt_engine *e);
 /* Write buffered state to the engine's files and sync (before a close
@@ -231,6 +242,9 @@ struct ckpt_engine_ops {
 	void (*close)(ckpt_engine *e);
 	int (*get)(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, unsigned flags,
 		   ckpt_engine_val_fn fn, void *arg);
+	/* Optional (NULL: one get per key): committed state only. */
+	int (*get_many)(ckpt_engine *e, const uint8_t *const *keys, const size_t *klens, size_t n,
+			ckpt_engine_many_fn fn, void *arg);
 	int (*begin)(ckpt_engine *e, ckpt_txn **ret);
 	int (*put)(ckpt_txn *t, const void *key, size_t klen, const void *val, size_t vlen);
 	int (*del)(ckpt_txn *t, const void *key, size_t klen);

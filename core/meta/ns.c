@@ -120,6 +120,49 @@ int ckpt_meta_get_chunk(ckpt_engine *e, ckpt_txn *t, const ckpt_digest *d,
 	return ckpt_chunk_rec_decode(val, sizeof(val), ret_loc, ret_refs);
 }
 
+struct chunks_arg {
+	struct ckpt_chunk_loc *locs;
+	bool *found;
+};
+
+static int chunk_found(void *arg, size_t i, const uint8_t *val, size_t len)
+{
+	struct chunks_arg *a = arg;
+	uint64_t refs;
+	int r;
+
+	if (len != CKPT_CHUNK_REC_LEN)
+		return -EIO;
+	r = ckpt_chunk_rec_decode(val, len, &a->locs[i], &refs);
+	if (r == 0)
+		a->found[i] = true;
+	return r;
+}
+
+int ckpt_meta_get_chunks(ckpt_engine *e, const ckpt_digest *d, size_t n,
+			 struct ckpt_chunk_loc *ret_locs, bool *ret_found)
+{
+	uint8_t *keys = malloc(n ? n * (1 + CKPT_DIGEST_LEN) : 1);
+	const uint8_t **kp = malloc(n ? n * sizeof(*kp) : 1);
+	size_t *kl = malloc(n ? n * sizeof(*kl) : 1);
+	struct chunks_arg a = { ret_locs, ret_found };
+	int r = -ENOMEM;
+
+	if (!keys || !kp || !kl)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		kp[i] = keys + i * (1 + CKPT_DIGEST_LEN);
+		kl[i] = ckpt_key_chunk((uint8_t *)kp[i], &d[i]);
+		ret_found[i] = false;
+	}
+	r = ckpt_engine_get_many(e, kp, kl, n, chunk_found, &a);
+out:
+	free(keys);
+	free(kp);
+	free(kl);
+	return r;
+}
+
 void ckpt_meta_put_chunk(ckpt_txn *t, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,
 			 uint64_t refs)
 {

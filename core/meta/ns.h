@@ -88,6 +88,11 @@ void ckpt_meta_put_inode(ckpt_txn *t, const struct ckpt_inode *in);
 /* A file's extent list (an empty one when it has none); -EIO damaged. */
 int ckpt_meta_get_extents(ckpt_engine *e, ckpt_txn *t, uint64_t ino,
 			  struct ckpt_extent_list **ret_list);
+/* The committed entries of n chunks in one engine request
+ * (ckpt_engine_get_many): ret_found[i] says whether d[i] has one, and then
+ * ret_locs[i] is its location.  0, or -errno (-EIO: a damaged entry). */
+int ckpt_meta_get_chunks(ckpt_engine *e, const ckpt_digest *d, size_t n,
+			 struct ckpt_chunk_loc *ret_locs, bool *ret_found);
 int ckpt_meta_get_chunk(ckpt_engine *e, ckpt_txn *t, const ckpt_digest *d,
 			struct ckpt_chunk_loc *ret_loc, uint64_t *ret_refs);
 void ckpt_meta_put_chunk(ckpt_txn *t, const ckpt_digest *d, const struct ckpt_chunk_loc *loc,

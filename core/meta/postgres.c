@@ -736,6 +736,79 @@ static int pg_get(ckpt_engine *e, ckpt_txn *t, const void *key, size_t klen, uns
 	return r ? 0 : -ENOENT;
 }
 
+/* Keys sorted by bytes, to find each returned row's index. */
+struct many_idx {
+	const uint8_t *const *keys;
+	const size_t *klens;
+};
+
+static _Thread_local const struct many_idx *many_sort_ctx;
+
+static int cmp_many(const void *a, const void *b)
+{
+	const struct many_idx *m = many_sort_ctx;
+	size_t i = *(const size_t *)a, j = *(const size_t *)b;
+
+	return key_cmp(m->keys[i], m->klens[i], m->keys[j], m->klens[j]);
+}
+
+static int pg_get_many(ckpt_engine *e, const uint8_t *const *keys, const size_t *klens, size_t n,
+		       ckpt_engine_many_fn fn, void *arg)
+{
+	static const Oid types[1] = { BYTEA_ARRAY_OID };
+	struct pge *x = (struct pge *)e;
+	struct many_idx mi = { keys, klens };
+	size_t *order = malloc(n * sizeof(*order));
+	int alen = 0, fmts[1] = { 1 }, lens[1];
+	char *arr = bytea_array(n, (uint8_t *const *)keys, klens, &alen);
+	const char *vals[1] = { arr };
+	PGresult *res = NULL;
+	int r;
+
+	if (!order || !arr) {
+		r = -ENOMEM;
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		order[i] = i;
+	many_sort_ctx = &mi;
+	qsort(order, n, sizeof(*order), cmp_many);
+	many_sort_ctx = NULL;
+	lens[0] = alen;
+	r = query(x, "SELECT k, v FROM ckptfs_kv WHERE k = ANY($1::bytea[])", 1, types, vals, lens,
+		  fmts, &res);
+	if (r < 0) {
+		r = to_errno_final(r);
+		goto out;
+	}
+	for (int row = 0; row < PQntuples(res) && r >= 0; row++) {
+		const uint8_t *k = (const uint8_t *)PQgetvalue(res, row, 0);
+		size_t kl = (size_t)PQgetlength(res, row, 0), lo = 0, hi = n;
+
+		while (lo < hi) { /* the first sorted key not below k */
+			size_t mid = lo + (hi - lo) / 2;
+			if (key_cmp(keys[order[mid]], klens[order[mid]], k, kl) < 0)
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo == n || key_cmp(keys[order[lo]], klens[order[lo]], k, kl) != 0) {
+			r = -EIO; /* a row for a key not asked for */
+			break;
+		}
+		/* every index that asked for k (callers ask once; be exact anyway) */
+		for (; lo < n && r >= 0 && key_cmp(keys[order[lo]], klens[order[lo]], k, kl) == 0;
+		     lo++)
+			r = fn(arg, order[lo], (const uint8_t *)PQgetvalue(res, row, 1),
+			       (size_t)PQgetlength(res, row, 1));
+	}
+out:
+	PQclear(res);
+	free(arr);
+	free(order);
+	return r < 0 ? r : 0;
+}
+
 /* ---- transactions ---- */
 
 static int pg_begin(ckpt_engine *e, ckpt_txn **ret)
@@ -1261,6 +1334,7 @@ const struct ckpt_engine_ops ckpt_engine_postgres = {
 	.open = pg_open,
 	.close = pg_close,
 	.get = pg_get,
+	.get_many = pg_get_many,
 	.begin = pg_begin,
 	.put = pg_put,
 	.del = pg_del,

@@ -23,12 +23,74 @@ struct ckpt_prefetch {
 	ckpt_chunk_span *sp;               /* the backend's batch, or NULL */
 };
 
+/*
+ * Reserve in the cache the chunks of d[0..n) that are neither cached nor
+ * being loaded, and find their locations: in the pending table, else in
+ * the index, all of them in one engine request (ckpt_meta_get_chunks: on
+ * a server engine one round trip, not one per chunk).  A chunk found
+ * nowhere is abandoned and counted lost.  -ENOMEM leaves nothing reserved.
+ */
+static int locate(ckpt_store *s, ckpt_prefetch *pf, const ckpt_digest *d, size_t n)
+{
+	ckpt_digest *ask = malloc((n ? n : 1) * sizeof(*ask));
+	struct ckpt_chunk_loc *locs = malloc((n ? n : 1) * sizeof(*locs));
+	bool *found = malloc(n ? n : 1);
+	size_t *which = malloc((n ? n : 1) * sizeof(*which));
+	size_t na = 0, i, keep;
+	int r = -ENOMEM;
+
+	if (!ask || !locs || !found || !which)
+		goto out;
+	for (i = 0; i < n; i++) {
+		struct pf_item *x = &pf->it[pf->m];
+
+		x->d = &d[i];
+		x->e = ckpt_cache_reserve(s->cache, &d[i]);
+		if (!x->e)
+			continue; /* cached, being loaded, or no memory */
+		if (!st_pending_find(s, &d[i], &x->ci.loc)) {
+			which[na] = pf->m;
+			ask[na++] = d[i];
+		}
+		pf->m++;
+	}
+	if (na && ckpt_meta_get_chunks(s->eng, ask, na, locs, found) < 0)
+		memset(found, 0, na); /* each is looked up alone below */
+	for (i = 0; i < na; i++) {
+		struct pf_item *x = &pf->it[which[i]];
+
+		if (found[i])
+			x->ci.loc = locs[i];
+		else if (ckpt_store_chunk_loc(s, x->d, &x->ci.loc, NULL) < 0) {
+			ckpt_cache_abandon(s->cache, x->e);
+			x->e = NULL; /* not in the index: lost */
+		}
+	}
+	/* keep the located ones, in order */
+	for (i = 0, keep = 0; i < pf->m; i++) {
+		if (!pf->it[i].e) {
+			pf->lost++;
+			continue;
+		}
+		pf->it[keep] = pf->it[i];
+		pf->o[keep] = &pf->it[keep].ci;
+		keep++;
+	}
+	pf->m = keep;
+	r = 0;
+out:
+	free(ask);
+	free(locs);
+	free(found);
+	free(which);
+	return r;
+}
+
 int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, bool submit,
 			      ckpt_prefetch **ret_pf)
 {
 	struct tls_ctx *t = st_tls_get(s);
 	ckpt_prefetch *pf;
-	size_t i;
 
 	*ret_pf = NULL;
 	if (!t || !(pf = calloc(1, sizeof(*pf))))
@@ -42,26 +104,27 @@ int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, boo
 		free(pf);
 		return -ENOMEM;
 	}
-	for (i = 0; i < n; i++) {
-		struct pf_item *x = &pf->it[pf->m];
-
-		x->d = &d[i];
-		x->e = ckpt_cache_reserve(s->cache, &d[i]);
-		if (!x->e)
-			continue; /* cached, being loaded, or no memory */
-		if (ckpt_store_chunk_loc(s, &d[i], &x->ci.loc, NULL) < 0) {
-			ckpt_cache_abandon(s->cache, x->e);
-			pf->lost++;
-			continue;
-		}
-		pf->o[pf->m] = &x->ci;
-		pf->m++;
+	if (locate(s, pf, d, n) < 0) {
+		free(pf->o);
+		free(pf->it);
+		free(pf);
+		return -ENOMEM;
 	}
 	/* without a batch every chunk loads alone in _finish */
 	if (ckpt_cb_span_begin(s->cb, pf->o, pf->m, submit, &pf->sp) < 0)
 		pf->sp = NULL;
 	*ret_pf = pf;
 	return 0;
+}
+
+void ckpt_store_load_batch(ckpt_store *s, const ckpt_digest *d, size_t n)
+{
+	ckpt_prefetch *pf;
+	size_t loaded, skipped;
+
+	if (n >= 2 && ckpt_engine_batches(s->eng) &&
+	    ckpt_store_prefetch_begin(s, d, n, true, &pf) == 0)
+		ckpt_store_prefetch_finish(s, pf, &loaded, &skipped);
 }
 
 int ckpt_store_prefetch_finish(ckpt_store *s, ckpt_prefetch *pf, size_t *ret_loaded,

@@ -18,6 +18,21 @@ void ckpt_store_cursor_done(ckpt_store *s, struct ckpt_read_cursor *c)
 	c->got = 0;
 }
 
+/* Before a read of extents i.. up to end on a server engine: their chunks
+ * as one batch (ckpt_store_load_batch). */
+#define BATCH_CHUNKS 64
+static void load_batch(ckpt_store *s, const struct ckpt_extent_list *l, size_t i, uint64_t end)
+{
+	ckpt_digest d[BATCH_CHUNKS];
+	size_t n = 0;
+
+	for (; i < l->n && l->v[i].off < end && n < BATCH_CHUNKS; i++)
+		if (l->v[i].kind != CKPT_EXT_ZERO &&
+		    (n == 0 || memcmp(&d[n - 1], &l->v[i].digest, sizeof(d[0])) != 0))
+			d[n++] = l->v[i].digest;
+	ckpt_store_load_batch(s, d, n);
+}
+
 ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *dst, size_t len,
 			       uint64_t off)
 {
@@ -38,6 +53,8 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 		else
 			i = ckpt_extent_list_find(l, off);
 	}
+	if (ckpt_engine_batches(s->eng) && i + 1 < l->n && l->v[i + 1].off < off + len)
+		load_batch(s, l, i, off + len);
 	while (done < len && i < l->n) {
 		const struct ckpt_extent *e = &l->v[i];
 		uint64_t in = off + done - e->off;

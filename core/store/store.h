@@ -201,6 +201,14 @@ int ckpt_store_read_chunk(ckpt_store *s, const ckpt_digest *d, uint64_t off, voi
  */
 int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
 			       size_t *ret_loaded, size_t *ret_skipped);
+/* On a store whose metadata engine is a server (one round trip per
+ * request), load chunks d[0..n) that are neither cached nor being loaded
+ * as one read-ahead batch (one engine request for their locations) and
+ * wait for it, so that the reads that follow find them cached; a chunk it
+ * could not load is left to those reads.  Nothing on a local engine,
+ * where a location is a function call. */
+void ckpt_store_load_batch(ckpt_store *s, const ckpt_digest *d, size_t n);
+
 /*
  * The same in two steps, so that a read-ahead worker decodes one batch
  * while the disk reads the next.  _begin reserves the chunks (readers that

@@ -200,6 +200,8 @@ ssize_t ckpt_vfile_read(ckpt_vfile *f, void *buf, size_t len, uint64_t off)
 	return ckpt_vfile_read_gather(f, buf, len, off, NULL);
 }
 
+#define VFILE_BATCH 128 /* chunks loaded as one batch before a read */
+
 ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t off,
 			       struct ckpt_gather *g)
 {
@@ -222,6 +224,11 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 	}
 	if (done == len)
 		return (ssize_t)done;
+	{ /* on a server engine: the chunks of the whole range as one batch */
+		ckpt_digest d[VFILE_BATCH];
+		ckpt_store_load_batch(f->v->s, d,
+				      ckpt_vfile_chunks(f, off + done, len - done, d, VFILE_BATCH));
+	}
 	for (size_t k = vfile_first_tensor(p, off + done); done < len && k < p->nt; k++) {
 		struct truns *t;
 		int r;
