@@ -60,6 +60,14 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 			st_revive(s, &added[i]);   /* referenced again (reclaim.c) */
 		}
 		pthread_mutex_unlock(&s->ns_lock);
+		for (size_t i = 0; r == -EIO && s->opts.node && i < n; i++) {
+			if (st_pending_stale_in(s, v[i]->list)) {
+				ckpt_err("%s: inode %" PRIu64 ": content written in a session of node '%s' "
+					 "that gc declared dead: not committed (EIO)", s->path,
+					 v[i]->ino, s->node);
+				break;
+			}
+		}
 		if (r == 0)
 			st_bg_kick(s); /* old content may be garbage now */
 		if (r == 0)

@@ -285,6 +285,16 @@ static int check_engine_opts(const char *path, const struct ckpt_store_opts *o, 
 			 "shared metadata engine (not '%s')", path, ops->name);
 		return -EINVAL;
 	}
+	if (o->gc_online && (!ops->shared || o->mode != CKPT_STORE_RW || o->node)) {
+		snprintf(err, errlen, "%s: online gc needs a read-write open of a shared metadata "
+			 "engine (not '%s')", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node_name && !ckpt_node_name_ok(o->node_name)) {
+		snprintf(err, errlen, "%s: node id '%s': 1-%d characters of [A-Za-z0-9._:-]", path,
+			 o->node_name, CKPT_NODE_MAX);
+		return -EINVAL;
+	}
 	if (o->node && o->bg != CKPT_BG_OFF) {
 		snprintf(err, errlen, "%s: background compaction is not safe with several nodes "
 			 "(it would reclaim packs other nodes still fill)", path);
@@ -344,6 +354,8 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	pthread_mutex_init(&s->overlay_lock, NULL);
 	pthread_mutex_init(&s->bg_lock, NULL);
 	pthread_mutex_init(&s->compact_lock, NULL);
+	pthread_mutex_init(&s->sess_lock, NULL);
+	pthread_cond_init(&s->sess_cond, NULL);
 	st_reclaim_init(s);
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
@@ -375,7 +387,7 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 		if (s->lock_fd < 0 ||
-		    flock(s->lock_fd, (o->node ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
+		    flock(s->lock_fd, (o->node || o->gc_online ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 			snprintf(err, errlen, "%s: %s", path,
 				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
@@ -427,7 +439,16 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
-	s->cenv = (struct ckpt_commit_env){ s->eng, st_unindexed, s, s->path };
+	s->cenv = (struct ckpt_commit_env){
+		.eng = s->eng,
+		.unindexed = st_unindexed,
+		.arg = s,
+		.name = s->path,
+		/* every writer of a shared store marks refcounts that reach 0 for
+		 * the online gc; a node's content commits pass its fence */
+		.zero_marks = o->meta_where != NULL,
+		.fence = o->node ? st_session_fence : NULL,
+	};
 	if (r < 0)
 		goto fail;
 	if (fresh) {
@@ -474,7 +495,12 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 				  "mapping them on demand", path, want >> 20, strerror(-r));
 		st_rctx_warm(s);
 	}
-	if (o->mode == CKPT_STORE_RW) {
+	if (o->node) {
+		r = st_session_open(s, err, errlen);
+		if (r < 0)
+			goto fail;
+	}
+	if (o->mode == CKPT_STORE_RW && !o->gc_online) {
 		clean_staging(s, dfd);
 		r = reap_orphans(s);
 		if (r < 0) {
@@ -542,6 +568,7 @@ void ckpt_store_free(ckpt_store *s)
 			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
+		st_session_close(s); /* after the last commit */
 		ckpt_engine_flush(s->eng);
 		if (ckpt_engine_backup_due(s->eng) && ckpt_engine_backup(s->eng) < 0)
 			ckpt_warn("%s: cannot take a snapshot of the index into %s (the log since "
@@ -579,6 +606,9 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->overlay_lock);
 	pthread_mutex_destroy(&s->bg_lock);
 	pthread_mutex_destroy(&s->compact_lock);
+	pthread_mutex_destroy(&s->sess_lock);
+	pthread_cond_destroy(&s->sess_cond);
+	free(s->sess_units);
 	st_reclaim_free(s);
 	pthread_cond_destroy(&s->bg_cond);
 	free(s->bgq);
