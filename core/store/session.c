@@ -304,13 +304,17 @@ static int reregister(ckpt_store *s)
 		return r;
 	}
 	atomic_store(&s->sess_id, a.id); /* new units are the new session's */
+	/* No more appends to the units of the dead session: gc may have
+	 * deleted them, and a deleted unit is in no listing, so seal every unit
+	 * the session made as well as the append targets listed.  Then every
+	 * put into them has added its pending entry before the generation
+	 * moves on. */
 	pthread_mutex_lock(&s->sess_lock);
+	for (size_t i = 0; i < s->nsess_units; i++)
+		(void)ckpt_cb_seal(s->cb, s->sess_units[i]);
 	s->nsess_units = 0; /* their 'U' records name the dead session: gc's */
 	s->sess_registered++;
 	pthread_mutex_unlock(&s->sess_lock);
-	/* no more appends to the units of the dead session (gc may have
-	 * deleted them); then every put into them has added its pending entry
-	 * before the generation moves on */
 	if (ckpt_cb_units(s->cb, &u, &n) == 0) {
 		for (size_t i = 0; i < n; i++)
 			if (u[i].active)
