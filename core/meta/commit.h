@@ -55,7 +55,8 @@ struct ckpt_commit_env {
 	bool zero_marks;
 	/* If set, every content commit (not a reap) calls it first in its
 	 * transaction: the gc fence, which reads the node's session for
-	 * update and fails (-EIO, logged) when gc declared it dead. */
+	 * update and fails (-ESTALE, logged) when gc declared it dead; the
+	 * commit then fails with that error. */
 	int (*fence)(void *arg, ckpt_txn *t);
 };
 

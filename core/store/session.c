@@ -246,7 +246,7 @@ int st_session_fence(void *store, ckpt_txn *t)
 		pthread_cond_broadcast(&s->sess_cond);
 		pthread_mutex_unlock(&s->sess_lock);
 	}
-	return -EIO;
+	return -ESTALE; /* commit.c returns EIO for it */
 }
 
 void st_session_unit_put(ckpt_store *s, ckpt_txn *t, uint64_t unit)

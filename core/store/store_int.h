@@ -346,6 +346,8 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
  * docs/cluster.md section 7) */
 int st_session_open(ckpt_store *s, char *err, size_t errlen);
 void st_session_close(ckpt_store *s);
+/* The gc fence (ckpt_commit_env.fence): 0, or -ESTALE when gc declared
+ * this node's session dead (logged once, the heartbeat thread woken). */
 int st_session_fence(void *store, ckpt_txn *t);
 /* In take_unit_id's transaction: the new unit is this session's. */
 void st_session_unit_put(ckpt_store *s, ckpt_txn *t, uint64_t unit);
