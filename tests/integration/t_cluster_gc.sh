@@ -8,6 +8,9 @@
 #      flight), while `ckpt gc --meta` runs again and again. Every save succeeds, every
 #      surviving file reads back exact through another node, no deleted file comes back, and
 #      gc reclaims space online (the pack bytes fall once the files are deleted).
+#   1b. node 2 keeps reading a file that node 1 overwrites meanwhile, while gc runs: the open
+#      file keeps the chunks of the version it opened (a node's read-only open holds its pin),
+#      and gc drops them once it closes
 #   2. the fence: a fourth node with a short session timeout has a save in flight (new chunks
 #      and dedup hits on a chunk whose last file another node then deletes) when it is stopped
 #      (SIGSTOP) past its timeout; gc declares it dead, drops that chunk and deletes its packs;
@@ -26,14 +29,14 @@ META=$(pg_new_db clustergc)
 ok "PostgreSQL server started in $PG_DIR"
 
 declare -A NODE_PID
-# node_start N TIMEOUT_S: mount the store at $T_DIR/nN as node nN (foreground daemon), packs of
-# 1 MiB so that gc can delete whole packs online
+# node_start N TIMEOUT_S [OPTS]: mount the store at $T_DIR/nN as node nN (foreground daemon),
+# packs of 1 MiB so that gc can delete whole packs online
 node_start() {
 	local n=$1 m=$T_DIR/n$1
 	mkdir -p "$m"
 	_register_mount "$STORE" "$m"
 	"$CKPTFS" "$STORE" "$m" -f \
-		-o "meta=$META,node=n$n,session_timeout=$2,pack_max=1M" >>"$T_DIR/node$n.log" 2>&1 &
+		-o "meta=$META,node=n$n,session_timeout=$2,pack_max=1M${3:+,$3}" >>"$T_DIR/node$n.log" 2>&1 &
 	NODE_PID[$n]=$!
 	_FG_PIDS+=("${NODE_PID[$n]}")
 	if ! wait_mounted "$m" 10; then
@@ -59,9 +62,10 @@ pack_bytes() {
 # A session timeout of 12 s for the savers (a heartbeat every 2 s): the machine is shared and
 # loaded, and a saver whose heartbeat stalled past its timeout would be fenced (step 2 shows that
 # on purpose)
-for n in 1 2 3; do
-	node_start $n 12 || bail "node $n did not mount"
-done
+# (node 2 without a chunk cache: its reads in step 1b come from the packs)
+node_start 1 12 || bail "node 1 did not mount"
+node_start 2 12 cache_size=0 || bail "node 2 did not mount"
+node_start 3 12 || bail "node 3 did not mount"
 ok "three nodes mounted one store"
 
 # ---------------------------------------------------------------- 1. gc while saves run
@@ -163,6 +167,60 @@ for n in 1 2 3; do
 done
 check "all $nfiles surviving files read back exact through another node, deleted ones stay gone ($bad wrong)" \
 	test $bad -eq 0
+
+# ---------------------------------------------------------------- 1b. a reader on another node
+# node 2 reads a file that node 1 overwrites meanwhile (same size, other bytes): the version
+# node 2 opened loses its last reference, and its open keeps its chunks from gc
+rand_file "$WORK/readme" $((3 * MiB + 99))
+rand_file "$WORK/readme2" $((3 * MiB + 99))
+cp "$WORK/readme" "$T_DIR/n1/readme" && sync "$T_DIR/n1/readme"
+cat >"$WORK/reader.py" <<'EOF'
+import os, sys
+path, want, want2 = sys.argv[1], open(sys.argv[2], "rb").read(), open(sys.argv[3], "rb").read()
+fd = os.open(path, os.O_RDONLY)
+first = os.pread(fd, 4096, 0)
+print("ready", flush=True)
+sys.stdin.readline()
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the rest from the daemon
+got, off = [], 0
+try:
+    while True:
+        b = os.pread(fd, 1 << 20, off)
+        if not b:
+            break
+        got.append(b)
+        off += len(b)
+    # one whole version: the one it opened, or (were it to revalidate) the new one
+    print("exact" if b"".join(got) in (want, want2) and first == want[:4096] else
+          "differs (%d bytes)" % off, flush=True)
+except OSError as e:
+    print("error at %d: %s" % (off, os.strerror(e.errno)), flush=True)
+EOF
+mkfifo "$WORK/rgo"
+"$PY" "$WORK/reader.py" "$T_DIR/n2/readme" "$WORK/readme" "$WORK/readme2" <"$WORK/rgo" >"$WORK/reader.out" 2>&1 &
+reader=$!
+exec 8>"$WORK/rgo"
+for ((i = 0; i < 100; i++)); do
+	grep -q ready "$WORK/reader.out" && break
+	sleep 0.1
+done
+cat "$WORK/readme2" >"$T_DIR/n1/readme" && sync "$T_DIR/n1/readme"
+for i in 1 2 3; do
+	sleep 3
+	gc_run "$T_DIR/gc.out" || not_ok "gc beside the reader"
+done
+echo go >&8
+exec 8>&-
+wait "$reader"
+check "node 2 reads a file node 1 overwrote, across 3 gc runs, one version whole ($(tail -n 1 "$WORK/reader.out"))" \
+	grep -qx exact "$WORK/reader.out"
+dropped=0
+for i in 1 2; do
+	sleep 3
+	gc_run "$T_DIR/gc.out" || not_ok "gc after the reader"
+	dropped=$((dropped + $(sed -n 's/^chunks_dropped: //p' "$T_DIR/gc.out")))
+done
+check "once it closed, gc drops its chunks ($dropped)" test $dropped -ge 3
 
 # space: delete everything saved, then gc until nothing more goes
 rand_file "$WORK/extra" $((8 * MiB))
