@@ -230,6 +230,37 @@ static void clean_staging(ckpt_store *s, int dfd)
 	(void)s;
 }
 
+/* Whether this open reaps an orphan whose marker holds v[0..vl): a marker
+ * without a node id (one node, or written before node ids), this node's
+ * own (left by its previous mount), or one of a node without a live
+ * session (gone, or past its timeout); never one a live node still holds
+ * open (docs/cluster.md section 8). */
+static bool orphan_ours(ckpt_store *s, const uint8_t *v, size_t vl)
+{
+	uint8_t key[1 + CKPT_NODE_MAX], *sv = NULL;
+	char node[CKPT_NODE_MAX + 1];
+	struct ckpt_session ss;
+	size_t svl = 0;
+	bool dead;
+
+	if (vl == 0 || !s->opts.meta_where)
+		return true;
+	if (vl > CKPT_NODE_MAX)
+		return true; /* not a node id: damaged, reap it */
+	memcpy(node, v, vl);
+	node[vl] = '\0';
+	if (s->opts.node && strcmp(node, s->node) == 0)
+		return true;
+	if (!ckpt_node_name_ok(node))
+		return true;
+	if (ckpt_engine_get(s->eng, key, ckpt_key_session(key, node), &sv, &svl) < 0)
+		return true; /* no session (or it cannot be read: the reap's own reads fail too) */
+	dead = ckpt_session_decode(sv, svl, &ss) < 0 ||
+	       ckpt_now_ns() - ss.heartbeat_ns > (int64_t)ss.timeout_ms * 1000000;
+	free(sv);
+	return dead;
+}
+
 static int reap_orphans(ckpt_store *s)
 {
 	uint8_t prefix[1] = { CKPT_KEY_ORPHAN };
@@ -243,7 +274,7 @@ static int reap_orphans(ckpt_store *s)
 	if (r < 0)
 		return r;
 	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
-		if (kl != 9)
+		if (kl != 9 || !orphan_ours(s, v, vl))
 			continue;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 16;
@@ -499,6 +530,7 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 		r = st_session_open(s, err, errlen);
 		if (r < 0)
 			goto fail;
+		ckpt_ns_set_owner(s->ns, s->node); /* its orphan markers name it */
 	}
 	if (o->mode == CKPT_STORE_RW && !o->gc_online) {
 		clean_staging(s, dfd);

@@ -11,6 +11,8 @@
 #   1b. node 2 keeps reading a file that node 1 overwrites meanwhile, while gc runs: the open
 #      file keeps the chunks of the version it opened (a node's read-only open holds its pin),
 #      and gc drops them once it closes
+#   1c. node 1 deletes a file it has open; node 3's mount meanwhile does not reap it (orphan
+#      markers name their node) and node 1 reads it to the end
 #   2. the fence: a fourth node with a short session timeout has a save in flight (new chunks
 #      and dedup hits on a chunk whose last file another node then deletes) when it is stopped
 #      (SIGSTOP) past its timeout; gc declares it dead, drops that chunk and deletes its packs;
@@ -221,6 +223,33 @@ for i in 1 2; do
 	dropped=$((dropped + $(sed -n 's/^chunks_dropped: //p' "$T_DIR/gc.out")))
 done
 check "once it closed, gc drops its chunks ($dropped)" test $dropped -ge 3
+
+# ---------------------------------------------------------------- 1c. an orphan of a live node
+# node 1 deletes a file it still has open (its orphan marker names node 1); node 3 mounts again
+# meanwhile, which reaps only orphans of its own or of dead nodes, and gc runs: node 1 reads on
+rand_file "$WORK/held" $((2 * MiB + 7))
+cp "$WORK/held" "$T_DIR/n1/held" && sync "$T_DIR/n1/held"
+rm -f "$WORK/rgo"
+mkfifo "$WORK/rgo"
+"$PY" "$WORK/reader.py" "$T_DIR/n1/held" "$WORK/held" "$WORK/held" <"$WORK/rgo" >"$WORK/reader.out" 2>&1 &
+reader=$!
+exec 8>"$WORK/rgo"
+for ((i = 0; i < 100; i++)); do
+	grep -q ready "$WORK/reader.out" && break
+	sleep 0.1
+done
+rm -f "$T_DIR/n1/held"
+node_stop 3 || not_ok "unmount node 3"
+node_start 3 12 || not_ok "node 3 mounts again"
+for i in 1 2; do
+	sleep 3
+	gc_run "$T_DIR/gc.out" || not_ok "gc beside the orphan"
+done
+echo go >&8
+exec 8>&-
+wait "$reader"
+check "node 1 reads the file it deleted while open, after node 3's mount and 2 gc runs ($(tail -n 1 "$WORK/reader.out"))" \
+	grep -qx exact "$WORK/reader.out"
 
 # space: delete everything saved, then gc until nothing more goes
 rand_file "$WORK/extra" $((8 * MiB))
