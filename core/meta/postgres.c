@@ -563,7 +563,7 @@ static int check_schema(struct pge *x, PGconn *c, bool create, char *err, size_t
 			}
 			ver = r == 0 ? FORMAT_VERSION : ver;
 		}
-		if (r == 0 && ver != FORMAT_VERSION) {
+		if (r == 0 && ver != FORMAT_VERSION && !(ver == 1 && x->read_only)) {
 			snprintf(err, errlen,
 				 "%s: metadata format version %u, this ckptfs knows version %d",
 				 x->name, ver, FORMAT_VERSION);
