@@ -169,7 +169,9 @@ START_TEST(test_records)
 
 	snprintf(a.host, sizeof(a.host), "node-17.cluster");
 	n = ckpt_session_encode(&a, buf);
-	ck_assert_uint_eq(n, 34 + strlen(a.host));
+	a.suspect_ns = 5;
+	n = ckpt_session_encode(&a, buf);
+	ck_assert_uint_eq(n, 42 + strlen(a.host));
 	ck_assert_uint_eq(buf[0], 1); /* version */
 	ck_assert_int_eq(ckpt_session_decode(buf, n, &b), 0);
 	ck_assert_uint_eq(b.id, a.id);
@@ -178,6 +180,7 @@ START_TEST(test_records)
 	ck_assert_uint_eq(b.timeout_ms, 60000);
 	ck_assert_uint_eq(b.pid, 4242);
 	ck_assert_str_eq(b.host, a.host);
+	ck_assert_int_eq(b.suspect_ns, 5);
 	ck_assert_int_eq(ckpt_session_decode(buf, n - 1, &b), -EIO);
 	buf[0] = 2;
 	ck_assert_int_eq(ckpt_session_decode(buf, n, &b), -EIO);
@@ -241,7 +244,8 @@ START_TEST(test_session_lifecycle)
 	ckpt_store_free(a);
 	ck_assert_int_eq(get_session(b, "a", &ss), -ENOENT);
 	/* gc declares a session dead once its heartbeat is older than its
-	 * timeout: a row of a node that stopped 10 s ago with a 1 s timeout */
+	 * timeout at two passes a timeout apart: a row of a node that stopped
+	 * 10 s ago with a 1 s timeout */
 	{
 		uint8_t key[1 + CKPT_NODE_MAX], val[CKPT_SESSION_REC_MAX];
 		struct ckpt_session ghost = { .id = 99, .heartbeat_ns = ckpt_now_ns() - 10000000000,
@@ -253,6 +257,15 @@ START_TEST(test_session_lifecycle)
 		tl_engine_put(ckpt_store_engine(b), key, ckpt_key_session(key, "ghost"), val,
 			      ckpt_session_encode(&ghost, val));
 		g = open_gc();
+		st = gc(g);
+		ck_assert_uint_eq(st.sessions_dead, 0);
+		ck_assert_uint_eq(st.sessions_suspected, 1);
+		ck_assert_uint_eq(st.sessions_live, 2);
+		ck_assert_int_eq(get_session(b, "ghost", &ss), 0);
+		ck_assert_int_ne(ss.suspect_ns, 0);
+		st = gc(g); /* too soon */
+		ck_assert_uint_eq(st.sessions_dead, 0);
+		usleep(1100 * 1000);
 		st = gc(g);
 		ck_assert_uint_eq(st.sessions_dead, 1);
 		ck_assert_uint_eq(st.sessions_live, 1); /* b */

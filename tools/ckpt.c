@@ -191,6 +191,7 @@ static int cmd_gc(const char *path, unsigned live, enum ckpt_bar_mode progress)
 	if (meta_where) {
 		printf("gc_epoch: %" PRIu64 "\n", g.epoch);
 		printf("sessions_live: %" PRIu64 "\n", g.sessions_live);
+		printf("sessions_suspected: %" PRIu64 "\n", g.sessions_suspected);
 		printf("sessions_declared_dead: %" PRIu64 "\n", g.sessions_dead);
 		printf("mode: %s\n", g.online ? "online (beside live nodes: partly live packs "
 						 "are rewritten only when none is mounted)" :

@@ -101,17 +101,18 @@ size_t ckpt_session_encode(const struct ckpt_session *ss, uint8_t out[CKPT_SESSI
 	out[29] = (uint8_t)hl;
 	memcpy(out + 30, ss->host, hl);
 	ckpt_put_le32(out + 30 + hl, ss->pid);
-	return 34 + hl;
+	ckpt_put_le64(out + 34 + hl, (uint64_t)ss->suspect_ns);
+	return 42 + hl;
 }
 
 int ckpt_session_decode(const uint8_t *buf, size_t len, struct ckpt_session *ret)
 {
 	size_t hl;
 
-	if (len < 34 || buf[0] != CKPT_REC_VERSION)
+	if (len < 42 || buf[0] != CKPT_REC_VERSION)
 		return -EIO;
 	hl = buf[29];
-	if (hl > CKPT_HOST_MAX || len != 34 + hl)
+	if (hl > CKPT_HOST_MAX || len != 42 + hl)
 		return -EIO;
 	memset(ret, 0, sizeof(*ret));
 	ret->id = ckpt_get_le64(buf + 1);
@@ -121,6 +122,7 @@ int ckpt_session_decode(const uint8_t *buf, size_t len, struct ckpt_session *ret
 	memcpy(ret->host, buf + 30, hl);
 	ret->host[hl] = '\0';
 	ret->pid = ckpt_get_le32(buf + 30 + hl);
+	ret->suspect_ns = (int64_t)ckpt_get_le64(buf + 34 + hl);
 	return 0;
 }
 

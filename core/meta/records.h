@@ -120,8 +120,11 @@ struct ckpt_session {
 	uint32_t timeout_ms;   /* dead once heartbeat_ns is this much old */
 	uint32_t pid;
 	char host[CKPT_HOST_MAX + 1];
+	int64_t suspect_ns;    /* gc's wall clock when it first found the
+				* heartbeat too old (0: not suspected); a
+				* heartbeat clears it */
 };
-#define CKPT_SESSION_REC_MAX (30 + CKPT_HOST_MAX)
+#define CKPT_SESSION_REC_MAX (42 + CKPT_HOST_MAX)
 bool ckpt_node_name_ok(const char *name);
 size_t ckpt_key_session(uint8_t *key, const char *node);
 /* Returns the value's length. */

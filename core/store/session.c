@@ -21,7 +21,9 @@
  *    stores its own copy (put.c), so an in-flight reference to an indexed
  *    chunk was made while its refcount was above 0.
  *  - gc, in one transaction: reads the epoch E for update, declares dead
- *    (deletes) the sessions whose heartbeat is older than their timeout,
+ *    (deletes) the sessions whose heartbeat is older than their timeout
+ *    and that an earlier pass, at least a timeout ago, already found so
+ *    (it marks them suspect; their pins count until they are dead),
  *    stamps the unstamped 'Z' records with E, drops the chunk entries whose
  *    'Z' stamp is below the smallest pin of the live sessions (and whose
  *    refcount, read for update, is still 0), and writes E + 1.  A chunk
@@ -577,7 +579,7 @@ struct zero_ent {
 struct pass_arg {
 	int64_t now;
 	/* out */
-	uint64_t epoch, min_pin, live, dead, dropped, bytes;
+	uint64_t epoch, min_pin, live, suspected, dead, dropped, bytes;
 };
 
 static int grow(void **v, size_t *cap, size_t n, size_t size)
@@ -633,9 +635,28 @@ static int pass_txn(ckpt_store *s, ckpt_txn *t, void *arg)
 	ckpt_scan_free(it);
 	it = NULL;
 	for (size_t i = 0; r >= 0 && i < ns; i++) {
-		if (session_alive(&sv[i].ss, a->now)) {
+		struct ckpt_session *ss = &sv[i].ss;
+
+		if (session_alive(ss, a->now) ||
+		    (ss->id != 0 && (ss->suspect_ns == 0 ||
+				     a->now - ss->suspect_ns < (int64_t)ss->timeout_ms * 1000000))) {
+			if (!session_alive(ss, a->now)) {
+				/* Too old, but dead only once a later pass, a
+				 * timeout after this one, still finds it so: after
+				 * a database outage the nodes get the time to
+				 * reconnect.  Marked (unless already) by a write
+				 * that a heartbeat meanwhile makes conflict. */
+				uint8_t sval[CKPT_SESSION_REC_MAX];
+
+				if (ss->suspect_ns == 0) {
+					ss->suspect_ns = a->now;
+					ckpt_txn_put(t, sv[i].key, sv[i].klen, sval,
+						     ckpt_session_encode(ss, sval));
+				}
+				a->suspected++;
+			}
 			a->live++;
-			a->min_pin = CKPT_MIN(a->min_pin, sv[i].ss.pin);
+			a->min_pin = CKPT_MIN(a->min_pin, ss->pin);
 			continue;
 		}
 		/* declared dead: read for update, so that a heartbeat that comes
@@ -842,6 +863,7 @@ int st_gc_shared(ckpt_store *s, struct ckpt_gc_stats *ret, bool *ret_offline_ok)
 		return r;
 	ret->epoch = a.epoch + 1;
 	ret->sessions_live = a.live;
+	ret->sessions_suspected = a.suspected;
 	ret->sessions_dead = a.dead;
 	ret->chunks_dropped = a.dropped;
 	ret->bytes_dropped = a.bytes;

@@ -466,6 +466,8 @@ struct ckpt_gc_stats {
 	/* shared engines: the gc epoch this run ended (0: none), the node
 	 * sessions it found live and the ones it declared dead */
 	uint64_t epoch, sessions_live, sessions_dead;
+	uint64_t sessions_suspected; /* of the live: too old, dead at a pass a
+				      * timeout later if still so */
 	bool online; /* only what is safe beside live nodes was done */
 };
 /* Reclaim space of unreferenced chunks.  Crash-safe at every step.  On a

@@ -15,7 +15,8 @@
 #      markers name their node) and node 1 reads it to the end
 #   2. the fence: a fourth node with a short session timeout has a save in flight (new chunks
 #      and dedup hits on a chunk whose last file another node then deletes) when it is stopped
-#      (SIGSTOP) past its timeout; gc declares it dead, drops that chunk and deletes its packs;
+#      (SIGSTOP) past its timeout; gc suspects it, then (a timeout later) declares it dead,
+#      drops that chunk and deletes its packs;
 #      after SIGCONT its fsync fails with EIO (the log names the reason), no node serves the
 #      file with wrong bytes, and the node saves again with a new session.
 #   3. with every node unmounted, fsck finds the store consistent.
@@ -310,16 +311,19 @@ check "node 4's writer has its save in flight" grep -q ready "$WORK/writer.out"
 rm -f "$T_DIR/n1/victim"
 kill -STOP "${NODE_PID[4]}"
 sleep 3
-gc_run "$T_DIR/gc1.out"
+gc_run "$T_DIR/gc1.out" # suspects node 4 (no heartbeat for 2 s)
 g1=$?
-sleep 3 # a heartbeat of every live node
-gc_run "$T_DIR/gc2.out"
+sleep 3 # more than node 4's timeout; and a heartbeat of every live node
+gc_run "$T_DIR/gc2.out" # declares it dead, drops what only it could still reference
 g2=$?
 kill -CONT "${NODE_PID[4]}"
 indent "$T_DIR/gc1.out"
 indent "$T_DIR/gc2.out"
 check "gc runs while node 4 is stopped" test $g1 -eq 0 -a $g2 -eq 0
-check "gc declared node 4's session dead" grep -q '^sessions_declared_dead: 1' "$T_DIR/gc1.out"
+check "gc first suspects node 4's session" \
+	grep -q '^sessions_suspected: 1' "$T_DIR/gc1.out"
+check "... and declares it dead at a pass more than its timeout later" \
+	grep -q '^sessions_declared_dead: 1' "$T_DIR/gc2.out"
 dropped=$(sed -n 's/^chunks_dropped: //p' "$T_DIR/gc2.out")
 check "gc dropped the chunks of the deleted file node 4 had dedup hits on ($dropped)" \
 	test "${dropped:-0}" -ge 1
