@@ -295,7 +295,8 @@ static int reregister(ckpt_store *s)
 	char err[512];
 	struct reg_arg a = { .id = new_session_id(), .err = err, .errlen = sizeof(err) };
 	struct ckpt_chunk_unit *u = NULL;
-	size_t n = 0;
+	uint64_t *mine;
+	size_t n = 0, nmine;
 	int r;
 
 	err[0] = '\0';
@@ -312,11 +313,17 @@ static int reregister(ckpt_store *s)
 	 * put into them has added its pending entry before the generation
 	 * moves on. */
 	pthread_mutex_lock(&s->sess_lock);
-	for (size_t i = 0; i < s->nsess_units; i++)
-		(void)ckpt_cb_seal(s->cb, s->sess_units[i]);
-	s->nsess_units = 0; /* their 'U' records name the dead session: gc's */
+	mine = s->sess_units; /* their 'U' records name the dead session: gc's */
+	nmine = s->nsess_units;
+	s->sess_units = NULL;
+	s->nsess_units = s->sess_units_cap = 0;
 	s->sess_registered++;
 	pthread_mutex_unlock(&s->sess_lock);
+	/* not under sess_lock: a put takes it under the backend's lock
+	 * (st_session_unit_add), and seal takes that lock */
+	for (size_t i = 0; i < nmine; i++)
+		(void)ckpt_cb_seal(s->cb, mine[i]);
+	free(mine);
 	if (ckpt_cb_units(s->cb, &u, &n) == 0) {
 		for (size_t i = 0; i < n; i++)
 			if (u[i].active)

@@ -149,8 +149,9 @@ struct ckpt_store {
 	bool pins_skipped; /* a drop left pinned garbage (pin_lock) */
 
 	/* Node sessions (session.c; opts.node only).  Lock order: sess_lock
-	 * is taken under commit_lock, never the other way, and is not held
-	 * across engine calls. */
+	 * is taken under commit_lock and under the chunk backend's own lock (a
+	 * new unit: st_session_unit_add), never the other way; it is held
+	 * across no engine or backend call. */
 	pthread_mutex_t sess_lock;
 	pthread_cond_t sess_cond;
 	char node[CKPT_NODE_MAX + 1];  /* immutable after open */
