@@ -302,10 +302,14 @@ static int reregister(ckpt_store *s)
 	err[0] = '\0';
 	r = st_txn_run(s, register_txn, &a, true);
 	if (r < 0) {
-		ckpt_err("%s: node '%s': cannot register a new session: %s", s->path, s->node,
-			 err[0] ? err : strerror(-r));
+		/* retried every second by the heartbeat thread: said once */
+		if (!atomic_exchange(&s->sess_reg_failed, true))
+			ckpt_err("%s: node '%s': cannot register a new session: %s (retrying; "
+				 "every commit of content fails with EIO until it works)", s->path,
+				 s->node, err[0] ? err : strerror(-r));
 		return r;
 	}
+	atomic_store(&s->sess_reg_failed, false);
 	atomic_store(&s->sess_id, a.id); /* new units are the new session's */
 	/* No more appends to the units of the dead session: gc may have
 	 * deleted them, and a deleted unit is in no listing, so seal every unit

@@ -162,6 +162,7 @@ struct ckpt_store {
 	atomic_ullong sess_id;
 	atomic_uint sess_gen;          /* bumped by each re-registration */
 	atomic_bool sess_dead;         /* the fence found the session dead */
+	atomic_bool sess_reg_failed;   /* a new session could not be registered (logged) */
 	/* Protected by sess_lock: */
 	bool sess_stop;
 	uint64_t *sess_units; /* units whose 'U' record names this session */
