@@ -189,17 +189,16 @@ int st_session_open(ckpt_store *s, char *err, size_t errlen)
 		snprintf(s->node, sizeof(s->node), "%s", s->opts.node_name);
 	} else {
 		char h[CKPT_HOST_MAX + 1];
-		size_t n;
 
-		/* HOSTNAME-PID, the host name cut at its first dot and made fit */
+		/* HOSTNAME-PID: the host name up to its first dot, its other
+		 * characters outside the node id's set made '_', cut to fit */
 		snprintf(h, sizeof(h), "%s", s->host);
 		h[strcspn(h, ".")] = '\0';
 		for (char *c = h; *c; c++)
 			if (!ckpt_node_name_ok((char[]){ *c, '\0' }))
 				*c = '_';
-		n = (size_t)snprintf(s->node, sizeof(s->node), "%.*s-%ld", CKPT_NODE_MAX - 12, h,
-				     (long)getpid());
-		(void)n;
+		snprintf(s->node, sizeof(s->node), "%.*s-%ld", CKPT_NODE_MAX - 12, h,
+			 (long)getpid());
 	}
 	s->sess_timeout_ms = s->opts.session_timeout_ms ? s->opts.session_timeout_ms :
 							  CKPT_SESSION_TIMEOUT_DEFAULT_MS;
