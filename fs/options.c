@@ -44,6 +44,8 @@ struct raw_opts {
 	unsigned view_cache;
 	char *view_mem;
 	char *meta;
+	char *node;
+	unsigned session_timeout;
 	int fsname_given;            /* -o fsname=... is on the command line */
 	int subtype_given;           /* -o subtype=... */
 };
@@ -75,6 +77,8 @@ static const struct fuse_opt opt_spec[] = {
 	OPT("writeback_cache=%u", writeback_cache),
 	OPT("direct_read=%s", direct_read),
 	OPT("meta=%s", meta),
+	OPT("node=%s", node),
+	OPT("session_timeout=%u", session_timeout),
 	FUSE_OPT_KEY("fsname=", KEY_FSNAME),
 	FUSE_OPT_KEY("subtype=", KEY_SUBTYPE),
 	FUSE_OPT_END
@@ -176,6 +180,13 @@ static void usage(const char *prog)
 	       "                       daemons on several nodes share the store; STORE is\n"
 	       "                       then the chunk directory they share.  Implies\n"
 	       "                       nobackground (docs/cluster.md)\n"
+	       "  -o node=NAME         with meta=: this daemon's node id in the shared\n"
+	       "                       store, 1-64 of [A-Za-z0-9._:-] (default:\n"
+	       "                       HOSTNAME-PID); one live daemon per id\n"
+	       "  -o session_timeout=S with meta=: seconds without a heartbeat after which\n"
+	       "                       `ckpt gc` suspects this node's session (a gc S s\n"
+	       "                       later declares it dead if it is still silent)\n"
+	       "                       (default 60; heartbeat every S/6, at most 5 s)\n"
 	       "  -f                   stay in the foreground, log to stderr\n"
 	       "  -d                   foreground with debug logging (FUSE and ckptfs)\n"
 	       "\n"
@@ -368,6 +379,32 @@ static int convert(const struct raw_opts *raw, struct ckptfs_opts *ret)
 		so->node = true;
 		so->bg = CKPT_BG_OFF; /* compaction would reclaim other nodes' packs */
 	}
+	if ((raw->node || raw->session_timeout) && !raw->meta) {
+		fprintf(stderr, "ckptfs: node= and session_timeout= need meta= (a store shared "
+				"by several nodes)\n");
+		return -1;
+	}
+	if (raw->node) {
+		if (!ckpt_node_name_ok(raw->node)) {
+			fprintf(stderr, "ckptfs: node=%s: a node id is 1-64 characters of "
+					"[A-Za-z0-9._:-]\n", raw->node);
+			return -1;
+		}
+		ret->node = strdup(raw->node);
+		if (!ret->node) {
+			fprintf(stderr, "ckptfs: out of memory\n");
+			return -1;
+		}
+		so->node_name = ret->node;
+	}
+	if (raw->session_timeout) {
+		if (raw->session_timeout > 86400) {
+			fprintf(stderr, "ckptfs: session_timeout=%u: at most 86400 seconds\n",
+				raw->session_timeout);
+			return -1;
+		}
+		so->session_timeout_ms = raw->session_timeout * 1000u;
+	}
 	ret->workers = raw->workers;
 	ret->ra_workers = raw->ra_workers;
 	ret->readahead_kb = raw->readahead_kb == UINT_MAX ? 1024 : raw->readahead_kb;
@@ -439,6 +476,7 @@ out:
 	free(raw.tp_rules);
 	free(raw.direct_read);
 	free(raw.meta);
+	free(raw.node);
 	return r;
 }
 
@@ -451,6 +489,8 @@ void options_free(struct ckptfs_opts *o)
 	free(o->log_file);
 	o->log_file = NULL;
 	free(o->meta);
+	free(o->node);
+	o->node = NULL;
 	o->store = NULL;
 	o->tp_rules = NULL;
 	o->meta = NULL;

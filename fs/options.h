@@ -38,6 +38,7 @@ struct ckptfs_opts {
 	char *log_file;              /* -o log=FILE, absolute, or NULL */
 	bool syslog;                 /* -o syslog */
 	char *meta;                  /* -o meta=CONNINFO (sopts.meta_where points here), or NULL */
+	char *node;                  /* -o node=NAME (sopts.node_name points here), or NULL */
 };
 
 /* Parse the command line into ret and cmd (cmd->mountpoint is malloc'd).

@@ -70,6 +70,10 @@ struct sfile {
 	pthread_rwlock_t snap_lock;
 	struct ckpt_extent_list *snap;
 	uint64_t version;
+	/* Read-only files of a node of a shared store: what the file read is
+	 * kept from gc beside other nodes while it is open (docs/cluster.md
+	 * section 7.1); NULL otherwise. */
+	ckpt_hold *hold;
 };
 
 struct stree {
@@ -487,6 +491,7 @@ static int st_rename(struct tree *t, uint64_t parent, const char *name, uint64_t
 
 static void sfile_free(struct sfile *h)
 {
+	ckpt_hold_free(h->hold);
 	ckpt_extent_list_free(h->snap);
 	pthread_rwlock_destroy(&h->snap_lock);
 	free(h);
@@ -521,6 +526,8 @@ static int st_open(struct tree *t, uint64_t ino, int flags, struct tree_file **r
 	r = ckpt_store_getattr(st->s, ino, &in);
 	if (r == 0 && S_ISDIR(in.mode))
 		r = -EISDIR;
+	if (r == 0 && !writable && ckpt_store_node(st->s))
+		r = ckpt_hold_new(st->s, &h->hold); /* before the extents are read */
 	if (r == 0 && !writable)
 		r = ckpt_store_load_extents(st->s, ino, &h->snap);
 	pthread_mutex_lock(&st->nodes_lock);

@@ -928,6 +928,27 @@ START_TEST(test_pg_refusals)
 					  err, sizeof(err)),
 			 -EIO);
 	ck_assert_msg(strstr(err, "cannot connect") != NULL, "%s", err);
+	/* version 1 (before the records of several nodes): read as it is,
+	 * upgraded to 2 by a read-write open */
+	c = PQconnectdb(ixdir);
+	res = PQexec(c, "UPDATE ckptfs_format SET version = 1");
+	ck_assert_int_eq(PQresultStatus(res), PGRES_COMMAND_OK);
+	PQclear(res);
+	ck_assert_int_eq(ckpt_engine_open("postgresql", ixdir,
+					  &(struct ckpt_engine_opts){ .read_only = true }, &e2, err,
+					  sizeof(err)),
+			 0);
+	ckpt_engine_close(e2);
+	res = PQexec(c, "SELECT version FROM ckptfs_format");
+	ck_assert_str_eq(PQgetvalue(res, 0, 0), "1");
+	PQclear(res);
+	ck_assert_int_eq(ckpt_engine_open("postgresql", ixdir, &o, &e2, err, sizeof(err)), 0);
+	ckpt_engine_close(e2);
+	e2 = NULL;
+	res = PQexec(c, "SELECT version FROM ckptfs_format");
+	ck_assert_str_eq(PQgetvalue(res, 0, 0), "2");
+	PQclear(res);
+	PQfinish(c);
 }
 END_TEST
 

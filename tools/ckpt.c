@@ -150,10 +150,27 @@ static int cmd_gc(const char *path, unsigned live, enum ckpt_bar_mode progress)
 	ckpt_store_opts_init(&o);
 	o.mode = CKPT_STORE_RW;
 	o.compact_live = live;
-	r = open_store_opts(path, &o, &s);
+	if (meta_where) {
+		/* a shared store: the whole gc when nothing is mounted here, else
+		 * (nodes hold the store lock shared) the part that is safe beside
+		 * them (docs/cluster.md section 7) */
+		char err[512];
 
-	if (r < 0)
+		o.meta_engine = "postgresql";
+		o.meta_where = meta_where;
+		o.cache_size = 0;
+		r = ckpt_store_open(path, &o, &s, err, sizeof(err));
+		if (r == -EBUSY) {
+			o.gc_online = true;
+			r = ckpt_store_open(path, &o, &s, err, sizeof(err));
+		}
+		if (r < 0) {
+			fprintf(stderr, "ckpt: %s\n", err);
+			return 1;
+		}
+	} else if (open_store_opts(path, &o, &s) < 0) {
 		return 1;
+	}
 	bar = ckpt_bar_new("gc", progress, 0, stderr);
 	ckpt_bar_callback(bar, &p);
 	ckpt_store_set_progress(s, &p);
@@ -171,6 +188,15 @@ static int cmd_gc(const char *path, unsigned live, enum ckpt_bar_mode progress)
 	printf("packs_deleted: %" PRIu64 "\n", g.packs_deleted);
 	printf("pack_bytes_before: %" PRIu64 "\n", g.bytes_before);
 	printf("pack_bytes_after: %" PRIu64 "\n", g.bytes_after);
+	if (meta_where) {
+		printf("gc_epoch: %" PRIu64 "\n", g.epoch);
+		printf("sessions_live: %" PRIu64 "\n", g.sessions_live);
+		printf("sessions_suspected: %" PRIu64 "\n", g.sessions_suspected);
+		printf("sessions_declared_dead: %" PRIu64 "\n", g.sessions_dead);
+		printf("mode: %s\n", g.online ? "online (beside live nodes: partly live packs "
+						 "are rewritten only when none is mounted)" :
+						 "offline");
+	}
 	return 0;
 }
 
@@ -795,7 +821,11 @@ static const struct command commands[] = {
 	{ "gc", "STORE [--live N] [--progress|--no-progress]", { "STORE" },
 	  "reclaim the space of unreferenced chunks (store unmounted)",
 	  "Reclaim the space of unreferenced chunks (deleted or overwritten data).\n"
-	  "The store must be unmounted.  Safe to run again after a failure.\n"
+	  "The store must be unmounted.  Safe to run again after a failure.  With\n"
+	  "--meta it also runs while nodes are mounted: it then drops the chunks no\n"
+	  "live node can still reference and deletes the packs no chunk and no live\n"
+	  "node uses, and declares dead the nodes without a heartbeat within their\n"
+	  "session timeout (docs/cluster.md section 7).\n"
 	  "\n"
 	  "  --live N          rewrite the packs whose live chunks fill less than N% of\n"
 	  "                    them (1-100, default 80; packs with none are deleted)\n"

@@ -96,6 +96,8 @@ int ckpt_refdelta_apply(const struct ckpt_commit_env *env, ckpt_txn *t,
 		} else if (r < 0) {
 			return r;
 		}
+		uint64_t was = r == -ENOENT ? UINT64_MAX : refs;
+
 		if (v[i].n < 0 && refs < (uint64_t)-v[i].n) {
 			char hex[33];
 			ckpt_digest_to_hex(&v[i].d, hex);
@@ -106,6 +108,17 @@ int ckpt_refdelta_apply(const struct ckpt_commit_env *env, ckpt_txn *t,
 			refs = (uint64_t)((int64_t)refs + v[i].n);
 		}
 		ckpt_meta_put_chunk(t, &v[i].d, &loc, refs);
+		if (env->zero_marks && was != UINT64_MAX && (was == 0) != (refs == 0)) {
+			uint8_t key[32], val[CKPT_ZERO_REC_LEN];
+			size_t kl = ckpt_key_zero(key, &v[i].d);
+
+			if (refs == 0) {
+				ckpt_zero_encode(0, val);
+				ckpt_txn_put(t, key, kl, val, sizeof(val));
+			} else {
+				ckpt_txn_delete(t, key, kl);
+			}
+		}
 	}
 	return 0;
 }
@@ -125,8 +138,10 @@ static int commit_txn(ckpt_txn *t, void *arg)
 {
 	struct commit_arg *a = arg;
 	const struct ckpt_commit_env *env = a->env;
-	int r = 0;
+	int r = env->fence ? env->fence(env->arg, t) : 0;
 
+	if (r < 0)
+		return r;
 	a->ndv = 0;
 	for (size_t i = 0; i < a->n; i++) {
 		const struct ckpt_content *c = &a->v[i];

@@ -49,6 +49,15 @@ struct ckpt_commit_env {
 	ckpt_unindexed_fn unindexed;
 	void *arg;
 	const char *name; /* for messages: the store's path */
+	/* Shared engines (docs/cluster.md section 7): a refcount that falls
+	 * to 0 writes the chunk's 'Z' record (epoch 0: not yet seen by gc),
+	 * one that rises from 0 deletes it. */
+	bool zero_marks;
+	/* If set, every content commit (not a reap) calls it first in its
+	 * transaction: the gc fence, which reads the node's session for
+	 * update and fails (-ESTALE, logged) when gc declared it dead; the
+	 * commit then fails with that error. */
+	int (*fence)(void *arg, ckpt_txn *t);
 };
 
 /* Apply v[0..n) in t (each chunk record read for update).  An underflow

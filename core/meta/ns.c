@@ -25,6 +25,9 @@ struct ckpt_ns {
 	 * range reserves CKPT_NS_INO_BATCH more in its transaction), so that
 	 * creates do not all read and write that one record. */
 	uint64_t ino_next, ino_end;
+	/* The node that writes orphan markers (ckpt_ns_set_owner): set
+	 * before any change, immutable after; "" on one node. */
+	char owner[CKPT_NODE_MAX + 1];
 };
 
 /* ---- records through the engine ---- */
@@ -251,15 +254,20 @@ static void delete_dentry(ckpt_txn *t, uint64_t parent, const char *name)
 	ckpt_txn_delete(t, key, ckpt_key_dentry(key, parent, name, strlen(name)));
 }
 
-static void put_orphan(ckpt_txn *t, uint64_t ino, bool set)
+static void put_orphan(ckpt_ns *ns, ckpt_txn *t, uint64_t ino, bool set)
 {
 	uint8_t key[16];
 
 	ckpt_key_ino(key, CKPT_KEY_ORPHAN, ino);
 	if (set)
-		ckpt_txn_put(t, key, 9, "", 0);
+		ckpt_txn_put(t, key, 9, ns->owner, strlen(ns->owner));
 	else
 		ckpt_txn_delete(t, key, 9);
+}
+
+void ckpt_ns_set_owner(ckpt_ns *ns, const char *node)
+{
+	snprintf(ns->owner, sizeof(ns->owner), "%s", node ? node : "");
 }
 
 /* The directory ino, read in t for update: every operation that adds or
@@ -422,7 +430,7 @@ static int link_txn(ckpt_txn *t, void *arg)
 	if ((r = name_free(ns, t, a->newparent, a->newname)) < 0)
 		return r;
 	if (in.nlink == 0)
-		put_orphan(t, a->ino, false);
+		put_orphan(ns, t, a->ino, false);
 	in.nlink++;
 	in.ctime_ns = ckpt_now_ns();
 	ckpt_meta_put_inode(t, &in);
@@ -492,7 +500,7 @@ static int dir_is_empty(ckpt_ns *ns, ckpt_txn *t, uint64_t ino)
 }
 
 /* Drop one name of victim (already removed from its directory in t). */
-static void drop_link(ckpt_txn *t, struct ckpt_inode *victim, int64_t now)
+static void drop_link(ckpt_ns *ns, ckpt_txn *t, struct ckpt_inode *victim, int64_t now)
 {
 	if (S_ISDIR(victim->mode))
 		victim->nlink = 0;
@@ -500,7 +508,7 @@ static void drop_link(ckpt_txn *t, struct ckpt_inode *victim, int64_t now)
 		victim->nlink--;
 	victim->ctime_ns = now;
 	if (victim->nlink == 0)
-		put_orphan(t, victim->ino, true);
+		put_orphan(ns, t, victim->ino, true);
 	ckpt_meta_put_inode(t, victim);
 }
 
@@ -544,7 +552,7 @@ static int unlink_txn(ckpt_txn *t, void *arg)
 		dir.nlink--;
 	}
 	delete_dentry(t, a->parent, a->name);
-	drop_link(t, &victim, now);
+	drop_link(ns, t, &victim, now);
 	dir.mtime_ns = dir.ctime_ns = now;
 	ckpt_meta_put_inode(t, &dir);
 	return 0;
@@ -690,7 +698,7 @@ static int rename_txn(ckpt_txn *t, void *arg)
 			delete_dentry(t, parent, name);
 			put_dentry(t, newparent, newname, sino, src.mode);
 			if (have_dst) {
-				drop_link(t, &dst, now);
+				drop_link(ns, t, &dst, now);
 				if (S_ISDIR(dst.mode))
 					ndelta--;
 			}
@@ -760,7 +768,7 @@ static int reap_txn(ckpt_txn *t, void *arg)
 		return r < 0 ? r : 1;
 	r = ckpt_meta_get_inode(ns->eng, t, a->ino, &in);
 	if (r == 0 && in.nlink > 0) {
-		put_orphan(t, a->ino, false); /* stale marker */
+		put_orphan(ns, t, a->ino, false); /* stale marker */
 		return 0;
 	}
 	if (r == 0 && S_ISREG(in.mode) && a->release) {
@@ -775,7 +783,7 @@ static int reap_txn(ckpt_txn *t, void *arg)
 	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_FILE, a->ino));
 	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_LINK, a->ino));
 	ckpt_txn_delete(t, key, ckpt_key_ino(key, CKPT_KEY_PARSED, a->ino));
-	put_orphan(t, a->ino, false);
+	put_orphan(ns, t, a->ino, false);
 	a->gone = true;
 	return 0;
 }

@@ -107,6 +107,10 @@ typedef struct ckpt_ns ckpt_ns;
 int ckpt_ns_new(ckpt_engine *e, pthread_mutex_t *writer_lock, bool writable, const char *name,
 		ckpt_ns **ret);
 void ckpt_ns_free(ckpt_ns *ns);
+/* The node whose id orphan markers ('O' values) carry from now on (a node
+ * of a shared store, docs/cluster.md section 8); NULL or "": none (one
+ * node).  Call before any change. */
+void ckpt_ns_set_owner(ckpt_ns *ns, const char *node);
 
 /* The inode number parent/name names (committed state). */
 int ckpt_ns_lookup(ckpt_ns *ns, uint64_t parent, const char *name, uint64_t *ret_ino);

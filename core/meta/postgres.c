@@ -64,7 +64,13 @@
 #include "base/xxh.h"
 
 #define FORMAT_ID "ckptfs-pg-kv"
-#define FORMAT_VERSION 1
+/* 2: the store's shared-engine records ('S' sessions, 'Z' refcount-0
+ * marks, 'U' unit owners; docs/format.md section 11.1) are kept by every
+ * writer.  A version-1 table (no writer kept them) is upgraded by the first
+ * read-write open; a version-1 ckptfs refuses version 2, so no daemon that
+ * ignores the gc fence can join. */
+#define FORMAT_VERSION 2
+#define FORMAT_VERSION_STR "2"
 #define PREFIX_MAX 512
 #define POOL_KEEP 8          /* idle connections kept */
 #define POOL_WARM 4          /* connections made at open */
@@ -505,7 +511,7 @@ static const char SQL_CREATE[] =
 	" syncs bigint NOT NULL DEFAULT 0);"
 	"CREATE TABLE IF NOT EXISTS ckptfs_kv (k bytea PRIMARY KEY, v bytea NOT NULL,"
 	" ver bigint NOT NULL);"
-	"INSERT INTO ckptfs_format (id, version) SELECT '" FORMAT_ID "', 1"
+	"INSERT INTO ckptfs_format (id, version) SELECT '" FORMAT_ID "', " FORMAT_VERSION_STR
 	" WHERE NOT EXISTS (SELECT 1 FROM ckptfs_format);"
 	"COMMIT";
 
@@ -544,7 +550,20 @@ static int check_schema(struct pge *x, PGconn *c, bool create, char *err, size_t
 	} else {
 		const uint8_t *v = (const uint8_t *)PQgetvalue(res, 0, 1);
 		uint32_t ver = (uint32_t)v[0] << 24 | (uint32_t)v[1] << 16 | (uint32_t)v[2] << 8 | v[3];
-		if (ver != FORMAT_VERSION) {
+		if (ver == 1 && !x->read_only) {
+			/* version 2 adds records only: mark the table as kept by
+			 * writers that write them */
+			r = exec_simple(x, c, "UPDATE ckptfs_format SET version = " FORMAT_VERSION_STR
+					" WHERE version = 1", deadline);
+			if (r < 0) {
+				snprintf(err, errlen, "%s: cannot upgrade the metadata format to "
+					 "version %d: %s", x->name, FORMAT_VERSION,
+					 strerror(-to_errno_final(r)));
+				r = to_errno_final(r);
+			}
+			ver = r == 0 ? FORMAT_VERSION : ver;
+		}
+		if (r == 0 && ver != FORMAT_VERSION && !(ver == 1 && x->read_only)) {
 			snprintf(err, errlen,
 				 "%s: metadata format version %u, this ckptfs knows version %d",
 				 x->name, ver, FORMAT_VERSION);

@@ -63,6 +63,109 @@ size_t ckpt_key_meta(uint8_t *key, const char *name)
 	return 1 + n;
 }
 
+bool ckpt_node_name_ok(const char *name)
+{
+	size_t n = name ? strlen(name) : 0;
+
+	if (n < 1 || n > CKPT_NODE_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '_' || c == ':' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+size_t ckpt_key_session(uint8_t *key, const char *node)
+{
+	size_t n = strlen(node);
+
+	key[0] = CKPT_KEY_SESSION;
+	memcpy(key + 1, node, n);
+	return 1 + n;
+}
+
+size_t ckpt_session_encode(const struct ckpt_session *ss, uint8_t out[CKPT_SESSION_REC_MAX])
+{
+	size_t hl = strnlen(ss->host, CKPT_HOST_MAX);
+
+	memset(out, 0, 30);
+	out[0] = CKPT_REC_VERSION;
+	ckpt_put_le64(out + 1, ss->id);
+	ckpt_put_le64(out + 9, (uint64_t)ss->heartbeat_ns);
+	ckpt_put_le64(out + 17, ss->pin);
+	ckpt_put_le32(out + 25, ss->timeout_ms);
+	/* out[29]: the host name's length, then the pid after it */
+	out[29] = (uint8_t)hl;
+	memcpy(out + 30, ss->host, hl);
+	ckpt_put_le32(out + 30 + hl, ss->pid);
+	ckpt_put_le64(out + 34 + hl, (uint64_t)ss->suspect_ns);
+	return 42 + hl;
+}
+
+int ckpt_session_decode(const uint8_t *buf, size_t len, struct ckpt_session *ret)
+{
+	size_t hl;
+
+	if (len < 42 || buf[0] != CKPT_REC_VERSION)
+		return -EIO;
+	hl = buf[29];
+	if (hl > CKPT_HOST_MAX || len != 42 + hl)
+		return -EIO;
+	memset(ret, 0, sizeof(*ret));
+	ret->id = ckpt_get_le64(buf + 1);
+	ret->heartbeat_ns = (int64_t)ckpt_get_le64(buf + 9);
+	ret->pin = ckpt_get_le64(buf + 17);
+	ret->timeout_ms = ckpt_get_le32(buf + 25);
+	memcpy(ret->host, buf + 30, hl);
+	ret->host[hl] = '\0';
+	ret->pid = ckpt_get_le32(buf + 30 + hl);
+	ret->suspect_ns = (int64_t)ckpt_get_le64(buf + 34 + hl);
+	return 0;
+}
+
+size_t ckpt_key_zero(uint8_t *key, const ckpt_digest *d)
+{
+	key[0] = CKPT_KEY_ZERO;
+	memcpy(key + 1, d->bytes, CKPT_DIGEST_LEN);
+	return 1 + CKPT_DIGEST_LEN;
+}
+
+void ckpt_zero_encode(uint64_t epoch, uint8_t out[CKPT_ZERO_REC_LEN])
+{
+	out[0] = CKPT_REC_VERSION;
+	ckpt_put_le64(out + 1, epoch);
+}
+
+int ckpt_zero_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch)
+{
+	if (len != CKPT_ZERO_REC_LEN || buf[0] != CKPT_REC_VERSION)
+		return -EIO;
+	*ret_epoch = ckpt_get_le64(buf + 1);
+	return 0;
+}
+
+size_t ckpt_key_unit(uint8_t *key, uint64_t unit)
+{
+	return ckpt_key_ino(key, CKPT_KEY_UNIT, unit);
+}
+
+void ckpt_unit_encode(uint64_t session, uint8_t out[CKPT_UNIT_REC_LEN])
+{
+	out[0] = CKPT_REC_VERSION;
+	ckpt_put_le64(out + 1, session);
+}
+
+int ckpt_unit_decode(const uint8_t *buf, size_t len, uint64_t *ret_session)
+{
+	if (len != CKPT_UNIT_REC_LEN || buf[0] != CKPT_REC_VERSION)
+		return -EIO;
+	*ret_session = ckpt_get_le64(buf + 1);
+	return 0;
+}
+
 void ckpt_inode_encode(const struct ckpt_inode *in, uint8_t out[CKPT_INODE_REC_LEN])
 {
 	memset(out, 0, CKPT_INODE_REC_LEN);

@@ -18,6 +18,11 @@
  *                            when the last user lets go or at the next mount
  *   'P' ino(be64)         -> parsed safetensors header of a view source (a
  *                            cache, see view.c; ignored when stale)
+ * and only on a shared engine (several nodes, docs/cluster.md section 7):
+ *   'S' node name         -> the node's session (struct ckpt_session)
+ *   'Z' digest[16]        -> the chunk's refcount fell to 0; the gc epoch
+ *                            that first saw it (0: not seen yet)
+ *   'U' unit(be64)        -> the unit (pack) is appended to by a session
  * Every 'C', 'I', 'D' and 'F' value starts with a one-byte record version
  * (CKPT_REC_VERSION; an inode record of a device node is version
  * CKPT_INODE_REC_VERSION_RDEV); 'M' values are raw (their layout is fixed by
@@ -48,6 +53,9 @@
 #define CKPT_KEY_LINK 'L'
 #define CKPT_KEY_ORPHAN 'O'
 #define CKPT_KEY_PARSED 'P'
+#define CKPT_KEY_SESSION 'S'
+#define CKPT_KEY_ZERO 'Z'
+#define CKPT_KEY_UNIT 'U'
 
 #define CKPT_NAME_MAX 255
 #define CKPT_KEY_MAX (1 + 8 + CKPT_NAME_MAX)
@@ -98,6 +106,39 @@ void ckpt_chunk_rec_encode(const struct ckpt_chunk_loc *loc, uint64_t refcount,
 			   uint8_t out[CKPT_CHUNK_REC_LEN]);
 int ckpt_chunk_rec_decode(const uint8_t *buf, size_t len, struct ckpt_chunk_loc *ret_loc,
 			  uint64_t *ret_refcount);
+
+/* Shared engines only (docs/format.md section 11.1).  A node's session:
+ * who it is, when it last proved alive, and the oldest gc epoch whose
+ * garbage it may still reference.  Node names are 1..CKPT_NODE_MAX bytes
+ * of [A-Za-z0-9._:-] (ckpt_node_name_ok). */
+#define CKPT_NODE_MAX 64
+#define CKPT_HOST_MAX 64
+struct ckpt_session {
+	uint64_t id;           /* random, new at every registration */
+	int64_t heartbeat_ns;  /* wall clock (CLOCK_REALTIME) of the node */
+	uint64_t pin;          /* gc epoch: garbage of epochs >= pin stays */
+	uint32_t timeout_ms;   /* dead once heartbeat_ns is this much old */
+	uint32_t pid;
+	char host[CKPT_HOST_MAX + 1];
+	int64_t suspect_ns;    /* gc's wall clock when it first found the
+				* heartbeat too old (0: not suspected); a
+				* heartbeat clears it */
+};
+#define CKPT_SESSION_REC_MAX (42 + CKPT_HOST_MAX)
+bool ckpt_node_name_ok(const char *name);
+size_t ckpt_key_session(uint8_t *key, const char *node);
+/* Returns the value's length. */
+size_t ckpt_session_encode(const struct ckpt_session *ss, uint8_t out[CKPT_SESSION_REC_MAX]);
+int ckpt_session_decode(const uint8_t *buf, size_t len, struct ckpt_session *ret);
+/* 'Z' (a chunk at refcount 0) and 'U' (a unit's appending session). */
+#define CKPT_ZERO_REC_LEN 9
+#define CKPT_UNIT_REC_LEN 9
+size_t ckpt_key_zero(uint8_t *key, const ckpt_digest *d);
+void ckpt_zero_encode(uint64_t epoch, uint8_t out[CKPT_ZERO_REC_LEN]);
+int ckpt_zero_decode(const uint8_t *buf, size_t len, uint64_t *ret_epoch);
+size_t ckpt_key_unit(uint8_t *key, uint64_t unit);
+void ckpt_unit_encode(uint64_t session, uint8_t out[CKPT_UNIT_REC_LEN]);
+int ckpt_unit_decode(const uint8_t *buf, size_t len, uint64_t *ret_session);
 
 /* A file's content: consecutive extents covering [0, size). */
 #define CKPT_EXT_CHUNK 0 /* bytes of the chunk named by digest */

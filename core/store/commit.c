@@ -40,7 +40,9 @@ int st_db_load_extents(ckpt_store *s, ckpt_txn *t, uint64_t ino,
 }
 
 /* Write the content of n files into the index in one transaction.  Caller
- * holds commit_lock.  Files that no longer exist are skipped. */
+ * holds commit_lock.  Files that no longer exist are skipped.  -ESTALE (a
+ * node whose session gc declared dead: the gc fence, session.c): the
+ * content can never be committed; callers return -EIO for it. */
 static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool durable)
 {
 	struct ckpt_content *cv = calloc(n ? n : 1, sizeof(*cv));
@@ -60,6 +62,15 @@ static int commit_many(ckpt_store *s, struct commit *const *v, size_t n, bool du
 			st_revive(s, &added[i]);   /* referenced again (reclaim.c) */
 		}
 		pthread_mutex_unlock(&s->ns_lock);
+		for (size_t i = 0; r == -EIO && s->opts.node && i < n; i++) {
+			if (st_pending_stale_in(s, v[i]->list)) {
+				ckpt_err("%s: inode %" PRIu64 ": content written in a session of node '%s' "
+					 "that gc declared dead: not committed (EIO)", s->path,
+					 v[i]->ino, s->node);
+				r = -ESTALE;
+				break;
+			}
+		}
 		if (r == 0)
 			st_bg_kick(s); /* old content may be garbage now */
 		if (r == 0)
@@ -176,6 +187,10 @@ int ckpt_store_flush(ckpt_store *s)
 			r = 0;
 			for (size_t i = 0; i < n; i++) {
 				int ri = commit_many(s, &v[i], 1, false);
+				if (ri == -ESTALE) { /* never committable: the entry goes */
+					r = -EIO;
+					continue;
+				}
 				if (ri < 0) {
 					ckpt_err("%s: cannot index closed file (inode %" PRIu64
 						 "): %s (will retry)", s->path, v[i]->ino, strerror(-ri));
@@ -184,6 +199,10 @@ int ckpt_store_flush(ckpt_store *s)
 				}
 			}
 		}
+		if (r == -ESTALE)
+			r = -EIO; /* n == 1: the entry goes */
+		else if (r < 0 && n == 1)
+			v[0]->seq = UINT64_MAX; /* keep its overlay entry */
 		pthread_mutex_lock(&s->overlay_lock);
 		for (size_t i = 0; i < n; i++) {
 			struct commit *c = st_overlay_find_locked(s, v[i]->ino);
@@ -191,7 +210,7 @@ int ckpt_store_flush(ckpt_store *s)
 				st_commit_free(overlay_take_locked(s, v[i]->ino));
 		}
 		pthread_mutex_unlock(&s->overlay_lock);
-		if (r < 0 && n == 1)
+		if (r < 0 && n == 1 && v[0]->seq == UINT64_MAX)
 			ckpt_err("%s: cannot index closed file (inode %" PRIu64 "): %s (will retry)",
 				 s->path, v[0]->ino, strerror(-r));
 	}
@@ -261,6 +280,8 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 			prev_seq = old->seq;
 		pthread_mutex_unlock(&s->overlay_lock);
 		r = commit_many(s, &c, 1, true);
+		if (r == -ESTALE)
+			r = -EIO;
 		if (r == 0 && prev_seq) {
 			pthread_mutex_lock(&s->overlay_lock);
 			old = st_overlay_find_locked(s, ino);
@@ -286,9 +307,11 @@ int ckpt_store_commit_file(ckpt_store *s, uint64_t ino, const struct ckpt_extent
 		r = commit_many(s, &c, 1, false);
 		pthread_mutex_unlock(&s->commit_lock);
 		st_commit_free(prev);
-		if (r == 0) {
+		if (r == 0 || r == -ESTALE) {
+			/* committed, or never committable (the gc fence): close
+			 * returns EIO rather than leave it to the flusher */
 			st_commit_free(c);
-			return 0;
+			return r == 0 ? 0 : -EIO;
 		}
 		ckpt_warn("%s: cannot index closed file (inode %" PRIu64 ") at close: %s (will "
 			  "retry)", s->path, ino, strerror(-r));
@@ -338,7 +361,14 @@ int ckpt_store_sync_file(ckpt_store *s, uint64_t ino)
 	pthread_mutex_unlock(&s->overlay_lock);
 	if (c)
 		r = commit_many(s, &c, 1, true);
-	else if (r == 0)
+	if (c && r == -ESTALE) {
+		r = -EIO; /* never committable: the entry goes */
+		pthread_mutex_lock(&s->overlay_lock);
+		e = st_overlay_find_locked(s, ino);
+		if (e && e->seq == c->seq)
+			st_commit_free(overlay_take_locked(s, ino));
+		pthread_mutex_unlock(&s->overlay_lock);
+	} else if (!c && r == 0)
 		r = ckpt_engine_sync(s->eng);
 	if (r == 0 && c) {
 		pthread_mutex_lock(&s->overlay_lock);

@@ -407,10 +407,34 @@ static int drop_unreferenced(ckpt_store *s, ckpt_txn *t, void *arg)
 		if (c->refs != 0)
 			continue;
 		ckpt_txn_delete(t, key, ckpt_key_chunk(key, &c->d));
+		if (s->cenv.zero_marks)
+			ckpt_txn_delete(t, key, ckpt_key_zero(key, &c->d));
 		a->st->chunks_dropped++;
 		a->st->bytes_dropped += c->loc.stored_len;
 	}
 	return 0;
+}
+
+/* STORE/gc.lock, taken exclusively for a gc of a shared store. */
+static int gc_lock(ckpt_store *s)
+{
+	char *p = NULL;
+	int fd = -1;
+
+	if (asprintf(&p, "%s/gc.lock", s->path) < 0)
+		return -ENOMEM;
+	fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		fd = -errno;
+	} else if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		int e = errno;
+		close(fd);
+		fd = e == EWOULDBLOCK ? -EBUSY : -e;
+		if (fd == -EBUSY)
+			ckpt_err("%s: another gc runs on this store", s->path);
+	}
+	free(p);
+	return fd;
 }
 
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
@@ -418,38 +442,62 @@ int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret)
 	struct st_compact_stats cs = { 0 };
 	struct chunk_info *chunks = NULL;
 	size_t nchunks = 0;
+	int gc_fd = -1;
 	uint64_t n;
 	int r;
 
 	memset(ret, 0, sizeof(*ret));
-	if (s->opts.mode != CKPT_STORE_RW)
+	if (s->opts.mode != CKPT_STORE_RW || s->opts.node)
 		return -EROFS;
 	/* closed files first: their chunks are pending and pin their units */
 	r = ckpt_store_flush(s);
 	if (r == 0)
-		r = st_load_chunks(s, &chunks, &nchunks);
-	if (r == 0)
 		r = units_size(s, &n, &ret->bytes_before, NULL);
+	if (r == 0 && s->opts.meta_where) {
+		bool offline_ok = false;
+
+		/* one gc at a time on a shared store (the daemons do not take it) */
+		if (gc_fd < 0) {
+			gc_fd = gc_lock(s);
+			if (gc_fd < 0) {
+				r = gc_fd;
+				goto out;
+			}
+		}
+		r = st_gc_shared(s, ret, &offline_ok);
+		if (r == 0 && !offline_ok) {
+			ret->online = true;
+			r = units_size(s, &n, &ret->bytes_after, NULL);
+			goto out;
+		}
+	}
+	if (r == 0)
+		r = st_load_chunks(s, &chunks, &nchunks);
 	if (r < 0)
 		goto out;
 	/* 1. drop index entries of unreferenced chunks */
 	{
 		struct drop_arg a = { chunks, nchunks, ret };
+		uint64_t online_chunks = ret->chunks_dropped, online_bytes = ret->bytes_dropped;
 
 		pthread_mutex_lock(&s->ns_lock);
 		r = st_txn_run(s, drop_unreferenced, &a, true);
 		pthread_mutex_unlock(&s->ns_lock);
 		if (r < 0)
 			goto out;
+		ret->chunks_dropped += online_chunks;
+		ret->bytes_dropped += online_bytes;
 	}
 	/* 2. the units that are now mostly dead: rewritten or deleted */
 	r = st_compact(s, SIZE_MAX, false, &cs);
 	if (r < 0)
 		goto out;
 	ret->packs_rewritten = cs.units_rewritten;
-	ret->packs_deleted = cs.units_deleted;
+	ret->packs_deleted += cs.units_deleted;
 	r = units_size(s, &n, &ret->bytes_after, NULL);
 out:
+	if (gc_fd >= 0)
+		close(gc_fd);
 	free(chunks);
 	return r;
 }

@@ -230,6 +230,37 @@ static void clean_staging(ckpt_store *s, int dfd)
 	(void)s;
 }
 
+/* Whether this open reaps an orphan whose marker holds v[0..vl): a marker
+ * without a node id (one node, or written before node ids), this node's
+ * own (left by its previous mount), or one of a node without a live
+ * session (gone, or past its timeout); never one a live node still holds
+ * open (docs/cluster.md section 8). */
+static bool orphan_ours(ckpt_store *s, const uint8_t *v, size_t vl)
+{
+	uint8_t key[1 + CKPT_NODE_MAX], *sv = NULL;
+	char node[CKPT_NODE_MAX + 1];
+	struct ckpt_session ss;
+	size_t svl = 0;
+	bool dead;
+
+	if (vl == 0 || !s->opts.meta_where)
+		return true;
+	if (vl > CKPT_NODE_MAX)
+		return true; /* not a node id: damaged, reap it */
+	memcpy(node, v, vl);
+	node[vl] = '\0';
+	if (s->opts.node && strcmp(node, s->node) == 0)
+		return true;
+	if (!ckpt_node_name_ok(node))
+		return true;
+	if (ckpt_engine_get(s->eng, key, ckpt_key_session(key, node), &sv, &svl) < 0)
+		return true; /* no session (or it cannot be read: the reap's own reads fail too) */
+	dead = ckpt_session_decode(sv, svl, &ss) < 0 ||
+	       ckpt_now_ns() - ss.heartbeat_ns > (int64_t)ss.timeout_ms * 1000000;
+	free(sv);
+	return dead;
+}
+
 static int reap_orphans(ckpt_store *s)
 {
 	uint8_t prefix[1] = { CKPT_KEY_ORPHAN };
@@ -243,7 +274,7 @@ static int reap_orphans(ckpt_store *s)
 	if (r < 0)
 		return r;
 	while ((r = ckpt_scan_next(it, &k, &kl, &v, &vl)) > 0) {
-		if (kl != 9)
+		if (kl != 9 || !orphan_ours(s, v, vl))
 			continue;
 		if (n == cap) {
 			size_t nc = cap ? cap * 2 : 16;
@@ -283,6 +314,16 @@ static int check_engine_opts(const char *path, const struct ckpt_store_opts *o, 
 	if (o->node && (!ops->shared || o->mode != CKPT_STORE_RW)) {
 		snprintf(err, errlen, "%s: several nodes can share a store only read-write on a "
 			 "shared metadata engine (not '%s')", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->gc_online && (!ops->shared || o->mode != CKPT_STORE_RW || o->node)) {
+		snprintf(err, errlen, "%s: online gc needs a read-write open of a shared metadata "
+			 "engine (not '%s')", path, ops->name);
+		return -EINVAL;
+	}
+	if (o->node_name && !ckpt_node_name_ok(o->node_name)) {
+		snprintf(err, errlen, "%s: node id '%s': 1-%d characters of [A-Za-z0-9._:-]", path,
+			 o->node_name, CKPT_NODE_MAX);
 		return -EINVAL;
 	}
 	if (o->node && o->bg != CKPT_BG_OFF) {
@@ -344,6 +385,8 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	pthread_mutex_init(&s->overlay_lock, NULL);
 	pthread_mutex_init(&s->bg_lock, NULL);
 	pthread_mutex_init(&s->compact_lock, NULL);
+	pthread_mutex_init(&s->sess_lock, NULL);
+	pthread_cond_init(&s->sess_cond, NULL);
 	st_reclaim_init(s);
 	pthread_cond_init(&s->bg_cond, NULL);
 	pthread_cond_init(&s->flusher_cond, NULL);
@@ -375,7 +418,7 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	if (o->mode != CKPT_STORE_RO_SHARED && s->lock_fd < 0) {
 		s->lock_fd = openat(dfd, "lock", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 		if (s->lock_fd < 0 ||
-		    flock(s->lock_fd, (o->node ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
+		    flock(s->lock_fd, (o->node || o->gc_online ? LOCK_SH : LOCK_EX) | LOCK_NB) < 0) {
 			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
 			snprintf(err, errlen, "%s: %s", path,
 				 r == -EBUSY ? "store is in use (already mounted by another ckptfs "
@@ -427,7 +470,16 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	}
 	if (r == 0)
 		r = ckpt_ns_new(s->eng, &s->ns_lock, o->mode == CKPT_STORE_RW, path, &s->ns);
-	s->cenv = (struct ckpt_commit_env){ s->eng, st_unindexed, s, s->path };
+	s->cenv = (struct ckpt_commit_env){
+		.eng = s->eng,
+		.unindexed = st_unindexed,
+		.arg = s,
+		.name = s->path,
+		/* every writer of a shared store marks refcounts that reach 0 for
+		 * the online gc; a node's content commits pass its fence */
+		.zero_marks = o->meta_where != NULL,
+		.fence = o->node ? st_session_fence : NULL,
+	};
 	if (r < 0)
 		goto fail;
 	if (fresh) {
@@ -474,7 +526,13 @@ int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 				  "mapping them on demand", path, want >> 20, strerror(-r));
 		st_rctx_warm(s);
 	}
-	if (o->mode == CKPT_STORE_RW) {
+	if (o->node) {
+		r = st_session_open(s, err, errlen);
+		if (r < 0)
+			goto fail;
+		ckpt_ns_set_owner(s->ns, s->node); /* its orphan markers name it */
+	}
+	if (o->mode == CKPT_STORE_RW && !o->gc_online) {
 		clean_staging(s, dfd);
 		r = reap_orphans(s);
 		if (r < 0) {
@@ -542,6 +600,7 @@ void ckpt_store_free(ckpt_store *s)
 			ckpt_err("%s: closed files not yet indexed were lost at shutdown", s->path);
 		if (s->cb)
 			(void)ckpt_cb_sync_all(s->cb);
+		st_session_close(s); /* after the last commit */
 		ckpt_engine_flush(s->eng);
 		if (ckpt_engine_backup_due(s->eng) && ckpt_engine_backup(s->eng) < 0)
 			ckpt_warn("%s: cannot take a snapshot of the index into %s (the log since "
@@ -579,6 +638,9 @@ void ckpt_store_free(ckpt_store *s)
 	pthread_mutex_destroy(&s->overlay_lock);
 	pthread_mutex_destroy(&s->bg_lock);
 	pthread_mutex_destroy(&s->compact_lock);
+	pthread_mutex_destroy(&s->sess_lock);
+	pthread_cond_destroy(&s->sess_cond);
+	free(s->sess_units);
 	st_reclaim_free(s);
 	pthread_cond_destroy(&s->bg_cond);
 	free(s->bgq);

@@ -16,12 +16,19 @@ static int take_unit_id(ckpt_store *s, ckpt_txn *t, void *arg)
 
 	if (r == 0)
 		ckpt_meta_put_u64(t, "next_pack", *id + 1);
+	if (r == 0 && s->opts.node)
+		st_session_unit_put(s, t, *id); /* the unit's 'U' record */
 	return r;
 }
 
 static int next_unit_id(void *ud, uint64_t *ret_id)
 {
-	return st_txn_run(ud, take_unit_id, ret_id, true);
+	ckpt_store *s = ud;
+	int r = st_txn_run(s, take_unit_id, ret_id, true);
+
+	if (r == 0 && s->opts.node)
+		st_session_unit_add(s, *ret_id);
+	return r;
 }
 
 /* Open the chunk backend the options name, in the store directory dfd
@@ -64,6 +71,12 @@ unsigned st_pending_bucket(const ckpt_digest *d)
 	return h % PENDING_BUCKETS;
 }
 
+/* Whether p is of the current session generation (session.c). */
+static bool pending_live(ckpt_store *s, const struct pending *p)
+{
+	return p->gen == atomic_load(&s->sess_gen);
+}
+
 bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc *ret)
 {
 	struct pending *p;
@@ -71,7 +84,7 @@ bool st_pending_find(ckpt_store *s, const ckpt_digest *d, struct ckpt_chunk_loc 
 
 	pthread_mutex_lock(&s->pending_lock);
 	for (p = s->pending[st_pending_bucket(d)]; p; p = p->next) {
-		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0 && pending_live(s, p)) {
 			if (ret)
 				*ret = p->loc;
 			found = true;
@@ -89,7 +102,7 @@ bool st_pending_obtain(ckpt_store *s, const ckpt_digest *d)
 
 	pthread_mutex_lock(&s->pending_lock);
 	for (p = s->pending[st_pending_bucket(d)]; p; p = p->next) {
-		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0 && pending_live(s, p)) {
 			p->epoch = atomic_load(&s->epoch);
 			found = true;
 			break;
@@ -146,10 +159,17 @@ bool st_pending_add(ckpt_store *s, const ckpt_digest *d, const struct ckpt_chunk
 	for (p = s->pending[b]; p; p = p->next)
 		if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0)
 			break;
-	if (!p && n) {
+	if (p && !pending_live(s, p)) {
+		/* put again after its session was declared dead: this copy counts */
+		p->loc = *loc;
+		p->epoch = atomic_load(&s->epoch);
+		p->gen = atomic_load(&s->sess_gen);
+		added = true;
+	} else if (!p && n) {
 		n->digest = *d;
 		n->loc = *loc;
 		n->epoch = atomic_load(&s->epoch);
+		n->gen = atomic_load(&s->sess_gen);
 		n->next = s->pending[b];
 		s->pending[b] = n;
 		n = NULL;
@@ -175,3 +195,24 @@ void st_pending_remove(ckpt_store *s, const ckpt_digest *d)
 	pthread_mutex_unlock(&s->pending_lock);
 }
 
+
+bool st_pending_stale_in(ckpt_store *s, const struct ckpt_extent_list *l)
+{
+	bool stale = false;
+
+	pthread_mutex_lock(&s->pending_lock);
+	for (size_t i = 0; l && i < l->n && !stale; i++) {
+		const ckpt_digest *d = &l->v[i].digest;
+
+		if (l->v[i].kind != CKPT_EXT_CHUNK)
+			continue;
+		for (struct pending *p = s->pending[st_pending_bucket(d)]; p; p = p->next) {
+			if (memcmp(p->digest.bytes, d->bytes, CKPT_DIGEST_LEN) == 0) {
+				stale = !pending_live(s, p);
+				break;
+			}
+		}
+	}
+	pthread_mutex_unlock(&s->pending_lock);
+	return stale;
+}

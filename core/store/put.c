@@ -161,7 +161,19 @@ int ckpt_store_put_chunkv(ckpt_store *s, const struct iovec *iov, int cnt, unsig
 	 * on (this put stores its own record). */
 	if (st_pending_obtain(s, &d))
 		goto dedup_hit;
-	if (!st_revive(s, &d)) {
+	if (s->opts.node) {
+		/* On a node an entry at refcount 0 is not a hit: gc on another
+		 * host may drop it before this put's file is committed (the gc
+		 * fence covers only what fell to 0 after the hit, session.c) */
+		struct ckpt_chunk_loc iloc;
+		uint64_t refs = 0;
+
+		r = ckpt_meta_get_chunk(s->eng, NULL, &d, &iloc, &refs);
+		if (r == 0 && refs > 0)
+			goto dedup_hit;
+		if (r < 0 && r != -ENOENT)
+			return r;
+	} else if (!st_revive(s, &d)) {
 		r = ckpt_engine_has(s->eng, key, ckpt_key_chunk(key, &d));
 		if (r > 0)
 			goto dedup_hit;

@@ -162,11 +162,29 @@ void ckpt_hold_renew(ckpt_hold *h)
 		kick_if_waited_for(s, was);
 }
 
+uint64_t st_hold_take_pin(ckpt_store *s, uint64_t e)
+{
+	uint64_t pin = e;
+
+	pthread_mutex_lock(&s->hold_lock);
+	if (atomic_load(&s->epoch) < e)
+		atomic_store(&s->epoch, e);
+	if (s->hold_head && s->hold_head->epoch < pin) /* the oldest first */
+		pin = s->hold_head->epoch;
+	pthread_mutex_unlock(&s->hold_lock);
+	return pin;
+}
+
 void ckpt_hold_narrow(ckpt_hold *h)
 {
 	ckpt_store *s = h->s;
 	uint64_t was;
 	bool listed;
+
+	/* A node's pins are its own: gc on another host sees only the pin
+	 * epoch of its session, which a hold holds back only while listed. */
+	if (s->opts.node)
+		return;
 
 	pthread_mutex_lock(&s->hold_lock);
 	was = h->epoch;

@@ -143,8 +143,24 @@ struct ckpt_store_opts {
 				  * holding other nodes' chunks not yet indexed
 				  * (docs/cluster.md section 11).  A non-durable
 				  * ckpt_store_commit_file indexes the file at once
-				  * (close-to-open across nodes) */
+				  * (close-to-open across nodes).  The node keeps a
+				  * session in the metadata (docs/cluster.md section
+				  * 7): registered at open, refreshed by a heartbeat
+				  * thread, removed by ckpt_store_free; a content
+				  * commit fails with -EIO once gc declared the
+				  * session dead, and the node registers a new one */
+	const char *node_name;   /* node: its id (ckpt_node_name_ok); NULL:
+				  * HOSTNAME-PID */
+	uint32_t session_timeout_ms; /* node: how long without a heartbeat
+				      * makes the session dead; 0:
+				      * CKPT_SESSION_TIMEOUT_DEFAULT_MS */
+	bool gc_online;          /* CKPT_STORE_RW on a shared engine for
+				  * ckpt_store_gc beside mounted nodes: the store
+				  * lock is taken shared, no orphans are reaped, no
+				  * session is kept; gc then does only what is safe
+				  * online (docs/cluster.md section 7) */
 };
+#define CKPT_SESSION_TIMEOUT_DEFAULT_MS 60000u
 #define CKPT_BUF_RESERVE_AUTO UINT64_MAX
 #define CKPT_COMPACT_LIVE_DEFAULT 80
 void ckpt_store_opts_init(struct ckpt_store_opts *o);
@@ -457,9 +473,35 @@ int ckpt_store_fsck(ckpt_store *s, void (*cb)(void *ud, const char *path, const 
 struct ckpt_gc_stats {
 	uint64_t chunks_dropped, bytes_dropped, packs_rewritten, packs_deleted;
 	uint64_t bytes_before, bytes_after;
+	/* shared engines: the gc epoch this run ended (0: none), the node
+	 * sessions it found live and the ones it declared dead */
+	uint64_t epoch, sessions_live, sessions_dead;
+	uint64_t sessions_suspected; /* of the live: too old, dead at a pass a
+				      * timeout later if still so */
+	bool online; /* only what is safe beside live nodes was done */
 };
-/* Reclaim space of unreferenced chunks.  Crash-safe at every step. */
+/* Reclaim space of unreferenced chunks.  Crash-safe at every step.  On a
+ * shared engine first the online pass (docs/cluster.md section 7): the
+ * gc epoch advances, sessions past their timeout are declared dead, the
+ * chunks whose refcount fell to 0 before every live session's pin epoch
+ * are dropped and the units no chunk entry names and no live session
+ * appends to are deleted; then, only when the store is opened with the
+ * exclusive lock (not gc_online) and no session is live, the offline
+ * gc (every refcount-0 chunk, compaction of partly live units).  -EBUSY
+ * when another gc runs on the store. */
 int ckpt_store_gc(ckpt_store *s, struct ckpt_gc_stats *ret);
+
+/* ---- node sessions (opts.node; session.c) ---- */
+
+/* This node's id, or NULL when the store is not opened as a node. */
+const char *ckpt_store_node(const ckpt_store *s);
+/* Refresh the session now (the heartbeat thread does it every
+ * session_timeout/6, at most 5 s): 0, -ESTALE when gc had declared it dead
+ * (a new session is then registered), or -errno. */
+int ckpt_store_heartbeat(ckpt_store *s);
+/* The current session's id (0: none) and how many sessions this open
+ * registered (1 + re-registrations after being declared dead). */
+void ckpt_store_session_ids(ckpt_store *s, uint64_t *ret_id, uint64_t *ret_registered);
 
 /* ---- progress and reading back (verify.c; used by `ckpt`) ---- */
 

@@ -42,6 +42,9 @@ struct pending {
 	ckpt_digest digest;
 	struct ckpt_chunk_loc loc;
 	uint64_t epoch; /* when it was put or last obtained again (reclaim.c) */
+	uint32_t gen;   /* sess_gen when put: an entry of an older generation
+			 * was put in a session gc declared dead (session.c)
+			 * and is never found nor committed */
 	struct pending *next;
 };
 
@@ -145,6 +148,30 @@ struct ckpt_store {
 	struct pin *pins[PIN_BUCKETS]; /* protected by pin_lock */
 	bool pins_skipped; /* a drop left pinned garbage (pin_lock) */
 
+	/* Node sessions (session.c; opts.node only).  Lock order: sess_lock
+	 * is taken under commit_lock and under the chunk backend's own lock (a
+	 * new unit: st_session_unit_add), never the other way; it is held
+	 * across no engine or backend call. */
+	pthread_mutex_t sess_lock;
+	pthread_cond_t sess_cond;
+	char node[CKPT_NODE_MAX + 1];  /* immutable after open */
+	char host[CKPT_HOST_MAX + 1];  /* immutable after open */
+	uint32_t sess_timeout_ms;      /* immutable after open */
+	/* The session's id; changed only under commit_lock (a re-registration),
+	 * so a content commit (under commit_lock) sees one id throughout. */
+	atomic_ullong sess_id;
+	atomic_uint sess_gen;          /* bumped by each re-registration */
+	atomic_bool sess_dead;         /* the fence found the session dead */
+	atomic_bool sess_reg_failed;   /* a new session could not be registered (logged) */
+	/* Protected by sess_lock: */
+	bool sess_stop;
+	uint64_t *sess_units; /* units whose 'U' record names this session */
+	size_t nsess_units, sess_units_cap;
+	uint64_t sess_registered;
+	/* Immutable after open: */
+	bool sess_started;
+	pthread_t sess_thread;
+
 	/* Summary lines of background work (report.c): the background thread's
 	 * own, and ckpt_store_free's once that thread has stopped. */
 	struct st_bg_report {
@@ -228,6 +255,10 @@ void st_reclaim_free(ckpt_store *s);
  * garbage any more.  Returns true when the index entry is being dropped
  * right now (the caller must not count on it). */
 bool st_revive(ckpt_store *s, const ckpt_digest *d);
+/* Node sessions: move the epoch new holds take up to e (the gc epoch the
+ * heartbeat just read) and return the pin to publish: e, or the epoch of
+ * the oldest hold in the epoch list if older (session.c). */
+uint64_t st_hold_take_pin(ckpt_store *s, uint64_t e);
 /* Whether a hold pins d (takes pin_lock). */
 bool st_pinned(ckpt_store *s, const ckpt_digest *d);
 void st_revive_list(ckpt_store *s, const struct ckpt_extent_list *l);
@@ -312,6 +343,20 @@ char *st_name_path(struct name_ent *names, size_t n, uint64_t ino);
 int st_read_marker(int dfd, const char *path, char *err, size_t errlen);
 int st_open(const char *path, const struct ckpt_store_opts *o, int lock_fd,
 	    ckpt_store **ret_store, char *err, size_t errlen);
+
+/* session.c (node sessions, the gc fence, the online gc of shared engines;
+ * docs/cluster.md section 7) */
+int st_session_open(ckpt_store *s, char *err, size_t errlen);
+void st_session_close(ckpt_store *s);
+/* The gc fence (ckpt_commit_env.fence): 0, or -ESTALE when gc declared
+ * this node's session dead (logged once, the heartbeat thread woken). */
+int st_session_fence(void *store, ckpt_txn *t);
+/* In take_unit_id's transaction: the new unit is this session's. */
+void st_session_unit_put(ckpt_store *s, ckpt_txn *t, uint64_t unit);
+void st_session_unit_add(ckpt_store *s, uint64_t unit);
+/* Whether l names a chunk put in a session declared dead (for messages). */
+bool st_pending_stale_in(ckpt_store *s, const struct ckpt_extent_list *l);
+int st_gc_shared(ckpt_store *s, struct ckpt_gc_stats *ret, bool *ret_offline_ok);
 
 /* repair_ns.c: the second step of ckpt_store_repair (store.h) on the
  * opened store. */

@@ -12,7 +12,9 @@
 #      again; the chunks it left unindexed are reclaimed by ckpt gc (step 7)
 #   6. a database restart: a save started while the server is down waits for it (it neither
 #      fails nor hangs) and completes once it is back; every daemon reconnects
-#   7. ckpt stat, gc and fsck reach the store through --meta once the nodes are unmounted
+#   7. ckpt stat, gc and fsck reach the store through --meta once the nodes are unmounted (no
+#      session is live, so gc is the whole offline one)
+# gc while nodes are mounted, and its fence: t_cluster_gc.sh
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 # shellcheck source=pg_lib.sh
@@ -26,12 +28,15 @@ META=$(pg_new_db cluster)
 ok "PostgreSQL server started in $PG_DIR"
 
 declare -A NODE_PID
-# node_start N: mount the store at $T_DIR/nN with the shared metadata (foreground daemon)
+# node_start N: mount the store at $T_DIR/nN with the shared metadata as node nN (foreground
+# daemon)
 node_start() {
 	local n=$1 m=$T_DIR/n$1
 	mkdir -p "$m"
 	_register_mount "$STORE" "$m"
-	"$CKPTFS" "$STORE" "$m" -f -o "meta=$META" >"$T_DIR/node$n.log" 2>&1 &
+	# node ids n1..n3; a node that restarts after kill -9 takes over its dead session (same
+	# host, its pid gone)
+	"$CKPTFS" "$STORE" "$m" -f -o "meta=$META,node=n$n" >"$T_DIR/node$n.log" 2>&1 &
 	NODE_PID[$n]=$!
 	_FG_PIDS+=("${NODE_PID[$n]}")
 	if ! wait_mounted "$m" 10; then
@@ -173,6 +178,7 @@ check "node 3's kill left unindexed chunks ($unindexed bytes)" test "${unindexed
 "$CKPT" gc "$STORE" --live 100 --meta "$META" >"$T_DIR/gc.out" 2>&1
 check "ckpt gc --live 100 --meta" test $? -eq 0
 indent "$T_DIR/gc.out"
+check "... ran offline (every node unmounted, no session left)" grep -q '^mode: offline' "$T_DIR/gc.out"
 "$CKPT" stat "$STORE" --meta "$META" >"$T_DIR/stat.out" 2>&1
 unindexed=$(sed -n 's/^unindexed_bytes: //p' "$T_DIR/stat.out")
 check "gc reclaimed them (unindexed bytes now ${unindexed:-?})" test "${unindexed:-1}" -lt 4096
