@@ -53,6 +53,8 @@ struct ra_arg {
 	unsigned kb;
 };
 
+static void detach_release(void);
+
 static void *raise_readahead(void *p)
 {
 	struct ra_arg *a = p;
@@ -73,6 +75,7 @@ static void *raise_readahead(void *p)
 	}
 	free(a->mountpoint);
 	free(a);
+	detach_release();
 	return NULL;
 }
 
@@ -83,12 +86,14 @@ static void start_raise_readahead(const char *mountpoint, unsigned kb)
 
 	if (!a || !(a->mountpoint = realpath(mountpoint, NULL))) {
 		free(a);
+		detach_release();
 		return;
 	}
 	a->kb = kb;
 	if (pthread_create(&t, NULL, raise_readahead, a) != 0) {
 		free(a->mountpoint);
 		free(a);
+		detach_release();
 		return;
 	}
 	pthread_detach(t);
@@ -154,8 +159,8 @@ static void report(const char *fmt, ...)
 /*
  * The mount is ready: the log's final place (the -o log file, syslog, or
  * by default STORE/ckptfs.log), stdout and stderr into the log file (what
- * libfuse prints lands there) or /dev/null with syslog, and let the parent
- * exit.
+ * libfuse prints lands there) or /dev/null with syslog.  detach_release()
+ * then lets the parent exit.
  */
 static void detach_done(const struct ckptfs_opts *o)
 {
@@ -185,11 +190,22 @@ static void detach_done(const struct ckptfs_opts *o)
 		dup2(fd, STDIN_FILENO);
 		close(fd);
 	}
-	if (write(status_fd, "0", 1) < 0) {
+}
+
+/* Let the waiting parent exit: the mount is ready, its read-ahead set (so
+ * that what mount(8) returns to is the mount as configured).  Called once,
+ * by the main thread or the read-ahead thread; nothing without a parent. */
+static void detach_release(void)
+{
+	int fd = status_fd;
+
+	status_fd = -1;
+	if (fd < 0)
+		return;
+	if (write(fd, "0", 1) < 0) {
 		/* parent gone */
 	}
-	close(status_fd);
-	status_fd = -1;
+	close(fd);
 }
 
 /* ------------------------------------------------------------- logging */
@@ -442,7 +458,9 @@ int main(int argc, char **argv)
 	mounted = true;
 	log_mount(&o, cmd.mountpoint);
 	if (o.readahead_kb)
-		start_raise_readahead(cmd.mountpoint, o.readahead_kb);
+		start_raise_readahead(cmd.mountpoint, o.readahead_kb); /* releases the parent */
+	else
+		detach_release();
 	lcfg = fuse_loop_cfg_create();
 	fuse_loop_cfg_set_clone_fd(lcfg, cmd.clone_fd);
 	fuse_loop_cfg_set_max_threads(lcfg, cmd.max_threads && cmd.max_threads <= 1024 ?

@@ -381,7 +381,7 @@ static const struct ckpt_commit_env *env(void)
 {
 	static struct ckpt_commit_env e;
 
-	e = (struct ckpt_commit_env){ eng, unindexed, NULL, "test" };
+	e = (struct ckpt_commit_env){ .eng = eng, .unindexed = unindexed, .name = "test" };
 	return &e;
 }
 
@@ -463,7 +463,7 @@ START_TEST(test_commit_refcounts)
 		ck_assert_uint_eq(refs_of(1), 0);
 	}
 	{
-		struct ckpt_commit_env none = { eng, NULL, NULL, "test" };
+		struct ckpt_commit_env none = { .eng = eng, .name = "test" };
 		static const uint32_t k9[] = { 9 };
 		struct ckpt_extent_list *l9 = list_of(k9, 1);
 		struct ckpt_content c = { f.ino, l9, 0, 781 };

@@ -819,7 +819,7 @@ static const struct command commands[] = {
 	  "\n" PROGRESS_HELP META_HELP,
 	  1, 1, OPT_PROGRESS, 0, run_fsck },
 	{ "gc", "STORE [--live N] [--progress|--no-progress]", { "STORE" },
-	  "reclaim the space of unreferenced chunks (store unmounted)",
+	  "reclaim the space of unreferenced chunks (store unmounted, or beside\n      mounted nodes with --meta)",
 	  "Reclaim the space of unreferenced chunks (deleted or overwritten data).\n"
 	  "The store must be unmounted.  Safe to run again after a failure.  With\n"
 	  "--meta it also runs while nodes are mounted: it then drops the chunks no\n"

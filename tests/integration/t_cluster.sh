@@ -12,7 +12,8 @@
 #      again; the chunks it left unindexed are reclaimed by ckpt gc (step 7)
 #   6. a database restart: a save started while the server is down waits for it (it neither
 #      fails nor hangs) and completes once it is back; every daemon reconnects
-#   7. ckpt stat, gc and fsck reach the store through --meta once the nodes are unmounted (no
+#   7. ckpt ls, check, verify and du reach the store through --meta with the nodes mounted;
+#      stat, gc and fsck once they are unmounted (no
 #      session is live, so gc is the whole offline one)
 # gc while nodes are mounted, and its fence: t_cluster_gc.sh
 # shellcheck source=lib.sh
@@ -167,6 +168,19 @@ cp "$WORK/d" "$T_DIR/n2/d" && sync "$T_DIR/n2/d"
 check "node 2, idle during the restart, saves again (reconnected)" cmp -s "$WORK/d" "$T_DIR/n3/d"
 
 # ---------------------------------------------------------------- 7. ckpt with --meta
+# while the nodes are mounted: ls, check, verify and du reach the shared store
+"$CKPT" ls "$STORE" --meta "$META" --json >"$T_DIR/ls.json" 2>&1
+check "ckpt ls --meta lists the checkpoint the three nodes saved" \
+	"$PY" -c "import json,sys; d=json.load(open(sys.argv[1])); s=json.dumps(d); sys.exit(0 if '\"ck\"' in s or '/ck' in s else 1)" "$T_DIR/ls.json"
+"$CKPT" check "$STORE" ck --meta "$META" >"$T_DIR/check.out" 2>&1
+check "ckpt check --meta: every view of ck can be served" test $? -eq 0
+indent "$T_DIR/check.out"
+"$CKPT" verify "$STORE" --meta "$META" --no-progress >"$T_DIR/verify.out" 2>&1
+check "ckpt verify --meta reads back every chunk, nodes mounted" test $? -eq 0
+indent "$T_DIR/verify.out"
+"$CKPT" du "$STORE" ck --meta "$META" >"$T_DIR/du.out" 2>&1
+check "ckpt du --meta ck" test $? -eq 0
+indent "$T_DIR/du.out"
 for n in 1 2 3; do
 	node_stop "$n" || not_ok "unmount node $n"
 done

@@ -77,11 +77,15 @@ try:
 except OSError:
     pass" "$MNT/.ckptfs/metrics"
 metrics m1
-# background compression runs once writes pause for a second: wait for its queue to drain
-for ((i = 0; i < 100; i++)); do
+# background compression runs once writes pause for a second: wait (up to 30 s) for its queue
+# to drain and for every stored byte to have been through compression (the queue is empty
+# while a batch taken from it is still being compressed)
+for ((i = 0; i < 150; i++)); do
 	metrics m2
+	cin=$(awk '/^ckptfs_compress_input_bytes_total\{/ { s += $2 } END { printf "%d", s }' "$WORK/m2.prom")
 	grep -qx 'ckptfs_background_queued_chunks 0' "$WORK/m2.prom" &&
-		grep -q '^ckptfs_background_chunks_total{result="compressed"} [1-9]' "$WORK/m2.prom" && break
+		grep -q '^ckptfs_background_chunks_total{result="compressed"} [1-9]' "$WORK/m2.prom" &&
+		[ "${cin:-0}" -ge $((SIZE + TSIZE)) ] && break
 	sleep 0.2
 done
 
