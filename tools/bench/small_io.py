@@ -14,8 +14,9 @@ first; the table gives medians and ratios (ckptfs / plain: times, so below 1 is 
 ckptfs phase gets a fresh store and daemon, a plain phase a fresh directory, both under --out
 (put it on the disk being measured).  Before each phase: sync, and as root drop_caches; the
 input file is read back into the page cache.  Every phase checks its result (content, sizes,
-counts) outside the timed part; a wrong result fails the run.  --quick runs tiny sizes once:
-it checks correctness, not speed (tests/integration/t_smallio.sh runs it).
+counts) outside the timed part; a wrong result fails the run.  --quick runs tiny sizes once,
+without dropping caches: it checks correctness, not speed (tests/integration/t_smallio.sh
+runs it beside other tests).
 
 --reference NAME=COMMAND (repeatable) adds another FUSE file system as a column, run the same
 way, to show what FUSE itself costs on the machine: COMMAND mounts a fresh backing directory
@@ -50,9 +51,14 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, shell=isinstance(cmd, str), check=True, **kw)
 
 
+# --quick (make check) leaves the page cache alone: dropping it would disturb other tests
+# running at the same time (t_cache counts resident pages).
+DROP_CACHES = True
+
+
 def settle():
     os.sync()
-    if os.geteuid() == 0:
+    if DROP_CACHES and os.geteuid() == 0:
         try:
             with open("/proc/sys/vm/drop_caches", "w") as f:
                 f.write("3\n")
@@ -260,7 +266,9 @@ def main():
             p.error(f"--reference {r}: NAME=COMMAND with {{mnt}} in COMMAND")
         refs[name] = cmd
     if a.quick:
+        global DROP_CACHES
         a.write_mib, a.tar_mb, a.files, a.reps = 8, 12, 300, 1
+        DROP_CACHES = False
     cases = [c for c in a.cases.split(",") if c]
     for c in cases:
         if c not in CASES:
