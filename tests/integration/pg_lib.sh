@@ -11,6 +11,10 @@
 # names its Debian package, never a skip.
 #
 # Globals: PG_DIR (socket and data directory), PG_BIN.
+#
+# node_start N [OPTS] and node_stop N stand in for node N of a store shared through $META:
+# a foreground daemon on $STORE mounted at $T_DIR/nN as node id nN (its log appended to
+# $T_DIR/nodeN.log, its pid in NODE_PID[N]).
 
 PG_DIR=
 PG_BIN=
@@ -72,4 +76,28 @@ pg_new_db() {
 	psql -X -q -h "$PG_DIR" -U ckpt -d postgres -c "CREATE DATABASE $1" >/dev/null ||
 		bail "CREATE DATABASE $1"
 	echo "host=$PG_DIR user=ckpt dbname=$1"
+}
+
+declare -A NODE_PID
+
+# node_start N [OPTS]: mount $STORE at $T_DIR/nN as node nN with the metadata in $META, plus the
+# daemon options OPTS (comma-separated).  A node that restarts after kill -9 takes over its
+# dead session (same node id and host, its pid gone).
+node_start() {
+	local n=$1 m=$T_DIR/n$1
+	mkdir -p "$m"
+	_register_mount "$STORE" "$m"
+	"$CKPTFS" "$STORE" "$m" -f -o "meta=$META,node=n$n${2:+,$2}" >>"$T_DIR/node$n.log" 2>&1 &
+	NODE_PID[$n]=$!
+	_FG_PIDS+=("${NODE_PID[$n]}")
+	if ! wait_mounted "$m" 10; then
+		note "node $n: not mounted after 10 s"
+		indent "$T_DIR/node$n.log"
+		return 1
+	fi
+}
+
+# node_stop N: unmount node N and wait for its daemon
+node_stop() {
+	_unmount "$T_DIR/n$1" && wait_pids_gone 30 "${NODE_PID[$1]}"
 }

@@ -28,29 +28,7 @@ pg_start
 META=$(pg_new_db cluster)
 ok "PostgreSQL server started in $PG_DIR"
 
-declare -A NODE_PID
-# node_start N: mount the store at $T_DIR/nN with the shared metadata as node nN (foreground
-# daemon)
-node_start() {
-	local n=$1 m=$T_DIR/n$1
-	mkdir -p "$m"
-	_register_mount "$STORE" "$m"
-	# node ids n1..n3; a node that restarts after kill -9 takes over its dead session (same
-	# host, its pid gone)
-	"$CKPTFS" "$STORE" "$m" -f -o "meta=$META,node=n$n" >"$T_DIR/node$n.log" 2>&1 &
-	NODE_PID[$n]=$!
-	_FG_PIDS+=("${NODE_PID[$n]}")
-	if ! wait_mounted "$m" 10; then
-		note "node $n: not mounted after 10 s"
-		indent "$T_DIR/node$n.log"
-		return 1
-	fi
-}
-
-# node_stop N: unmount node N and wait for its daemon
-node_stop() {
-	_unmount "$T_DIR/n$1" && wait_pids_gone 30 "${NODE_PID[$1]}"
-}
+# nodes n1..n3: node_start and node_stop (pg_lib.sh)
 
 # ---------------------------------------------------------------- 1. close-to-open
 node_start 1 || bail "node 1 did not mount"

@@ -31,26 +31,10 @@ pg_start
 META=$(pg_new_db clustergc)
 ok "PostgreSQL server started in $PG_DIR"
 
-declare -A NODE_PID
-# node_start N TIMEOUT_S [OPTS]: mount the store at $T_DIR/nN as node nN (foreground daemon),
-# packs of 1 MiB so that gc can delete whole packs online
-node_start() {
-	local n=$1 m=$T_DIR/n$1
-	mkdir -p "$m"
-	_register_mount "$STORE" "$m"
-	"$CKPTFS" "$STORE" "$m" -f \
-		-o "meta=$META,node=n$n,session_timeout=$2,pack_max=1M${3:+,$3}" >>"$T_DIR/node$n.log" 2>&1 &
-	NODE_PID[$n]=$!
-	_FG_PIDS+=("${NODE_PID[$n]}")
-	if ! wait_mounted "$m" 10; then
-		note "node $n: not mounted after 10 s"
-		indent "$T_DIR/node$n.log"
-		return 1
-	fi
-}
-
-node_stop() {
-	_unmount "$T_DIR/n$1" && wait_pids_gone 30 "${NODE_PID[$1]}"
+# gc_node_start N TIMEOUT_S [OPTS]: node N (node_start, pg_lib.sh) with a session timeout of
+# TIMEOUT_S and packs of 1 MiB, so that gc can delete whole packs online
+gc_node_start() {
+	node_start "$1" "session_timeout=$2,pack_max=1M${3:+,$3}"
 }
 
 # gc_run OUT: one `ckpt gc --meta`; its output in OUT, its status returned
@@ -66,9 +50,9 @@ pack_bytes() {
 # loaded, and a saver whose heartbeat stalled past its timeout would be fenced (step 2 shows that
 # on purpose)
 # (node 2 without a chunk cache: its reads in step 1b come from the packs)
-node_start 1 12 || bail "node 1 did not mount"
-node_start 2 12 cache_size=0 || bail "node 2 did not mount"
-node_start 3 12 || bail "node 3 did not mount"
+gc_node_start 1 12 || bail "node 1 did not mount"
+gc_node_start 2 12 cache_size=0 || bail "node 2 did not mount"
+gc_node_start 3 12 || bail "node 3 did not mount"
 ok "three nodes mounted one store"
 
 # ---------------------------------------------------------------- 1. gc while saves run
@@ -241,7 +225,7 @@ for ((i = 0; i < 100; i++)); do
 done
 rm -f "$T_DIR/n1/held"
 node_stop 3 || not_ok "unmount node 3"
-node_start 3 12 || not_ok "node 3 mounts again"
+gc_node_start 3 12 || not_ok "node 3 mounts again"
 for i in 1 2; do
 	sleep 3
 	gc_run "$T_DIR/gc.out" || not_ok "gc beside the orphan"
@@ -271,7 +255,7 @@ for n in 1 2 3; do
 done
 
 # ---------------------------------------------------------------- 2. the fence
-node_start 4 2 || bail "node 4 did not mount"
+gc_node_start 4 2 || bail "node 4 did not mount"
 ok "node 4 mounted with a session timeout of 2 s"
 cp "$WORK/pool/p0" "$T_DIR/n1/keep0" && sync "$T_DIR/n1/keep0"
 cp "$WORK/pool/p1" "$T_DIR/n1/victim" && sync "$T_DIR/n1/victim"
