@@ -117,12 +117,17 @@ int ckpt_store_prefetch_begin(ckpt_store *s, const ckpt_digest *d, size_t n, boo
 	return 0;
 }
 
+bool ckpt_store_batches_loads(const ckpt_store *s)
+{
+	return ckpt_engine_batches(s->eng);
+}
+
 void ckpt_store_load_batch(ckpt_store *s, const ckpt_digest *d, size_t n)
 {
 	ckpt_prefetch *pf;
 	size_t loaded, skipped;
 
-	if (n >= 2 && ckpt_engine_batches(s->eng) &&
+	if (n >= 2 && ckpt_store_batches_loads(s) &&
 	    ckpt_store_prefetch_begin(s, d, n, true, &pf) == 0)
 		ckpt_store_prefetch_finish(s, pf, &loaded, &skipped);
 }

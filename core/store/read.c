@@ -53,7 +53,7 @@ ssize_t ckpt_store_cursor_read(ckpt_store *s, struct ckpt_read_cursor *c, void *
 		else
 			i = ckpt_extent_list_find(l, off);
 	}
-	if (ckpt_engine_batches(s->eng) && i + 1 < l->n && l->v[i + 1].off < off + len)
+	if (ckpt_store_batches_loads(s) && i + 1 < l->n && l->v[i + 1].off < off + len)
 		load_batch(s, l, i, off + len);
 	while (done < len && i < l->n) {
 		const struct ckpt_extent *e = &l->v[i];

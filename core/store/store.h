@@ -224,6 +224,9 @@ int ckpt_store_prefetch_chunks(ckpt_store *s, const ckpt_digest *d, size_t n,
  * could not load is left to those reads.  Nothing on a local engine,
  * where a location is a function call. */
 void ckpt_store_load_batch(ckpt_store *s, const ckpt_digest *d, size_t n);
+/* Whether ckpt_store_load_batch does anything (a server engine): callers
+ * skip listing chunks for it otherwise. */
+bool ckpt_store_batches_loads(const ckpt_store *s);
 
 /*
  * The same in two steps, so that a read-ahead worker decodes one batch

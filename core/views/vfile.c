@@ -224,7 +224,7 @@ ssize_t ckpt_vfile_read_gather(ckpt_vfile *f, void *buf, size_t len, uint64_t of
 	}
 	if (done == len)
 		return (ssize_t)done;
-	{ /* on a server engine: the chunks of the whole range as one batch */
+	if (ckpt_store_batches_loads(f->v->s)) { /* the chunks of the whole range as one batch */
 		ckpt_digest d[VFILE_BATCH];
 		ckpt_store_load_batch(f->v->s, d,
 				      ckpt_vfile_chunks(f, off + done, len - done, d, VFILE_BATCH));
